@@ -1,0 +1,3 @@
+from datapipe.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""The command line: parse arguments, load the config, call one function per subcommand.
+
+    datapipe curate CONFIG [--input PATH ...] [--output DIR] [--set KEY=VALUE ...] [--ray-address ADDR]
+    datapipe run [--output DIR]             # the main job on the embedded default corpus
+    datapipe config-reference               # every config key with its type, default and note
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from datapipe.configbase import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="datapipe", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("curate", help="curate raw documents into tokenized Arrow shards")
+    c.add_argument("config", help="a YAML recipe, e.g. configs/quickstart.yaml")
+    c.add_argument("--input", action="append", default=None, metavar="PATH",
+                   help="a path, glob or fsspec URL; repeatable; replaces the config's inputs")
+    c.add_argument("--output", default=None, metavar="DIR", help="output folder (config output.dir)")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override a config key, e.g. --set dedup.exact.enabled=false; repeatable")
+    c.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="an existing Ray cluster ('auto' after `ray start`); default: embedded local Ray")
+    c.add_argument("--executor", choices=["ray", "local"], default="ray",
+                   help="'local' runs every task in this process (debugging)")
+    c.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    r = sub.add_parser("run", help="the main job on the embedded default corpus (stdlib code, docstrings, man pages)")
+    r.add_argument("--output", default="out/run", metavar="DIR", help="output folder (default: out/run)")
+    r.add_argument("--man-pages", type=int, default=1500, help="manual pages to render (default: 1500)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
+    r.add_argument("--ray-address", default=None, metavar="ADDR")
+    r.add_argument("--no-progress", action="store_true")
+
+    sub.add_parser("config-reference", help="print every config key with its type, default and note")
+    return p
+
+
+def cmd_curate(args: argparse.Namespace) -> int:
+    from datapipe.config import load_config
+    from datapipe.executors import make_executor
+    from datapipe.runner import curate
+
+    cfg = load_config(args.config, args.overrides, inputs=args.input, output=args.output, ray_address=args.ray_address)
+    executor = None
+    if args.executor == "local":
+        executor = make_executor("local", None, num_cpus=None, max_retries=0, progress=not args.no_progress)
+    _report(curate(cfg, executor=executor, progress=not args.no_progress))
+    return 0
+
+
+def _report(result) -> None:
+    from datapipe.report import format_funnel
+
+    print(format_funnel(result.stats))
+    m = result.manifest
+    print(f"\n{m['num_shards']} shards, {m['total_docs']:,} documents, {m['total_tokens']:,} tokens "
+          f"-> {Path(result.out_dir) / 'manifest.json'} ({result.seconds:.1f} s)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from datapipe import embedded
+    from datapipe.config import load_config
+
+    paths = embedded.prepare(args.man_pages)
+    recipe = Path(__file__).with_name("recipes") / "embedded.yaml"
+    inputs_override = [f"inputs=[{', '.join(_input_yaml(d, p) for d, p in paths.items())}]"]
+    cfg = load_config(recipe, inputs_override + args.overrides, output=args.output, ray_address=args.ray_address)
+    from datapipe.runner import curate
+
+    _report(curate(cfg, progress=not args.no_progress))
+    return 0
+
+
+def _input_yaml(domain: str, path: Path) -> str:
+    return "{path: '%s', format: jsonl, domain: %s, domain_field: null}" % (str(path).replace("'", "''"), domain)
+
+
+def cmd_config_reference(_: argparse.Namespace) -> int:
+    from datapipe.config import CurateConfig
+    from datapipe.configbase import help_lines
+
+    print("\n".join(help_lines(CurateConfig)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {"curate": cmd_curate, "run": cmd_run, "config-reference": cmd_config_reference}[args.command]
+    try:
+        return handler(args)
+    except ConfigError as exc:  # bad input: a clear message, no traceback
+        print(f"datapipe: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

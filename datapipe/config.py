@@ -1,0 +1,176 @@
+"""The curation config: one tree of frozen, typed dataclasses, loaded strictly from YAML.
+
+    cfg = load_config("configs/quickstart.yaml", overrides=["dedup.exact.enabled=false"])
+
+Unknown keys and bad values raise `ConfigError` naming the dotted key (and the file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from datapipe.configbase import ConfigError, apply_override, check, from_dict, note, to_dict
+from stages.exact_dedup import ExactDedupConfig
+from stages.normalize import NormalizeConfig
+from stages.tokenize import TokenizerConfig
+
+InputFormat = Literal["auto", "jsonl", "parquet", "arrow", "text", "hf", "hf_disk"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputConfig:
+    path: str = note("", help="path, glob or fsspec URL (a folder for format 'text'/'hf_disk'); or a HF dataset name for 'hf'")
+    format: InputFormat = note("auto", help="auto = from the file extension (.jsonl[.gz|.zst], .parquet, .arrow, a folder = text)")
+    domain: str = note("default", help="domain of every document of this input, unless domain_field is set and present")
+    domain_field: str | None = note("domain", help="a record field that names its own domain, when present")
+    text_field: str = note("text", help="the field holding the document text")
+    id_field: str | None = note("id", help="the field holding a document id; absent ids are derived from file + line/row")
+    glob: str = note("**/*", help="for format 'text': which files under the folder are documents")
+    split: str = note("train", help="for format 'hf': the split to load")
+    data_files: list[str] = note([], help="for format 'hf': local data files for a builder such as 'json' or 'parquet'")
+    rows_per_unit: int = note(20000, help="for formats 'hf'/'hf_disk'/'text': documents per parallel work unit")
+
+    def __post_init__(self) -> None:
+        check(bool(self.path), "path must be a non-empty path, glob or URL")
+        check(self.rows_per_unit > 0, f"rows_per_unit must be > 0, got {self.rows_per_unit!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadConfig:
+    batch_size: int = note(2000, help="documents per record batch flowing through the stages")
+    max_bytes_per_doc: int = note(10_000_000, help="longer documents are quarantined (reason 'too_long')")
+    block_bytes: int = note(8 * 2**20, help="text bytes per work block: the unit of parallelism after reading")
+
+    def __post_init__(self) -> None:
+        check(self.batch_size > 0, f"batch_size must be > 0, got {self.batch_size!r}")
+        check(self.max_bytes_per_doc > 0, f"max_bytes_per_doc must be > 0, got {self.max_bytes_per_doc!r}")
+        check(self.block_bytes > 0, f"block_bytes must be > 0, got {self.block_bytes!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DedupConfig:
+    exact: ExactDedupConfig = note(ExactDedupConfig(), help="exact (hash) deduplication")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputConfig:
+    dir: str = note("out/", help="output folder (shards, manifest.json, stats.json, dropped/, quarantine/)")
+    shard_bytes: int = note(64 * 2**20, help="target size of one shard file in bytes (token bytes)")
+    keep_dropped_text: bool = note(False, help="store the text of dropped documents in dropped/")
+    keep_work: bool = note(False, help="keep the intermediate work/ folder after a successful run")
+
+    def __post_init__(self) -> None:
+        check(self.shard_bytes > 0, f"shard_bytes must be > 0, got {self.shard_bytes!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayConfig:
+    address: str | None = note(None, help="Ray cluster address ('auto', 'ray://host:port', host:port); null = embedded local Ray")
+    num_cpus: int | None = note(None, help="CPUs for the embedded local Ray (null = all)")
+    max_retries: int = note(3, help="times a task whose worker died is retried")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurateConfig:
+    inputs: list[InputConfig] = note([], help="the raw inputs, in order (their order decides duplicate winners)")
+    read: ReadConfig = note(ReadConfig(), help="reading and batching")
+    normalize: NormalizeConfig = note(NormalizeConfig(), help="Unicode and whitespace normalization")
+    dedup: DedupConfig = note(DedupConfig(), help="deduplication")
+    filters: dict[str, dict[str, dict[str, Any] | None] | None] = note(
+        {}, help="per-domain quality filters: {domain or '*': {filter name: {parameters}}}"
+    )
+    tokenizer: TokenizerConfig = note(TokenizerConfig(), help="tokenizer (train or load) and special tokens")
+    output: OutputConfig = note(OutputConfig(), help="where and how shards are written")
+    ray: RayConfig = note(RayConfig(), help="where the work runs")
+
+    def __post_init__(self) -> None:
+        check(len(self.inputs) > 0, "inputs must list at least one input")
+
+
+def load_config(
+    path: str | Path | None,
+    overrides: list[str] = (),
+    *,
+    inputs: list[str] | None = None,
+    output: str | None = None,
+    ray_address: str | None = None,
+) -> CurateConfig:
+    """Read a YAML recipe (or start empty), apply `--set` overrides and CLI flags, validate strictly."""
+    data: dict[str, Any] = {}
+    source = "command line"
+    if path is not None:
+        source = str(path)
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the config must be a mapping, got {type(data).__name__}")
+    for assignment in overrides:
+        apply_override(data, assignment)
+    if inputs:
+        # --input replaces the config's inputs; options other than the path keep the first input's values
+        base = dict((data.get("inputs") or [{}])[0])
+        base.pop("path", None)
+        base.pop("format", None)
+        data["inputs"] = [{**base, "path": p} for p in inputs]
+    if output is not None:
+        data.setdefault("output", {})["dir"] = output
+    if ray_address is not None:
+        data.setdefault("ray", {})["address"] = ray_address
+    try:
+        cfg = from_dict(CurateConfig, data)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    from stages.quality import build_filters  # validates filter names and parameters
+
+    try:
+        build_filters(cfg.filters)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return cfg
+
+
+# Keys that change where or how fast the work runs, never what it produces.
+_EXECUTION_ONLY = {
+    ("ray",), ("output", "dir"), ("output", "keep_work"), ("dedup", "exact", "partitions"),
+    ("read", "batch_size"), ("read", "block_bytes"), ("tokenizer", "batch_size"),
+}
+
+
+def result_affecting(cfg: CurateConfig) -> dict[str, Any]:
+    data = to_dict(cfg)
+    for key in _EXECUTION_ONLY:
+        node = data
+        for part in key[:-1]:
+            node = node[part]
+        node.pop(key[-1], None)
+    return data
+
+
+def config_hash(cfg: CurateConfig) -> str:
+    """Hash of everything that decides the output (not where it runs)."""
+    blob = json.dumps(result_affecting(cfg), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def diff_configs(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ, with both values, for the refusal message."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in sorted(set(old) | set(new), key=str):
+            sub = f"{prefix}.{k}" if prefix else str(k)
+            out += diff_configs(old.get(k, "<absent>"), new.get(k, "<absent>"), sub)
+        return out
+    return [] if old == new else [f"{prefix}: {old!r} -> {new!r}"]
+
+
+__all__ = ["CurateConfig", "ConfigError", "InputConfig", "load_config", "config_hash", "diff_configs"]

@@ -1,0 +1,529 @@
+"""Readers: turn the configured inputs into streams of documents (`DOC_SCHEMA` record batches).
+
+Reading has two steps so that the runner can spread the work:
+
+1. `plan_units(inputs)` expands every input (a path, a glob or any fsspec URL) into `InputUnit`s, in
+   input order and sorted within an input, so the plan is the same on every run. It checks everything
+   it can before any work starts and raises `InputError` naming the input: nothing matched, a file
+   that cannot be opened, an extension it cannot map to a format, a Hugging Face dataset that does
+   not load, a columnar file without a string text column.
+2. `read_unit(unit, unit_index, inp, read)` streams one unit and yields `(batch, quarantined)`: a
+   batch of at most `read.batch_size` documents and the records set aside while reading it.
+
+Units: one file for jsonl/parquet/arrow; `rows_per_unit` files of a folder for text; a range of
+`rows_per_unit` rows for hf/hf_disk.
+
+Order: the i-th record position of a unit (blank lines and quarantined records counted too, so a
+JSONL position is its line number - 1) gets `order_key(unit_index, i)`; the order therefore depends
+only on the inputs, never on the number of workers.
+
+Ids: the record's `id_field` (through `str()` when not a string). When it is missing, null or the
+empty string, the id is derived: `f"{path}:{line}"` (1-based) for JSONL, `f"{path}:{row}"` (0-based
+row of the file or dataset) for parquet/arrow/hf, the path relative to the folder for text files.
+
+Domain: the record's `domain_field` when that is a non-empty string, else the input's `domain`.
+
+Quarantine reasons (`QUARANTINE_REASONS`): invalid_utf8, malformed_json, not_an_object,
+missing_text, text_not_string, empty_text (empty or whitespace only), too_long (more UTF-8 bytes
+than `read.max_bytes_per_doc`).
+
+A parquet/arrow/hf input whose text column is missing or not a string column is refused with
+`InputError` at plan time (its schema is cheap to read) rather than quarantining every row: that is
+almost always a wrong `text_field`. `read_unit` checks again and raises the same error. A column of
+type null (all values null) is accepted; its rows are quarantined as `missing_text`.
+
+Memory: JSONL is read in 1 MiB blocks split into lines, parquet by row batches, Arrow IPC one record
+batch at a time, text files up to `max_bytes_per_doc + 1` bytes, hf datasets (memory-mapped) by
+`batch_size` row slices.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import posixpath
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Union
+
+import fsspec
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from datapipe.config import InputConfig, ReadConfig
+from datapipe.configbase import ConfigError
+from datapipe.schema import DOC_SCHEMA, order_key
+
+QUARANTINE_REASONS = (
+    "invalid_utf8",
+    "malformed_json",
+    "not_an_object",
+    "missing_text",
+    "text_not_string",
+    "empty_text",
+    "too_long",
+)
+RAW_CHARS = 2000  # a quarantined record keeps at most this much of its raw form
+
+_EXTENSIONS = {
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".feather": "arrow",
+    ".ipc": "arrow",
+}
+# Outer compressions fsspec infers from the extension; only line formats may carry one.
+_COMPRESSIONS = (".gz", ".zst", ".bz2", ".xz", ".lzma")
+_HF_DISK_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+_MAGIC = re.compile(r"[*?\[]")
+_BLOCK = 1 << 20
+_BOM = b"\xef\xbb\xbf"
+
+
+class InputError(ConfigError):
+    """An input that cannot be read; the message names the input path and what is wrong."""
+
+
+@dataclass(frozen=True)
+class InputUnit:
+    """One independent piece of reading work (the unit of parallelism)."""
+
+    input_index: int  # which InputConfig
+    path: str  # file path / URL (for hf: the dataset name; for text: the folder)
+    format: str  # resolved format, never "auto"
+    start: int = 0  # for hf/hf_disk/text units: first row/file index of this unit
+    stop: int | None = None  # exclusive end, None = to the end
+    files: tuple[str, ...] = ()  # for format 'text': the files of this unit (sorted)
+
+
+@dataclass
+class Quarantined:
+    """A record set aside while reading, with where it was and why."""
+
+    file: str
+    line: int | None  # 1-based line number (JSONL)
+    row: int | None  # 0-based row (parquet/arrow/hf) or file index in the folder (text)
+    reason: str  # one of QUARANTINE_REASONS
+    detail: str
+    raw: str  # the raw record, truncated to RAW_CHARS characters
+
+
+# A record stream item: (position in unit, id, domain, text) or a quarantined record.
+_Item = Union[tuple[int, str, str, str], Quarantined]
+
+
+# ----------------------------------------------------------------------------------------- plan
+
+
+def plan_units(inputs: list[InputConfig]) -> list[InputUnit]:
+    """Expand paths/globs/URLs (via fsspec, sorted, deterministic) into units, in input order.
+
+    Raises InputError before any work, naming the input (`inputs[i].path`) and what is wrong.
+    """
+    units: list[InputUnit] = []
+    for i, inp in enumerate(inputs):
+        where = f"input {i} ({inp.path!r})"
+        try:
+            units.extend(_plan_input(i, inp, where))
+        except InputError:
+            raise
+        except (OSError, ValueError, ImportError) as exc:  # fsspec/URL trouble (ImportError: protocol package missing)
+            raise InputError(f"{where}: cannot be read: {exc}") from exc
+    return units
+
+
+def _plan_input(i: int, inp: InputConfig, where: str) -> list[InputUnit]:
+    if inp.format == "hf":
+        ds = _load_hf(inp.path, inp, where)
+        _check_text_column(ds.data.schema, inp, where)
+        return _row_units(i, inp.path, "hf", len(ds), inp.rows_per_unit)
+
+    fs, root = fsspec.core.url_to_fs(inp.path)
+    if inp.format not in ("text", "hf_disk") and _MAGIC.search(root):
+        # A glob: files only, sorted; each keeps the protocol and form of the written path.
+        found = fs.glob(root, detail=True)
+        stripped_base, written_base = _static_prefix(root), _static_prefix(inp.path)
+        files = sorted(p for p, info in found.items() if info.get("type") == "file")
+        if not files:
+            raise InputError(f"{where}: the glob matches no files")
+        paths = [_rejoin(fs, written_base, stripped_base, p) for p in files]
+    elif not fs.exists(root):
+        raise InputError(f"{where}: no such file or folder")
+    elif fs.isdir(root):
+        fmt = inp.format
+        if fmt == "auto":
+            fmt = "hf_disk" if any(fs.exists(f"{root.rstrip('/')}/{m}") for m in _HF_DISK_MARKERS) else "text"
+        if fmt == "text":
+            return _plan_text(i, inp, fs, root, where)
+        if fmt == "hf_disk":
+            ds = _load_disk(inp.path, inp.split, where)
+            _check_text_column(ds.data.schema, inp, where)
+            return _row_units(i, inp.path, "hf_disk", len(ds), inp.rows_per_unit)
+        # A folder given with a file format: every file under it with that format's extension.
+        files = sorted(p for p in fs.find(root) if _format_of(p) == fmt)
+        if not files:
+            raise InputError(f"{where}: the folder has no {fmt} files (extensions {_extensions_of(fmt)})")
+        paths = [_rejoin(fs, inp.path.rstrip("/") + "/", root.rstrip("/") + "/", p) for p in files]
+    elif inp.format in ("text", "hf_disk"):
+        raise InputError(f"{where}: format {inp.format!r} expects a folder, got a file")
+    else:
+        paths = [inp.path]
+
+    units = []
+    for path in paths:
+        fmt = inp.format if inp.format != "auto" else _format_of(path)
+        if fmt is None:
+            raise InputError(
+                f"{where}: cannot tell the format of {path!r} from its extension; allowed: "
+                f"{sorted(_EXTENSIONS)} (jsonl also with {list(_COMPRESSIONS)}) or a folder; "
+                "or set 'format'"
+            )
+        _check_file(path, fmt, inp, where)
+        units.append(InputUnit(i, path, fmt))
+    return units
+
+
+def _plan_text(i: int, inp: InputConfig, fs: Any, root: str, where: str) -> list[InputUnit]:
+    base = root.rstrip("/") + "/"
+    found = fs.glob(base + inp.glob, detail=True)
+    rels = sorted(p[len(base) :] for p, info in found.items() if info.get("type") == "file" and p.startswith(base))
+    if not rels:
+        raise InputError(f"{where}: no files under the folder match glob {inp.glob!r}")
+    written = inp.path.rstrip("/") + "/"
+    files = [written + r for r in rels]  # so the id (relative path) is the suffix after unit.path
+    n = inp.rows_per_unit
+    return [
+        InputUnit(i, inp.path, "text", start=s, stop=min(s + n, len(files)), files=tuple(files[s : s + n]))
+        for s in range(0, len(files), n)
+    ]
+
+
+def _row_units(i: int, path: str, fmt: str, n_rows: int, per_unit: int) -> list[InputUnit]:
+    return [InputUnit(i, path, fmt, start=s, stop=min(s + per_unit, n_rows)) for s in range(0, n_rows, per_unit)]
+
+
+def _static_prefix(path: str) -> str:
+    """The part of a glob before its first wildcard, up to and including the last '/'."""
+    m = _MAGIC.search(path)
+    head = path[: m.start()] if m else path
+    return head[: head.rfind("/") + 1]
+
+
+def _rejoin(fs: Any, written_base: str, stripped_base: str, p: str) -> str:
+    """An expanded path in the form the user wrote (relative stays relative, URL keeps protocol)."""
+    if p.startswith(stripped_base):
+        return written_base + p[len(stripped_base) :]
+    return fs.unstrip_protocol(p)
+
+
+def _format_of(path: str) -> str | None:
+    name = path.rsplit("/", 1)[-1].lower()
+    base, ext = posixpath.splitext(name)
+    compressed = ext in _COMPRESSIONS
+    if compressed:
+        ext = posixpath.splitext(base)[1]
+    fmt = _EXTENSIONS.get(ext)
+    return None if compressed and fmt != "jsonl" else fmt
+
+
+def _extensions_of(fmt: str) -> list[str]:
+    return [e for e, f in _EXTENSIONS.items() if f == fmt]
+
+
+def _check_file(path: str, fmt: str, inp: InputConfig, where: str) -> None:
+    """Open the file (and read the schema of columnar ones) so a bad input fails before any work."""
+    name = f"{where}: {path!r}" if path != inp.path else where
+    try:
+        if fmt == "jsonl":
+            with fsspec.open(path, "rb", compression="infer") as f:
+                f.read(1)  # also checks the compression header
+            return
+        with fsspec.open(path, "rb") as f:
+            schema = pq.read_schema(f) if fmt == "parquet" else _open_ipc(f)[0]
+    except InputError:
+        raise
+    except Exception as exc:  # any decoder/IO failure means the same thing here: unreadable
+        raise InputError(f"{name}: cannot be read as {fmt}: {type(exc).__name__}: {exc}") from exc
+    _check_text_column(schema, inp, name)
+
+
+def _check_text_column(schema: pa.Schema, inp: InputConfig, where: str) -> None:
+    if inp.text_field not in schema.names:
+        raise InputError(f"{where}: no column {inp.text_field!r} (text_field); columns: {schema.names}")
+    tp = schema.field(inp.text_field).type
+    if pa.types.is_dictionary(tp):
+        tp = tp.value_type
+    t = pa.types
+    if not (t.is_string(tp) or t.is_large_string(tp) or t.is_string_view(tp) or t.is_null(tp)):
+        raise InputError(f"{where}: column {inp.text_field!r} (text_field) must be a string column, got {tp}")
+
+
+def _load_hf(name: str, inp: InputConfig, where: str) -> Any:
+    import datasets  # heavy; only hf inputs need it
+
+    try:
+        return datasets.load_dataset(name, data_files=list(inp.data_files) or None, split=inp.split)
+    except Exception as exc:  # datasets raises many types (hub, builder, file errors)
+        raise InputError(f"{where}: cannot load Hugging Face dataset: {type(exc).__name__}: {exc}") from exc
+
+
+def _load_disk(path: str, split: str, where: str) -> Any:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(path)
+    except Exception as exc:
+        raise InputError(f"{where}: cannot load a saved dataset: {type(exc).__name__}: {exc}") from exc
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise InputError(f"{where}: split must be one of {sorted(ds)}, got {split!r}")
+        ds = ds[split]
+    return ds
+
+
+# ----------------------------------------------------------------------------------------- read
+
+
+def read_unit(
+    unit: InputUnit, unit_index: int, inp: InputConfig, read: ReadConfig
+) -> Iterator[tuple[pa.RecordBatch, list[Quarantined]]]:
+    """Yield (documents as a DOC_SCHEMA RecordBatch of at most read.batch_size rows, the quarantined
+    records met while reading that batch).
+
+    The i-th record of the unit (quarantined ones and blank lines counted too) gets
+    order = order_key(unit_index, i).
+    """
+    readers = {"jsonl": _jsonl_items, "parquet": _parquet_items, "arrow": _arrow_items, "text": _text_items}
+    if unit.format in readers:
+        items = readers[unit.format](unit, inp, read)
+    elif unit.format in ("hf", "hf_disk"):
+        items = _hf_items(unit, inp, read)
+    else:
+        allowed = sorted([*readers, "hf", "hf_disk"])
+        raise InputError(f"unit {unit.path!r}: format must be one of {allowed}, got {unit.format!r}")
+
+    ids: list[str] = []
+    domains: list[str] = []
+    texts: list[str] = []
+    orders: list[int] = []
+    quarantined: list[Quarantined] = []
+
+    def take() -> tuple[pa.RecordBatch, list[Quarantined]]:
+        nonlocal ids, domains, texts, orders, quarantined
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(ids, pa.string()), pa.array(domains, pa.string()),
+             pa.array(texts, pa.large_string()), pa.array(orders, pa.int64())],
+            schema=DOC_SCHEMA,
+        )
+        out = (batch, quarantined)
+        ids, domains, texts, orders, quarantined = [], [], [], [], []
+        return out
+
+    for item in items:
+        if isinstance(item, Quarantined):
+            quarantined.append(item)
+        else:
+            pos, doc_id, domain, text = item
+            ids.append(doc_id)
+            domains.append(domain)
+            texts.append(text)
+            orders.append(order_key(unit_index, pos))
+        # Quarantined records also flush, so a file of garbage does not pile up in memory.
+        if len(ids) >= read.batch_size or len(quarantined) >= read.batch_size:
+            yield take()
+    if ids or quarantined:
+        yield take()
+
+
+def _text_problem(text: object, field: str, max_bytes: int) -> tuple[str, str] | None:
+    """(reason, detail) when `text` cannot be a document, else None."""
+    if text is None:
+        return "missing_text", f"no value in field {field!r}"
+    if not isinstance(text, str):
+        return "text_not_string", f"field {field!r} holds a {type(text).__name__}, not a string"
+    if not text or text.isspace():
+        return "empty_text", f"field {field!r} is empty or whitespace only"
+    # Cheap bounds first: a character is 1..4 UTF-8 bytes; encode only when it could go either way.
+    if len(text) > max_bytes or (len(text) * 4 > max_bytes and len(text.encode("utf-8")) > max_bytes):
+        return "too_long", f"text is longer than max_bytes_per_doc={max_bytes} UTF-8 bytes"
+    return None
+
+
+def _id_of(value: object, derived: str) -> str:
+    if value is None or value == "":
+        return derived
+    return value if isinstance(value, str) else str(value)
+
+
+def _domain_of(value: object, default: str) -> str:
+    return value if isinstance(value, str) and value.strip() else default
+
+
+def _raw_bytes(data: bytes) -> str:
+    # Decode a little more than needed: at most 4 bytes per character.
+    return data[: RAW_CHARS * 4].decode("utf-8", "replace")[:RAW_CHARS]
+
+
+def _iter_lines(f: Any) -> Iterator[bytes]:
+    """Lines (without '\\n') of a binary file, read in blocks: works on any file object."""
+    pending: list[bytes] = []
+    while chunk := f.read(_BLOCK):
+        start = 0
+        while (nl := chunk.find(b"\n", start)) >= 0:
+            if pending:
+                pending.append(chunk[start:nl])
+                yield b"".join(pending)
+                pending = []
+            else:
+                yield chunk[start:nl]
+            start = nl + 1
+        if start < len(chunk):
+            pending.append(chunk[start:])
+    if pending:
+        yield b"".join(pending)
+
+
+def _jsonl_items(unit: InputUnit, inp: InputConfig, read: ReadConfig) -> Iterator[_Item]:
+    import zstandard
+
+    path, lineno = unit.path, 0
+    try:
+        with fsspec.open(path, "rb", compression="infer") as f:
+            for lineno, line in enumerate(_iter_lines(f), start=1):
+                line = line.rstrip(b"\r")
+                if lineno == 1 and line.startswith(_BOM):  # orjson refuses a BOM; editors write one
+                    line = line[len(_BOM) :]
+                if not line.strip():
+                    continue  # blank: skipped, but it keeps its line position
+
+                def bad(reason: str, detail: str, line: bytes = line, lineno: int = lineno) -> Quarantined:
+                    return Quarantined(path, lineno, None, reason, detail, _raw_bytes(line))
+
+                try:
+                    rec = orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    try:
+                        line.decode("utf-8")
+                    except UnicodeDecodeError as uexc:
+                        yield bad("invalid_utf8", str(uexc))
+                    else:
+                        yield bad("malformed_json", str(exc))
+                    continue
+                if not isinstance(rec, dict):
+                    yield bad("not_an_object", f"expected a JSON object, got {type(rec).__name__}")
+                    continue
+                text = rec.get(inp.text_field)
+                problem = _text_problem(text, inp.text_field, read.max_bytes_per_doc)
+                if problem:
+                    yield bad(*problem)
+                    continue
+                doc_id = _id_of(rec.get(inp.id_field) if inp.id_field else None, f"{path}:{lineno}")
+                domain = _domain_of(rec.get(inp.domain_field) if inp.domain_field else None, inp.domain)
+                yield (lineno - 1, doc_id, domain, text)
+    except (EOFError, gzip.BadGzipFile, zstandard.ZstdError) as exc:  # a corrupt or truncated stream
+        raise InputError(f"{path!r}: cannot decompress past line {lineno}: {exc}") from exc
+
+
+def _columns_of(inp: InputConfig, names: Iterable[str]) -> list[str]:
+    present = set(names)
+    wanted = [inp.text_field, inp.id_field, inp.domain_field]
+    return list(dict.fromkeys(c for c in wanted if c and c in present))
+
+
+def _column_items(
+    batches: Iterable[pa.RecordBatch | pa.Table], path: str, first_row: int, first_pos: int,
+    inp: InputConfig, read: ReadConfig,
+) -> Iterator[_Item]:
+    """Documents from Arrow batches whose first row is row `first_row` of `path`."""
+    row, pos = first_row, first_pos
+    for big in batches:
+        for start in range(0, big.num_rows, read.batch_size):
+            b = big.slice(start, read.batch_size)  # bound the Python lists made below
+            cols = {name: b.column(name).to_pylist() for name in b.schema.names}
+            texts = cols[inp.text_field]
+            ids = cols.get(inp.id_field) if inp.id_field else None
+            doms = cols.get(inp.domain_field) if inp.domain_field else None
+            for k, text in enumerate(texts):
+                problem = _text_problem(text, inp.text_field, read.max_bytes_per_doc)
+                if problem:
+                    yield Quarantined(path, None, row + k, *problem, raw=_raw_row({n: c[k] for n, c in cols.items()}))
+                    continue
+                doc_id = _id_of(ids[k] if ids is not None else None, f"{path}:{row + k}")
+                domain = _domain_of(doms[k] if doms is not None else None, inp.domain)
+                yield (pos + k, doc_id, domain, text)
+            row += b.num_rows
+            pos += b.num_rows
+
+
+def _raw_row(record: dict[str, Any]) -> str:
+    short = {k: v[:RAW_CHARS] if isinstance(v, (str, bytes)) else v for k, v in record.items()}
+    return orjson.dumps(short, default=str, option=orjson.OPT_NON_STR_KEYS).decode()[:RAW_CHARS]
+
+
+def _parquet_items(unit: InputUnit, inp: InputConfig, read: ReadConfig) -> Iterator[_Item]:
+    with fsspec.open(unit.path, "rb") as f:
+        pf = pq.ParquetFile(f)
+        schema = pf.schema_arrow
+        _check_text_column(schema, inp, repr(unit.path))
+        batches = pf.iter_batches(batch_size=read.batch_size, columns=_columns_of(inp, schema.names))
+        yield from _column_items(batches, unit.path, 0, 0, inp, read)
+
+
+def _open_ipc(f: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """Schema and batches of an Arrow IPC file (random access) or, failing the magic, a stream."""
+    magic = f.read(6)
+    f.seek(0)
+    if magic == b"ARROW1":
+        reader = pa.ipc.open_file(f)
+        return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+    stream = pa.ipc.open_stream(f)
+    return stream.schema, iter(stream)
+
+
+def _arrow_items(unit: InputUnit, inp: InputConfig, read: ReadConfig) -> Iterator[_Item]:
+    with fsspec.open(unit.path, "rb") as f:
+        schema, batches = _open_ipc(f)
+        _check_text_column(schema, inp, repr(unit.path))
+        cols = _columns_of(inp, schema.names)
+        yield from _column_items((b.select(cols) for b in batches), unit.path, 0, 0, inp, read)
+
+
+def _hf_items(unit: InputUnit, inp: InputConfig, read: ReadConfig) -> Iterator[_Item]:
+    where = repr(unit.path)
+    # datasets caches the prepared dataset, so reloading here (per unit) is cheap.
+    ds = _load_hf(unit.path, inp, where) if unit.format == "hf" else _load_disk(unit.path, inp.split, where)
+    _check_text_column(ds.data.schema, inp, where)
+    ds = ds.select_columns(_columns_of(inp, ds.column_names)).with_format("arrow")
+    stop = len(ds) if unit.stop is None else min(unit.stop, len(ds))
+    slices = (ds[a : min(a + read.batch_size, stop)] for a in range(unit.start, stop, read.batch_size))
+    yield from _column_items(slices, unit.path, unit.start, 0, inp, read)
+
+
+def _text_items(unit: InputUnit, inp: InputConfig, read: ReadConfig) -> Iterator[_Item]:
+    base = unit.path.rstrip("/") + "/"
+    limit = read.max_bytes_per_doc
+    for k, path in enumerate(unit.files):
+        row = unit.start + k
+        with fsspec.open(path, "rb") as f:
+            data = f.read(limit + 1)  # one byte more than allowed tells too_long without reading it all
+        if len(data) > limit:
+            detail = f"file is longer than max_bytes_per_doc={limit} bytes"
+            yield Quarantined(path, None, row, "too_long", detail, _raw_bytes(data))
+            continue
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield Quarantined(path, None, row, "invalid_utf8", str(exc), _raw_bytes(data))
+            continue
+        if not text or text.isspace():
+            yield Quarantined(path, None, row, "empty_text", "file is empty or whitespace only", _raw_bytes(data))
+            continue
+        doc_id = path[len(base) :] if path.startswith(base) else path
+        yield (k, doc_id, inp.domain, text)
+
+
+__all__ = ["InputError", "InputUnit", "Quarantined", "QUARANTINE_REASONS", "plan_units", "read_unit"]

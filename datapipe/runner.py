@@ -1,0 +1,603 @@
+"""The curation runner: turns a config into phases of tasks and runs them on an executor.
+
+Phases, each a set of independent tasks whose outputs are files in `OUT/work/`:
+
+1. read       one task per input unit (a file, or a slice of a dataset/folder): parse, quarantine
+              what cannot be read, cut the documents into blocks of `read.block_bytes` of text;
+2. segments   one task per block: the map stages (normalize, filters, ...) up to the next global
+              stage, which emits keys into hash partitions (`work/<stage>/pNNN/`);
+   resolve    one task per partition: the global stage decides the losers over all its keys;
+              the next segment drops them first (so exact dedup is global across every file,
+              worker and node, and its winner is the first document in input order);
+3. tokenizer  trained once on a deterministic sample of the kept text (or loaded);
+4. tokenize   one task per block, on actors that each hold a tokenizer;
+5. shards     rows cut into shards of `output.shard_bytes` in input order, one task per shard;
+6. manifest.json and stats.json, written last.
+
+Every task writes its outputs atomically, then a small `.json` record of its counters: a rerun
+finds that record and skips the task, so a killed run resumes where it stopped and, since every
+task is deterministic, produces the same shards (same checksums) as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+
+from datapipe.config import CurateConfig, config_hash, diff_configs, result_affecting
+from datapipe.configbase import ConfigError
+from datapipe.counters import Counters
+from datapipe.executors import Executor, make_executor
+from datapipe.readers import InputUnit, plan_units, read_unit
+from datapipe.schema import DOC_SCHEMA, DROPPED_SCHEMA, unit_of
+from datapipe.shards import (
+    ShardInfo,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_table,
+    build_manifest,
+    read_table,
+    shard_schema,
+    write_manifest,
+    write_shard,
+)
+from stages.base import FilterStage, Stage
+from stages.exact_dedup import LOSER_SCHEMA, ExactDedupStage
+from stages.normalize import NormalizeStage
+from stages.quality import build_filters
+from stages.tokenize import TokenizeStage, describe, special_ids, token_dtype, train_tokenizer
+
+RUN_RECORD = "run.json"
+
+
+class RunConflict(ConfigError):
+    """The output folder holds a run made with a different config or different inputs."""
+
+
+@dataclass
+class Segment:
+    """Map stages run back to back on a block, then (optionally) a global stage's key emission."""
+
+    name: str
+    stages: list[Stage]
+    global_stage: Any | None = None  # has .name, .keys(batch) -> Table, .resolve(Table) -> Table
+
+
+@dataclass
+class Plan:
+    cfg: CurateConfig
+    out_dir: str  # absolute
+    units: list[InputUnit]
+    segments: list[Segment]
+    cwd: str  # the driver's working folder: relative input paths mean the same on every worker
+
+    @property
+    def work(self) -> Path:
+        return Path(self.out_dir) / "work"
+
+
+@dataclass
+class CurateResult:
+    out_dir: str
+    manifest: dict[str, Any]
+    stats: dict[str, Any]
+    seconds: float
+    resumed_tasks: int = 0
+
+
+def build_segments(cfg: CurateConfig, extra_stages: list[Stage] = ()) -> list[Segment]:
+    """The stage list, cut at global stages. Later stages (near dedup, language id, sampling,
+    mixture) slot in here."""
+    per_domain, default = build_filters(cfg.filters)
+    keep_text = cfg.output.keep_dropped_text
+    first: list[Stage] = []
+    if cfg.normalize.enabled:
+        first.append(NormalizeStage(cfg.normalize))
+    second: list[Stage] = [FilterStage(per_domain, default, keep_text=keep_text), *extra_stages]
+    if cfg.dedup.exact.enabled:
+        return [
+            Segment("seg0", first, ExactDedupStage(cfg.dedup.exact)),
+            Segment("seg1", second),
+        ]
+    return [Segment("seg0", first + second)]
+
+
+# ---------------------------------------------------------------- block naming and task records
+
+
+def block_name(unit: int, block: int) -> str:
+    return f"u{unit:06d}-b{block:05d}"
+
+
+def _done(record: Path) -> dict[str, Any] | None:
+    """The record a finished task left, or None when the task must (re)run."""
+    if record.exists():
+        return json.loads(record.read_text())
+    return None
+
+
+def _text_bytes(batch: pa.RecordBatch | pa.Table) -> int:
+    return int(pc.sum(pc.binary_length(batch.column("text"))).as_py() or 0) if batch.num_rows else 0
+
+
+def _write_dropped(plan: Plan, stage_name: str, block: str, parts: list[pa.RecordBatch]) -> None:
+    parts = [p for p in parts if p.num_rows]
+    if parts:
+        table = pa.Table.from_batches(parts, schema=DROPPED_SCHEMA)
+        atomic_write_table(Path(plan.out_dir) / "dropped" / f"{stage_name}-{block}.parquet", table, format="parquet")
+
+
+# ---------------------------------------------------------------- phase 1: read
+
+
+def read_task(plan: Plan, unit_index: int) -> dict[str, Any]:
+    record = plan.work / "read" / f"u{unit_index:06d}.json"
+    if (done := _done(record)) is not None:
+        return done
+    unit = plan.units[unit_index]
+    inp = plan.cfg.inputs[unit.input_index]
+    with _working_dir(plan.cwd):
+        return _read(plan, unit_index, unit, inp, record)
+
+
+@contextlib.contextmanager
+def _working_dir(path: str) -> Iterator[None]:
+    # Safe in a worker: a Ray worker process runs one task at a time.
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any, record: Path) -> dict[str, Any]:
+    counters = Counters()
+    quarantine_lines: list[bytes] = []
+    pending: list[pa.RecordBatch] = []
+    pending_bytes = 0
+    blocks = 0
+
+    def flush() -> None:
+        nonlocal pending, pending_bytes, blocks
+        table = pa.Table.from_batches(pending, schema=DOC_SCHEMA)
+        atomic_write_table(plan.work / "read" / f"{block_name(unit_index, blocks)}.arrow", table)
+        blocks += 1
+        pending, pending_bytes = [], 0
+
+    for batch, quarantined in read_unit(unit, unit_index, inp, plan.cfg.read):
+        counters.read[unit.input_index] += batch.num_rows + len(quarantined)
+        for q in quarantined:
+            counters.quarantined[(unit.input_index, q.reason)] += 1
+            quarantine_lines.append(orjson.dumps(dataclasses.asdict(q)) + b"\n")
+        if batch.num_rows:
+            counters.count_stage("read", batch, batch)
+            # Cut blocks at document granularity, so parallelism does not hinge on the batch size.
+            start = 0
+            for row, n in enumerate(pc.binary_length(batch.column("text")).to_numpy()):
+                pending_bytes += int(n)
+                if pending_bytes >= plan.cfg.read.block_bytes:
+                    pending.append(batch.slice(start, row + 1 - start))
+                    flush()
+                    start = row + 1
+            if start < batch.num_rows:
+                pending.append(batch.slice(start))
+    if pending:
+        flush()
+    if quarantine_lines:
+        atomic_write_bytes(Path(plan.out_dir) / "quarantine" / f"u{unit_index:06d}.jsonl", b"".join(quarantine_lines))
+    result = {"blocks": blocks, "counters": counters.to_json()}
+    atomic_write_json(record, result)
+    return result
+
+
+# ---------------------------------------------------------------- phase 2: segments and global resolves
+
+
+def _apply_losers(table: pa.Table, losers: pa.Table, stage: str, keep_text: bool) -> tuple[pa.Table, pa.RecordBatch | None]:
+    """Drop the rows a global stage decided against (matched by global order)."""
+    if losers.num_rows == 0 or table.num_rows == 0:
+        return table, None
+    lose = pc.is_in(table.column("order"), value_set=losers.column("order"))
+    if not pc.any(lose).as_py():
+        return table, None
+    gone = table.filter(lose)
+    kept = table.filter(pc.invert(lose))
+    where = pc.index_in(gone.column("order"), value_set=losers.column("order"))
+    n = gone.num_rows
+    dropped = pa.RecordBatch.from_arrays(
+        [
+            gone.column("id").combine_chunks(),
+            gone.column("domain").combine_chunks(),
+            gone.column("order").combine_chunks(),
+            pa.array([stage] * n, pa.string()),
+            losers.column("reason").take(where).combine_chunks(),
+            losers.column("kept_id").take(where).combine_chunks(),
+            gone.column("text").combine_chunks() if keep_text else pa.nulls(n, pa.large_string()),
+        ],
+        schema=DROPPED_SCHEMA,
+    )
+    return kept, dropped
+
+
+def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int, losers: pa.Table | None) -> dict[str, Any]:
+    seg = plan.segments[seg_index]
+    name = block_name(unit_index, block)
+    record = plan.work / seg.name / f"{name}.json"
+    if (done := _done(record)) is not None:
+        return done
+    input_index = plan.units[unit_index].input_index
+    source = plan.work / ("read" if seg_index == 0 else plan.segments[seg_index - 1].name) / f"{name}.arrow"
+    table = read_table(source)
+    counters = Counters()
+    dropped_parts: list[pa.RecordBatch] = []
+    keep_text = plan.cfg.output.keep_dropped_text
+
+    if losers is not None:
+        prev = plan.segments[seg_index - 1].global_stage.name
+        before = table
+        table, dropped = _apply_losers(table, losers, prev, keep_text)
+        counters.count_stage(prev, before, table)
+        if dropped is not None:
+            dropped_parts.append(dropped)
+
+    out_batches: list[pa.RecordBatch] = []
+    for batch in table.to_batches(max_chunksize=plan.cfg.read.batch_size):
+        for stage in seg.stages:
+            result = stage(batch)
+            counters.count_stage(stage.name, batch, result.kept)
+            dropped_parts.append(result.dropped)
+            batch = result.kept
+        out_batches.append(batch)
+    out = pa.Table.from_batches(out_batches, schema=DOC_SCHEMA)
+    for part in dropped_parts:
+        counters.count_dropped(input_index, part)
+    _write_dropped(plan, seg.name, name, dropped_parts)
+    if seg.global_stage is not None:
+        keys = pa.concat_tables([seg.global_stage.keys(b) for b in out.to_batches()] or [])
+        if keys.num_rows:
+            parts = keys.column("partition").to_numpy()
+            for p in np.unique(parts):
+                atomic_write_table(
+                    plan.work / seg.global_stage.name / f"p{p:03d}" / f"{name}.arrow",
+                    keys.filter(pa.array(parts == p)),
+                )
+    atomic_write_table(plan.work / seg.name / f"{name}.arrow", out)
+    result = {"rows": out.num_rows, "bytes": _text_bytes(out), "counters": counters.to_json()}
+    atomic_write_json(record, result)
+    return result
+
+
+def resolve_task(plan: Plan, seg_index: int, partition: int) -> int:
+    stage = plan.segments[seg_index].global_stage
+    folder = plan.work / stage.name
+    out = folder / f"losers-p{partition:03d}.arrow"
+    if out.exists():
+        return read_table(out).num_rows
+    files = sorted((folder / f"p{partition:03d}").glob("*.arrow"))
+    keys = pa.concat_tables([read_table(f) for f in files]) if files else None
+    losers = stage.resolve(keys) if keys is not None else LOSER_SCHEMA.empty_table()
+    atomic_write_table(out, losers)
+    return losers.num_rows
+
+
+def _losers_by_unit(plan: Plan, seg_index: int) -> dict[int, pa.Table]:
+    stage = plan.segments[seg_index].global_stage
+    files = sorted((plan.work / stage.name).glob("losers-p*.arrow"))
+    tables = [read_table(f) for f in files]
+    losers = pa.concat_tables(tables) if tables else LOSER_SCHEMA.empty_table()
+    if losers.num_rows == 0:
+        return {}
+    units = unit_of(losers.column("order").to_numpy())
+    return {int(u): losers.filter(pa.array(units == u)) for u in np.unique(units)}
+
+
+# ---------------------------------------------------------------- phase 3: tokenizer
+
+
+def _sampled_texts(plan: Plan, blocks: list[tuple[int, int]], rate: float):
+    """A deterministic sample of the kept text: documents whose id hashes below `rate`."""
+    threshold = int(rate * 2**64)
+    folder = plan.work / plan.segments[-1].name
+    for unit, block in blocks:
+        table = read_table(folder / f"{block_name(unit, block)}.arrow")
+        for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist()):
+            if rate >= 1.0 or xxhash.xxh64_intdigest(doc_id) < threshold:
+                yield text
+
+
+def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int) -> tuple[str, str]:
+    """(tokenizer.json text, where it came from). Trains one when the config names none."""
+    tcfg = plan.cfg.tokenizer
+    if tcfg.path is not None:
+        return Path(tcfg.path).read_text(), tcfg.path
+    saved = Path(plan.out_dir) / "tokenizer.json"
+    if not saved.exists():
+        if kept_bytes == 0:
+            raise RuntimeError("no document survived curation: there is no text to train a tokenizer on")
+        rate = min(1.0, tcfg.train.sample_bytes / kept_bytes)
+        tokenizer = train_tokenizer(_sampled_texts(plan, blocks, rate), tcfg)
+        atomic_write_bytes(saved, tokenizer.to_str().encode())
+    text = saved.read_text()
+    if tcfg.train.save_dir:
+        target = Path(tcfg.train.save_dir) / "tokenizer.json"
+        if not target.exists() or target.read_text() != text:
+            atomic_write_bytes(target, text.encode())
+    return text, "tokenizer.json"
+
+
+# ---------------------------------------------------------------- phase 4: tokenize
+
+
+class TokenizeWorker:
+    """One per executor worker: holds a tokenizer, encodes blocks into token files."""
+
+    def __init__(self, plan: Plan, tokenizer_json: str, where: str) -> None:
+        self.plan = plan
+        self.stage = TokenizeStage(tokenizer_json, plan.cfg.tokenizer, where)
+
+    def run(self, unit_index: int, block: int) -> dict[str, Any]:
+        plan = self.plan
+        name = block_name(unit_index, block)
+        record = plan.work / "tokens" / f"{name}.json"
+        if (done := _done(record)) is not None:
+            return done
+        table = read_table(plan.work / plan.segments[-1].name / f"{name}.arrow")
+        batches = [self.stage(b) for b in table.to_batches(max_chunksize=plan.cfg.read.batch_size) if b.num_rows]
+        schema = shard_schema(self.stage.dtype)
+        tokens = pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
+        atomic_write_table(plan.work / "tokens" / f"{name}.arrow", tokens)
+        counters = Counters()
+        input_index = plan.units[unit_index].input_index
+        if tokens.num_rows:
+            grouped = tokens.group_by("domain").aggregate([("num_tokens", "sum"), ("num_tokens", "count")])
+            for row in grouped.to_pylist():
+                counters.kept[(input_index, row["domain"])] = [row["num_tokens_count"], row["num_tokens_sum"]]
+        result = {"rows": tokens.num_rows, "counters": counters.to_json()}
+        atomic_write_json(record, result)
+        return result
+
+
+# ---------------------------------------------------------------- phase 5: shards
+
+
+def plan_shards(plan: Plan, blocks: list[tuple[int, int]], itemsize: int) -> list[list[tuple[str, int, int]]]:
+    """Cut the rows of all blocks, in input order, into shards of about `shard_bytes` token bytes.
+    Each shard is a list of (block, first row, end row). Independent of the worker count."""
+    target = plan.cfg.output.shard_bytes
+    shards: list[list[tuple[str, int, int]]] = []
+    current: list[tuple[str, int, int]] = []
+    size = 0
+    for unit, block in blocks:
+        name = block_name(unit, block)
+        lengths = read_table(plan.work / "tokens" / f"{name}.arrow").column("num_tokens").to_numpy()
+        start = 0
+        for row, n in enumerate(lengths):
+            size += int(n) * itemsize
+            if size >= target:
+                current.append((name, start, row + 1))
+                shards.append(current)
+                current, size, start = [], 0, row + 1
+        if start < len(lengths):
+            current.append((name, start, len(lengths)))
+    if current:
+        shards.append(current)
+    return shards
+
+
+def shard_task(plan: Plan, index: int, pieces: list[tuple[str, int, int]]) -> dict[str, Any]:
+    record = plan.work / "shards" / f"shard-{index:05d}.json"
+    if (done := _done(record)) is not None:
+        return done
+    parts = [read_table(plan.work / "tokens" / f"{name}.arrow").slice(a, b - a) for name, a, b in pieces]
+    info = write_shard(plan.out_dir, index, pa.concat_tables(parts))
+    result = dataclasses.asdict(info)
+    atomic_write_json(record, result)
+    return result
+
+
+# ---------------------------------------------------------------- the whole run
+
+
+def _check_output(plan: Plan) -> dict[str, Any] | None:
+    """Refuse an output folder made with another config; return its manifest if already complete."""
+    out = Path(plan.out_dir)
+    record = {
+        "config": result_affecting(plan.cfg),
+        "config_hash": config_hash(plan.cfg),
+        "units": [dataclasses.asdict(u) for u in plan.units],
+    }
+    existing = out / RUN_RECORD
+    if existing.exists():
+        old = json.loads(existing.read_text())
+        if old["config_hash"] != record["config_hash"] or old["units"] != json.loads(json.dumps(record["units"])):
+            diffs = diff_configs(old["config"], record["config"])
+            if old["units"] != json.loads(json.dumps(record["units"])):
+                diffs.append("inputs: the input files differ")
+            raise RunConflict(
+                f"output folder {plan.out_dir} holds a run made with a different config: "
+                + "; ".join(diffs[:10])
+                + ". Use another --output, or delete the folder."
+            )
+        manifest = out / "manifest.json"
+        if manifest.exists():
+            return json.loads(manifest.read_text())
+    else:
+        if out.exists() and any(p.name != "work" for p in out.iterdir()):
+            raise RunConflict(f"output folder {plan.out_dir} is not empty and holds no {RUN_RECORD}; use an empty folder")
+        atomic_write_json(existing, record)
+    return None
+
+
+def _accounting(plan: Plan, total: Counters) -> list[dict[str, Any]]:
+    """Per input: read = kept + dropped + quarantined, exactly."""
+    rows = []
+    for i, inp in enumerate(plan.cfg.inputs):
+        dropped: dict[str, dict[str, int]] = {}
+        for (ii, stage, _domain, reason), n in total.dropped.items():
+            if ii == i:
+                dropped.setdefault(stage, {}).setdefault(reason, 0)
+                dropped[stage][reason] += n
+        quarantined = {r: n for (ii, r), n in total.quarantined.items() if ii == i}
+        kept = sum(v[0] for (ii, _), v in total.kept.items() if ii == i)
+        read = total.read.get(i, 0)
+        n_dropped = sum(sum(r.values()) for r in dropped.values())
+        rows.append(
+            {
+                "input": inp.path,
+                "read": read,
+                "kept": kept,
+                "dropped": dropped,
+                "quarantined": quarantined,
+                "balanced": read == kept + n_dropped + sum(quarantined.values()),
+            }
+        )
+    return rows
+
+
+def build_stats(plan: Plan, total: Counters, seconds: float) -> dict[str, Any]:
+    stage_order = ["read"] + [s.name for seg in plan.segments for s in seg.stages + ([seg.global_stage] if seg.global_stage else [])]
+    funnel = []
+    for stage in stage_order:
+        domains = {d: dict(zip(("docs_in", "docs_out", "bytes_in", "bytes_out"), v)) for (s, d), v in sorted(total.funnel.items()) if s == stage}
+        if domains:
+            funnel.append({"stage": stage, "domains": domains})
+    dropped: dict[str, dict[str, dict[str, int]]] = {}
+    for (_i, stage, domain, reason), n in sorted(total.dropped.items()):
+        d = dropped.setdefault(stage, {}).setdefault(domain, {})
+        d[reason] = d.get(reason, 0) + n
+    quarantined: dict[str, int] = {}
+    for (_i, reason), n in sorted(total.quarantined.items()):
+        quarantined[reason] = quarantined.get(reason, 0) + n
+    kept: dict[str, dict[str, int]] = {}
+    for (_i, domain), (docs, tokens) in sorted(total.kept.items()):
+        k = kept.setdefault(domain, {"docs": 0, "tokens": 0})
+        k["docs"] += docs
+        k["tokens"] += tokens
+    return {
+        "funnel": funnel,
+        "dropped": dropped,
+        "quarantined": quarantined,
+        "kept": kept,
+        "inputs": _accounting(plan, total),
+        "seconds": round(seconds, 3),
+        "counters": total.to_json(),
+    }
+
+
+def curate(
+    cfg: CurateConfig,
+    *,
+    executor: Executor | None = None,
+    extra_stages: list[Stage] = (),
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> CurateResult:
+    """Run the whole curation pipeline described by `cfg`; see the module docstring."""
+    t0 = time.perf_counter()
+    units = plan_units(list(cfg.inputs))  # a missing or unreadable input fails here, before any work
+    if cfg.tokenizer.path is not None:
+        try:
+            tokenizer_text = Path(cfg.tokenizer.path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"tokenizer.path: cannot read {cfg.tokenizer.path!r}: {exc}") from None
+        from tokenizers import Tokenizer
+
+        special_ids(Tokenizer.from_str(tokenizer_text), cfg.tokenizer, cfg.tokenizer.path)
+    plan = Plan(
+        cfg=cfg,
+        out_dir=os.path.abspath(cfg.output.dir),
+        units=units,
+        segments=build_segments(cfg, list(extra_stages)),
+        cwd=os.getcwd(),
+    )
+    Path(plan.out_dir).mkdir(parents=True, exist_ok=True)
+    finished = _check_output(plan)
+    if finished is not None:
+        log(f"{plan.out_dir}: already complete (config {finished['config_hash']}); nothing to do")
+        stats = json.loads((Path(plan.out_dir) / "stats.json").read_text())
+        return CurateResult(plan.out_dir, finished, stats, 0.0)
+
+    own_executor = executor is None
+    if executor is None:
+        executor = make_executor("ray", cfg.ray.address, num_cpus=cfg.ray.num_cpus, max_retries=cfg.ray.max_retries, progress=progress)
+    total = Counters()
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name] = round(phases.get(name, 0.0) + now - clock, 3)
+        clock = now
+
+    try:
+        read_results = executor.run_tasks(read_task, plan, [(u,) for u in range(len(units))], "read")
+        lap("read")
+        blocks = [(u, b) for u, r in enumerate(read_results) for b in range(r["blocks"])]
+        for r in read_results:
+            total.merge(Counters.from_json(r["counters"]))
+
+        kept_bytes = 0
+        for s, seg in enumerate(plan.segments):
+            losers = _losers_by_unit(plan, s - 1) if s > 0 and plan.segments[s - 1].global_stage else None
+            items = [(s, u, b, None if losers is None else losers.get(u, LOSER_SCHEMA.empty_table())) for u, b in blocks]
+            results = executor.run_tasks(segment_task, plan, items, seg.name)
+            for r in results:
+                total.merge(Counters.from_json(r["counters"]))
+            kept_bytes = sum(r["bytes"] for r in results)
+            lap(seg.name)
+            if seg.global_stage is not None:
+                parts = range(seg.global_stage.config.partitions)
+                executor.run_tasks(resolve_task, plan, [(s, p) for p in parts], seg.global_stage.name)
+                lap(f"{seg.global_stage.name}_resolve")
+
+        tokenizer_json, where = prepare_tokenizer(plan, blocks, kept_bytes)
+        info = describe(tokenizer_json, where, cfg.tokenizer)
+        lap("tokenizer")
+        token_results = executor.run_actors(
+            TokenizeWorker, (plan, tokenizer_json, where), "run", [(u, b) for u, b in blocks], "tokenize"
+        )
+        for r in token_results:
+            total.merge(Counters.from_json(r["counters"]))
+        lap("tokenize")
+
+        itemsize = token_dtype(info.vocab_size).byte_width
+        shard_plan = plan_shards(plan, blocks, itemsize)
+        shard_results = executor.run_tasks(shard_task, plan, list(enumerate(shard_plan)), "shards")
+        lap("shards")
+    finally:
+        if own_executor:
+            executor.shutdown()
+
+    shards = [ShardInfo(**r) for r in shard_results]
+    manifest = build_manifest(
+        shards,
+        tokenizer=dataclasses.asdict(info),
+        config=result_affecting(cfg),
+        config_hash=config_hash(cfg),
+    )
+    seconds = time.perf_counter() - t0
+    stats = build_stats(plan, total, seconds)
+    stats["phase_seconds"] = phases
+    unbalanced = [row for row in stats["inputs"] if not row["balanced"]]
+    if unbalanced:  # a bug, never bad input: say so loudly rather than write a wrong manifest
+        raise RuntimeError(f"document accounting does not balance for {unbalanced}")
+    atomic_write_json(Path(plan.out_dir) / "stats.json", stats)
+    write_manifest(plan.out_dir, manifest)  # last: its presence means the run is complete
+    if not cfg.output.keep_work:
+        shutil.rmtree(plan.work, ignore_errors=True)
+    return CurateResult(plan.out_dir, manifest, stats, seconds)

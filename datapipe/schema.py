@@ -1,0 +1,55 @@
+"""The document schema shared by the reader, every stage and the shard writer.
+
+A batch of documents is a `pyarrow.RecordBatch` with these columns:
+- `id` (string): stable document id, given by the input or derived from file + line/row;
+- `domain` (string): the mixture domain (from the input's config or the record's own field);
+- `text` (string): the document text;
+- `order` (int64): the document's place in the global input order (input unit << 40 | row).
+  Deterministic winners ("first by input order") compare this key, whatever the worker count.
+
+Dropped documents leave a stage as a batch with `DROPPED_SCHEMA`.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+ROW_BITS = 40  # rows per input unit < 2**40; unit index in the upper bits of `order`
+
+DOC_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("text", pa.large_string(), nullable=False),
+        pa.field("order", pa.int64(), nullable=False),
+    ]
+)
+
+DROPPED_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string()),
+        pa.field("domain", pa.string()),
+        pa.field("order", pa.int64()),
+        pa.field("stage", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("kept_id", pa.string()),  # for duplicates: the id of the document kept instead
+        pa.field("text", pa.large_string()),  # null unless the run asks to keep dropped text
+    ]
+)
+
+
+def order_key(unit_index: int, row: int) -> int:
+    """The global order of row `row` of input unit `unit_index`."""
+    return (unit_index << ROW_BITS) | row
+
+
+def unit_of(order: int) -> int:
+    return order >> ROW_BITS
+
+
+def empty_docs() -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=DOC_SCHEMA)
+
+
+def empty_dropped() -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=DROPPED_SCHEMA)

@@ -1,0 +1,169 @@
+"""Benchmark the curation pipeline on the shared corpus; prints one JSON object.
+
+usage: python -m scripts.bench_curate [--corpus ../shared/data/corpus.jsonl.gz] [--docs N] [--workers 1,2]
+
+Reports, in one run on the same documents:
+- per stage: documents/s and MB/s, each stage timed alone in this process on the same batches;
+- the whole pipeline on an embedded Ray with 1 and with 2 workers (wall time and the scaling ratio);
+- tokenize-and-write (the pipeline's tokenize + shard phases, 2 workers) against the raw
+  `Tokenizer.encode_batch` on the same texts with the same tokenizer (the ratio to that limit).
+Absolute seconds depend on the machine; compare the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+
+from datapipe.config import CurateConfig
+from datapipe.configbase import from_dict
+from datapipe.schema import DOC_SCHEMA
+from stages.base import FilterStage
+from stages.exact_dedup import ExactDedupConfig, ExactDedupStage
+from stages.normalize import NormalizeConfig, NormalizeStage
+from stages.quality import build_filters
+from stages.tokenize import TokenizeStage, TokenizerConfig
+
+FILTERS = {
+    "code": {"code": {}},
+    "license": {"gopher_quality": {}, "gopher_repetition": {}},
+    "man": {"gopher_repetition": {}, "gopher_quality": {"min_stop_words": None}},
+}
+
+
+def load_docs(corpus: Path, limit: int | None) -> list[dict]:
+    docs = []
+    with gzip.open(corpus, "rb") as f:
+        for line in f:
+            rec = orjson.loads(line)
+            docs.append({"id": rec["id"], "domain": rec["source"], "text": rec["text"]})
+            if limit and len(docs) >= limit:
+                break
+    return docs
+
+
+def stage_throughput(docs: list[dict], tokenizer_json: str) -> dict[str, dict]:
+    batches = []
+    for i in range(0, len(docs), 2000):
+        rows = [{**d, "order": i + k} for k, d in enumerate(docs[i : i + 2000])]
+        batches.append(pa.RecordBatch.from_pylist(rows, schema=DOC_SCHEMA))
+    n_bytes = sum(len(d["text"].encode()) for d in docs)
+    per_domain, default = build_filters(FILTERS)
+    dedup = ExactDedupStage(ExactDedupConfig())
+    stages = {
+        "normalize": NormalizeStage(NormalizeConfig()),
+        "exact_dedup_hash": lambda b: dedup.keys(b),
+        "filters": FilterStage(per_domain, default),
+        "tokenize": TokenizeStage(tokenizer_json, TokenizerConfig()),
+    }
+    out = {}
+    for name, stage in stages.items():
+        t0 = time.perf_counter()
+        for b in batches:
+            stage(b)
+        dt = time.perf_counter() - t0
+        out[name] = {"seconds": round(dt, 3), "docs_per_s": round(len(docs) / dt, 1), "MB_per_s": round(n_bytes / dt / 1e6, 2)}
+    return out
+
+
+def run_pipeline(jsonl: Path, out: Path, workers: int, tokenizer: Path | None) -> dict:
+    cfg = {
+        "inputs": [{"path": str(jsonl), "domain_field": "domain"}],
+        "read": {"block_bytes": 4 * 2**20},
+        "filters": FILTERS,
+        "tokenizer": {"path": str(tokenizer)} if tokenizer else {"train": {"vocab_size": 8192, "sample_bytes": 8_000_000}},
+        "output": {"dir": str(out), "shard_bytes": 32 * 2**20, "keep_work": True},
+        "ray": {"num_cpus": workers},
+    }
+    code = (
+        "import json,sys,time; from datapipe.config import CurateConfig; from datapipe.configbase import from_dict;"
+        "from datapipe.runner import curate; import datapipe.executors as ex;"
+        "cfg=from_dict(CurateConfig, json.loads(sys.argv[1])); e=ex.RayExecutor(num_cpus=cfg.ray.num_cpus, progress=False);"
+        "t=time.perf_counter(); r=curate(cfg, executor=e, progress=False, log=lambda _: None); dt=time.perf_counter()-t;"
+        "print(json.dumps({'seconds': dt, 'docs': r.manifest['total_docs'], 'tokens': r.manifest['total_tokens'],"
+        "'phases': r.stats['phase_seconds'], 'sha256': [s['sha256'] for s in r.manifest['shards']]}))"
+    )
+    # A fresh process per run: Ray starts with exactly `workers` CPUs, and timings do not share caches.
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def raw_encode_seconds(tokenizer_json: str, texts: list[str]) -> float:
+    """The limit: `encode_batch` alone on the same texts (tokenizers' own thread pool, all cores)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tokenizer_json)
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), 512):
+        tok.encode_batch(texts[i : i + 512], add_special_tokens=False)
+    return time.perf_counter() - t0
+
+
+def kept_texts(out: Path) -> list[str]:
+    """The documents that reached the tokenizer in a run kept with `output.keep_work`."""
+    folders = sorted(p for p in (out / "work").glob("seg*") if p.is_dir())
+    texts = []
+    for f in sorted(folders[-1].glob("*.arrow")):
+        texts += pa.ipc.open_file(str(f)).read_all().column("text").to_pylist()
+    return texts
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--corpus", default="../shared/data/corpus.jsonl.gz")
+    p.add_argument("--docs", type=int, default=None, help="use the first N documents (default: all)")
+    p.add_argument("--workers", default="1,2")
+    args = p.parse_args()
+
+    docs = load_docs(Path(args.corpus), args.docs)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-curate-"))
+    try:
+        jsonl = tmp / "input.jsonl"
+        jsonl.write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in docs))
+        results: dict = {"docs": len(docs), "MB": round(jsonl.stat().st_size / 1e6, 1), "cpus": os.cpu_count()}
+        # Train the tokenizer once (first run), then every run loads it: runs differ only in workers.
+        first = run_pipeline(jsonl, tmp / "first", max(int(w) for w in args.workers.split(",")), None)
+        tokenizer = tmp / "first" / "tokenizer.json"
+        runs = {}
+        for w in [int(x) for x in args.workers.split(",")]:
+            runs[w] = run_pipeline(jsonl, tmp / f"w{w}", w, tokenizer)
+        results["pipeline"] = {f"{w}_workers": {"seconds": round(r["seconds"], 2), "docs_written": r["docs"],
+                                                "tokens": r["tokens"], "phase_seconds": r["phases"]}
+                               for w, r in runs.items()}
+        ws = sorted(runs)
+        if len(ws) > 1:
+            results["pipeline"]["scaling_ratio"] = round(runs[ws[0]]["seconds"] / runs[ws[-1]]["seconds"], 2)
+            results["pipeline"]["identical_shards"] = len({tuple(r["sha256"]) for r in runs.values()}) == 1
+        # Tokenize-and-write (tokenize + shards phases, most workers) vs raw encode_batch on the same texts.
+        w = ws[-1]
+        texts = kept_texts(tmp / f"w{w}")
+        n_bytes = sum(len(t.encode()) for t in texts)
+        raw = raw_encode_seconds(tokenizer.read_text(), texts)
+        pipe = runs[w]["phases"]["tokenize"] + runs[w]["phases"]["shards"]
+        results["tokenize_and_write"] = {
+            "docs": len(texts),
+            "MB": round(n_bytes / 1e6, 1),
+            "raw_encode_batch_MB_per_s": round(n_bytes / raw / 1e6, 2),
+            f"pipeline_{w}_workers_MB_per_s": round(n_bytes / pipe / 1e6, 2),
+            "ratio_to_raw": round(raw / pipe, 3),
+        }
+        results["stages_single_process"] = stage_throughput(docs, tokenizer.read_text())
+        del first
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

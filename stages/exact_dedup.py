@@ -1,0 +1,72 @@
+"""Exact dedup: a 128-bit hash of the (normalized) text, resolved globally.
+
+The stage itself is pure: `keys(batch)` computes each document's hash and hash partition,
+`resolve(keys)` decides, for the keys of one partition (gathered from every input file, worker and
+node by the runner's shuffle), which documents lose: within each hash, the first document by global
+input `order` is kept and every other one is dropped with reason `exact_duplicate` and the kept id.
+The winner does not depend on how many workers or partitions were used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from datapipe.configbase import check, note
+
+KEY_SCHEMA = pa.schema(
+    [("hash", pa.binary(16)), ("partition", pa.uint32()), ("order", pa.int64()), ("id", pa.string())]
+)
+LOSER_SCHEMA = pa.schema([("order", pa.int64()), ("reason", pa.string()), ("kept_id", pa.string())])
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExactDedupConfig:
+    enabled: bool = note(True, help="drop exact duplicates of the normalized text, globally (first by input order wins)")
+    partitions: int = note(8, help="hash partitions of the global dedup shuffle")
+
+    def __post_init__(self) -> None:
+        check(self.partitions > 0, f"partitions must be > 0, got {self.partitions!r}")
+
+
+class ExactDedupStage:
+    name = "exact_dedup"
+
+    def __init__(self, config: ExactDedupConfig) -> None:
+        self.config = config
+
+    def keys(self, batch: pa.RecordBatch) -> pa.Table:
+        digests = [xxhash.xxh3_128_digest(t.encode("utf-8", "surrogatepass")) for t in batch.column("text").to_pylist()]
+        # The partition comes from the first 4 hash bytes; any stable function of the hash would do.
+        partition = [int.from_bytes(d[:4], "little") % self.config.partitions for d in digests]
+        return pa.table(
+            [pa.array(digests, pa.binary(16)), pa.array(partition, pa.uint32()), batch.column("order"), batch.column("id")],
+            schema=KEY_SCHEMA,
+        )
+
+    @staticmethod
+    def resolve(keys: pa.Table) -> pa.Table:
+        """Losers among `keys` (all keys of one partition): every non-first document of each hash."""
+        if keys.num_rows == 0:
+            return LOSER_SCHEMA.empty_table()
+        keys = keys.sort_by([("hash", "ascending"), ("order", "ascending")])
+        col = keys.column("hash").combine_chunks()
+        words = np.frombuffer(col.buffers()[1], dtype=np.uint64, count=2 * (col.offset + len(col)))[2 * col.offset :]
+        words = words.reshape(-1, 2)
+        is_loser = np.zeros(len(words), dtype=bool)
+        is_loser[1:] = (words[1:] == words[:-1]).all(axis=1)
+        # Index of each row's group head (the winner): the last non-loser at or before it.
+        head = np.maximum.accumulate(np.where(is_loser, 0, np.arange(len(words))))
+        loser_rows = np.flatnonzero(is_loser)
+        ids = keys.column("id")
+        return pa.table(
+            [
+                keys.column("order").take(loser_rows),
+                pa.array(["exact_duplicate"] * len(loser_rows), pa.string()),
+                ids.take(head[loser_rows]),
+            ],
+            schema=LOSER_SCHEMA,
+        )

@@ -1,0 +1,155 @@
+"""Tokenize: train (or load) a byte-level BPE with `tokenizers` and encode documents to token ids.
+
+The tokenizer definition (`tokenizer.json`) is the source of truth. Every document is encoded
+without the tokenizer's own post-processor and gets the end-of-document id appended (and a
+beginning-of-document id prepended when configured); both are validated against the vocabulary
+before any work starts. Ids are stored as uint16 when the vocabulary fits, else uint32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+import pyarrow as pa
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from datapipe.configbase import ConfigError, check, note
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerTrainConfig:
+    vocab_size: int = note(32000, help="target vocabulary size, special tokens included")
+    sample_bytes: int = note(20_000_000, help="bytes of kept text (a deterministic sample) to train on")
+    min_frequency: int = note(2, help="minimum pair frequency for a merge")
+    save_dir: str | None = note(None, help="also save the trained tokenizer.json here (e.g. tokenizers/quickstart)")
+
+    def __post_init__(self) -> None:
+        check(256 < self.vocab_size <= 2**32, f"vocab_size must be in (256, 2**32], got {self.vocab_size!r}")
+        check(self.sample_bytes > 0, f"sample_bytes must be > 0, got {self.sample_bytes!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerConfig:
+    path: str | None = note(None, help="an existing tokenizer.json; when null, one is trained (see train)")
+    train: TokenizerTrainConfig = note(TokenizerTrainConfig(), help="byte-level BPE training, used when path is null")
+    eos_token: str = note("<|endoftext|>", help="end-of-document token appended to every document; must be in the vocabulary")
+    bos_token: str | None = note(None, help="optional beginning-of-document token prepended to every document")
+    batch_size: int = note(512, help="documents per encode_batch call")
+
+    def __post_init__(self) -> None:
+        check(bool(self.eos_token), "eos_token must be a non-empty string")
+        check(self.batch_size > 0, f"batch_size must be > 0, got {self.batch_size!r}")
+
+
+def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
+    """A byte-level BPE (GPT-2 pre-tokenization, no normalizer) trained on `texts`."""
+    specials = [config.eos_token] + ([config.bos_token] if config.bos_token else [])
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.train.vocab_size,
+        min_frequency=config.train.min_frequency,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def token_dtype(vocab_size: int) -> pa.DataType:
+    return pa.uint16() if vocab_size <= 2**16 else pa.uint32()
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What the manifest records about the tokenizer."""
+
+    path: str
+    sha256: str
+    vocab_size: int
+    eos_id: int
+    bos_id: int | None
+    dtype: str
+
+
+def special_ids(tokenizer: Tokenizer, config: TokenizerConfig, where: str) -> tuple[int, int | None]:
+    """The EOS (and BOS) ids; a token missing from the vocabulary is a config error."""
+    eos = tokenizer.token_to_id(config.eos_token)
+    if eos is None:
+        raise ConfigError(
+            f"tokenizer.eos_token {config.eos_token!r} is not in the vocabulary of {where} "
+            f"(size {tokenizer.get_vocab_size()}); name a token it has, or train a new tokenizer"
+        )
+    bos = None
+    if config.bos_token is not None:
+        bos = tokenizer.token_to_id(config.bos_token)
+        if bos is None:
+            raise ConfigError(f"tokenizer.bos_token {config.bos_token!r} is not in the vocabulary of {where}")
+    return eos, bos
+
+
+def describe(tokenizer_json: str, path: str, config: TokenizerConfig) -> TokenizerInfo:
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    eos, bos = special_ids(tokenizer, config, path)
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    return TokenizerInfo(
+        path=path,
+        sha256=hashlib.sha256(tokenizer_json.encode()).hexdigest(),
+        vocab_size=vocab,
+        eos_id=eos,
+        bos_id=bos,
+        dtype=str(token_dtype(vocab)),
+    )
+
+
+TOKENS_COLUMNS = ("id", "domain", "tokens", "num_tokens")
+
+
+class TokenizeStage:
+    """Encodes a batch of documents into (id, domain, tokens, num_tokens). Holds a tokenizer, so the
+    runner keeps one instance per worker (an actor) rather than rebuilding it per batch."""
+
+    name = "tokenize"
+
+    def __init__(self, tokenizer_json: str, config: TokenizerConfig, where: str = "tokenizer.json") -> None:
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.config = config
+        self.eos_id, self.bos_id = special_ids(self.tokenizer, config, where)
+        self.dtype = token_dtype(self.tokenizer.get_vocab_size(with_added_tokens=True))
+        self._np_dtype = np.uint16 if self.dtype == pa.uint16() else np.uint32
+        # encode_batch_fast skips offsets we never use (tokenizers >= 0.20)
+        self._encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Flat token ids (with specials) and per-document lengths."""
+        n = self.config.batch_size
+        id_lists: list[list[int]] = []
+        for i in range(0, len(texts), n):
+            id_lists.extend(e.ids for e in self._encode(texts[i : i + n], add_special_tokens=False))
+        extra = 1 + (self.bos_id is not None)
+        lengths = np.fromiter((len(ids) + extra for ids in id_lists), dtype=np.int64, count=len(id_lists))
+        head = [self.bos_id] if self.bos_id is not None else []
+        tail = [self.eos_id]
+        flat = np.fromiter(
+            itertools.chain.from_iterable(itertools.chain(head, ids, tail) for ids in id_lists),
+            dtype=self._np_dtype,
+            count=int(lengths.sum()),
+        )
+        return flat, lengths
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        flat, lengths = self.encode(batch.column("text").to_pylist())
+        # int32 list offsets: a block holds far fewer than 2**31 tokens (blocks are a few MB of text)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=self.dtype))
+        return pa.RecordBatch.from_arrays(
+            [batch.column("id"), batch.column("domain"), tokens, pa.array(lengths, pa.int64())],
+            names=list(TOKENS_COLUMNS),
+        )

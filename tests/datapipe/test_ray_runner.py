@@ -1,0 +1,150 @@
+"""The runner on Ray: an embedded local instance (shared by the session), a worker process that dies
+mid-stage, and a real two-node cluster started with `ray start` on this machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ASSETS, small_config
+from datapipe.executors import LocalExecutor, RayExecutor
+from datapipe.runner import curate
+from datapipe.schema import empty_dropped
+from datapipe.shards import read_manifest
+from stages.base import StageResult
+
+
+def _run(cfg, executor, **kw):
+    return curate(cfg, executor=executor, progress=False, log=lambda _: None, **kw)
+
+
+def test_ray_gives_the_same_shards_as_one_local_worker(tmp_path, slice_input, ray_local):
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    _run(small_config(local, [slice_input]), LocalExecutor())
+    executor = RayExecutor(progress=False)
+    assert executor.num_workers == 2
+    result = _run(small_config(on_ray, [slice_input]), executor)
+    assert read_manifest(on_ray) == read_manifest(local)
+    assert result.stats["inputs"][0]["balanced"]
+
+
+class DieOnce:
+    """Kills its worker process the first time it runs (a marker file remembers), like an OOM kill."""
+
+    name = "die_once"
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __call__(self, batch):
+        if not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(os.getpid()))
+            os._exit(1)
+        return StageResult(batch, empty_dropped())
+
+
+def test_a_worker_that_dies_mid_stage_is_retried(tmp_path, slice_input, ray_local):
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import test modules
+    marker = tmp_path / "died"
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    _run(small_config(ref, [slice_input]), LocalExecutor())
+    _run(small_config(out, [slice_input]), RayExecutor(progress=False), extra_stages=[DieOnce(str(marker))])
+    assert marker.exists() and int(marker.read_text()) != os.getpid()  # a worker really died
+    assert read_manifest(out) == read_manifest(ref)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def two_node_cluster(tmp_path):
+    """`ray start --head` plus a second `ray start --address` on this machine: two raylets, one CPU each."""
+    ray_bin = shutil.which("ray")
+    if ray_bin is None:
+        pytest.skip("the ray command is not installed")
+    port = _free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+    temp = Path("/tmp") / f"ray-dp-{port}"  # the socket paths must stay short
+    head = subprocess.run(
+        [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+         "--disable-usage-stats", f"--temp-dir={temp}"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    if head.returncode != 0:
+        pytest.skip(f"Ray cannot start a head node here: {head.stderr[-500:]}")
+    address = next((line.split("--address='")[1].split("'")[0] for line in head.stderr.splitlines() + head.stdout.splitlines()
+                    if "--address='" in line), f"127.0.0.1:{port}")
+    try:
+        worker = subprocess.run(
+            [ray_bin, "start", f"--address={address}", "--num-cpus=1", "--disable-usage-stats"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )
+        if worker.returncode != 0:
+            pytest.skip(f"Ray cannot start a second node here: {worker.stderr[-500:]}")
+        yield address, env
+    finally:
+        _stop_cluster([str(temp), f"address={address}"])
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _stop_cluster(marks: list[str]) -> None:
+    """Kill this cluster's processes and their children, and nothing else: `ray stop` would also
+    kill every other Ray on the machine (the session's embedded one, a user's own)."""
+    rows = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or gone meanwhile
+        rows.append((int(proc.name), ppid, args))
+    doomed = {pid for pid, _, args in rows if any(m in args for m in marks) and pid != os.getpid()}
+    while True:
+        more = {pid for pid, ppid, _ in rows if ppid in doomed} - doomed
+        if not more:
+            break
+        doomed |= more
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.cluster
+def test_two_node_cluster_gives_the_same_shards(tmp_path, two_node_cluster):
+    address, env = two_node_cluster
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(
+        f"inputs: [{{path: '{ASSETS / 'corpus_slice.jsonl'}', domain_field: source}}]\n"
+        "read: {block_bytes: 8192}\nfilters: {code: {code: {}}}\n"
+        "tokenizer: {train: {vocab_size: 400}}\noutput: {shard_bytes: 8192}\n"
+    )
+    cmd = [sys.executable, "-m", "datapipe", "curate", str(cfg_file), "--no-progress"]
+    local = subprocess.run(cmd + ["--executor", "local", "--output", str(tmp_path / "local")],
+                           capture_output=True, text=True, timeout=300)
+    assert local.returncode == 0, local.stderr
+    probe = subprocess.run(
+        [sys.executable, "-c", f"import ray; ray.init(address='{address}'); "
+         "print(len([n for n in ray.nodes() if n['Alive']]))"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert probe.stdout.strip().splitlines()[-1] == "2", probe.stderr
+    cluster = subprocess.run(cmd + ["--ray-address", address, "--output", str(tmp_path / "cluster")],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert cluster.returncode == 0, cluster.stderr[-3000:]
+    assert read_manifest(tmp_path / "cluster") == read_manifest(tmp_path / "local")

@@ -1,0 +1,462 @@
+"""Tests of datapipe.readers: every format, order keys, ids, domains, quarantine and plan errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import uuid
+from pathlib import Path
+
+import fsspec
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from datapipe.config import InputConfig, ReadConfig
+from datapipe.readers import InputError, InputUnit, Quarantined, plan_units, read_unit
+from datapipe.schema import DOC_SCHEMA, order_key
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+READ = ReadConfig()
+
+
+def read_all(units: list[InputUnit], inputs: list[InputConfig], read: ReadConfig = READ, first_unit: int = 0):
+    """All documents (as dicts) and quarantined records of `units`, unit index = position + first_unit."""
+    docs: list[dict] = []
+    bad: list[Quarantined] = []
+    for k, unit in enumerate(units):
+        for batch, quarantined in read_unit(unit, first_unit + k, inputs[unit.input_index], read):
+            assert batch.schema.equals(DOC_SCHEMA)
+            assert batch.num_rows <= read.batch_size
+            docs += batch.to_pylist()
+            bad += quarantined
+    return docs, bad
+
+
+def read_input(inp: InputConfig, read: ReadConfig = READ):
+    return read_all(plan_units([inp]), [inp], read)
+
+
+def write_jsonl(path: Path, records: list) -> None:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+
+
+RECORDS = [
+    {"id": "a", "text": "alpha", "domain": "web"},
+    {"text": "beta"},  # no id: derived
+    {"id": 7, "text": "gamma", "domain": ""},  # int id -> "7"; empty domain -> input domain
+    {"id": None, "text": "delta", "domain": 3},  # null id -> derived; non-string domain -> input domain
+]
+
+
+def check_records(docs: list[dict], path: str, domain: str = "default") -> None:
+    assert [d["text"] for d in docs] == ["alpha", "beta", "gamma", "delta"]
+    assert [d["id"] for d in docs] == ["a", f"{path}:2", "7", f"{path}:4"]
+    assert [d["domain"] for d in docs] == ["web", domain, domain, domain]
+
+
+@pytest.fixture
+def mem() -> str:
+    """A fresh memory:// folder, removed afterwards (the memory filesystem is process-global)."""
+    root = f"memory://readers-{uuid.uuid4().hex}"
+    yield root
+    fs = fsspec.filesystem("memory")
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+# ----------------------------------------------------------------------------------------- jsonl
+
+
+def test_jsonl_ids_domains_orders(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    write_jsonl(path, RECORDS)
+    inp = InputConfig(path=str(path))
+    units = plan_units([inp])
+    assert units == [InputUnit(0, str(path), "jsonl")]
+    docs, bad = read_all(units, [inp], first_unit=5)
+    check_records(docs, str(path))
+    assert bad == []
+    assert [d["order"] for d in docs] == [order_key(5, i) for i in range(4)]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst", ".ndjson", ".json"])
+def test_jsonl_compressions_and_extensions(tmp_path: Path, suffix: str) -> None:
+    data = b"".join(orjson.dumps(r) + b"\n" for r in RECORDS)
+    if suffix.endswith(".gz"):
+        data = gzip.compress(data)
+    elif suffix.endswith(".zst"):
+        data = zstandard.ZstdCompressor().compress(data)
+    path = tmp_path / f"a{suffix}"
+    path.write_bytes(data)
+    inp = InputConfig(path=str(path), domain="d")
+    assert [u.format for u in plan_units([inp])] == ["jsonl"]
+    docs, bad = read_input(inp)
+    check_records(docs, str(path), domain="d")
+    assert bad == []
+
+
+def test_jsonl_id_field_and_domain_field_options(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    write_jsonl(path, [{"key": "k1", "body": "one", "src": "code", "id": "ignored", "domain": "ignored"}])
+    inp = InputConfig(path=str(path), text_field="body", id_field="key", domain_field="src")
+    docs, _ = read_input(inp)
+    assert docs[0] | {"order": 0} == {"id": "k1", "domain": "code", "text": "one", "order": 0}
+    inp = InputConfig(path=str(path), text_field="body", id_field=None, domain_field=None, domain="fixed")
+    docs, _ = read_input(inp)
+    assert (docs[0]["id"], docs[0]["domain"]) == (f"{path}:1", "fixed")
+
+
+def test_every_quarantine_reason_with_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    lines = [
+        b'{"text": "good one"}',  # 1
+        b"",  # 2 blank
+        b'{"text": "caf\xff"}',  # 3
+        b'{"text": "unterminated',  # 4
+        b"[1, 2]",  # 5
+        b'{"body": "no text field"}',  # 6
+        b'{"text": null}',  # 7
+        b'{"text": 42}',  # 8
+        b'{"text": "   \\n\\t"}',  # 9
+        b'{"text": ""}',  # 10
+        b'{"text": "0123456789A"}',  # 11: 11 bytes
+        "{\"text\": \"\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\"}".encode(),  # 12: 6 chars, 12 bytes
+        b"   \t",  # 13 whitespace-only line: blank
+        b'{"text": "0123456789"}',  # 14: exactly 10 bytes, kept
+        b'{"text": "last", "id": "x"}\r',  # 15: CRLF line ending
+    ]
+    path.write_bytes(b"\n".join(lines))  # no final newline
+    inp = InputConfig(path=str(path))
+    docs, bad = read_input(inp, ReadConfig(max_bytes_per_doc=10))
+    assert [(d["text"], d["order"]) for d in docs] == [("good one", 0), ("0123456789", 13), ("last", 14)]
+    assert docs[0]["id"] == f"{path}:1"
+    assert [(q.reason, q.line) for q in bad] == [
+        ("invalid_utf8", 3),
+        ("malformed_json", 4),
+        ("not_an_object", 5),
+        ("missing_text", 6),
+        ("missing_text", 7),
+        ("text_not_string", 8),
+        ("empty_text", 9),
+        ("empty_text", 10),
+        ("too_long", 11),
+        ("too_long", 12),
+    ]
+    assert all(q.file == str(path) and q.row is None and q.detail for q in bad)
+    assert bad[1].raw == '{"text": "unterminated'
+    assert bad[0].raw == '{"text": "caf\ufffd"}'
+
+
+def test_quarantine_raw_is_truncated(tmp_path: Path) -> None:
+    path = tmp_path / "long.jsonl"
+    write_jsonl(path, [{"text": "x" * 50_000}])
+    _, bad = read_input(InputConfig(path=str(path)), ReadConfig(max_bytes_per_doc=100))
+    assert bad[0].reason == "too_long" and len(bad[0].raw) == 2000
+
+
+def test_batches_are_bounded_and_carry_their_quarantine(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"text":"1"}\n{"text":"2"}\nnot json\n{"text":"3"}\n{"text":"4"}\n{"text":"5"}\n')
+    inp = InputConfig(path=str(path))
+    out = list(read_unit(plan_units([inp])[0], 0, inp, ReadConfig(batch_size=2)))
+    assert [b.column("text").to_pylist() for b, _ in out] == [["1", "2"], ["3", "4"], ["5"]]
+    assert [[q.line for q in qs] for _, qs in out] == [[], [3], []]
+
+
+def test_bom_is_ignored_and_line_numbers_match_file(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "first"}\n\n\n{"text": "fourth"}\n')
+    docs, bad = read_input(InputConfig(path=str(path)))
+    assert [(d["text"], d["id"], d["order"]) for d in docs] == [
+        ("first", f"{path}:1", 0),
+        ("fourth", f"{path}:4", 3),
+    ]
+    assert bad == []
+
+
+def test_truncated_gzip_raises_input_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "cut.jsonl.gz"
+    data = gzip.compress(b"".join(orjson.dumps({"text": f"doc {i}"}) + b"\n" for i in range(2000)))
+    path.write_bytes(data[: len(data) // 2])
+    inp = InputConfig(path=str(path))
+    units = plan_units([inp])  # the header is fine
+    with pytest.raises(InputError, match="cut.jsonl.gz"):
+        read_all(units, [inp])
+
+
+def test_glob_over_several_files_in_sorted_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    for name in ["b.jsonl", "a.jsonl", "c.jsonl", "sub/d.jsonl"]:
+        write_jsonl(data / name, [{"text": f"{name} 1"}, {"text": f"{name} 2"}])
+    (data / "c.jsonl").write_bytes(gzip.compress((data / "c.jsonl").read_bytes()))
+    (data / "c.jsonl").rename(data / "c.jsonl.gz")
+    monkeypatch.chdir(tmp_path)
+    inputs = [InputConfig(path="data/*.jsonl*"), InputConfig(path="data/**/d.jsonl")]
+    units = plan_units(inputs)
+    # relative globs give relative paths, so derived ids do not depend on the working folder
+    assert [(u.input_index, u.path) for u in units] == [
+        (0, "data/a.jsonl"), (0, "data/b.jsonl"), (0, "data/c.jsonl.gz"), (1, "data/sub/d.jsonl"),
+    ]
+    docs, _ = read_all(units, inputs)
+    assert [d["id"] for d in docs][:3] == ["data/a.jsonl:1", "data/a.jsonl:2", "data/b.jsonl:1"]
+    assert [d["order"] for d in docs] == [order_key(u, r) for u in range(4) for r in range(2)]
+    assert docs[-1]["text"] == "sub/d.jsonl 2"
+
+
+def test_memory_urls_jsonl_and_parquet(mem: str) -> None:
+    for name in ["b.jsonl", "a.jsonl"]:
+        with fsspec.open(f"{mem}/j/{name}", "wb") as f:
+            f.write(orjson.dumps({"text": name}) + b"\n")
+    with fsspec.open(f"{mem}/p/x.parquet", "wb") as f:
+        pq.write_table(pa.table({"text": ["p0", "p1"]}), f)
+    inputs = [InputConfig(path=f"{mem}/j/*.jsonl"), InputConfig(path=f"{mem}/p/x.parquet")]
+    units = plan_units(inputs)
+    assert [(u.path, u.format) for u in units] == [
+        (f"{mem}/j/a.jsonl", "jsonl"), (f"{mem}/j/b.jsonl", "jsonl"), (f"{mem}/p/x.parquet", "parquet"),
+    ]
+    docs, bad = read_all(units, inputs)
+    assert [(d["text"], d["id"]) for d in docs] == [
+        ("a.jsonl", f"{mem}/j/a.jsonl:1"), ("b.jsonl", f"{mem}/j/b.jsonl:1"),
+        ("p0", f"{mem}/p/x.parquet:0"), ("p1", f"{mem}/p/x.parquet:1"),
+    ]
+    assert bad == []
+
+
+# ------------------------------------------------------------------------------- parquet / arrow
+
+
+def columnar_table() -> pa.Table:
+    return pa.table({
+        "text": ["zero", None, "", "three", "x" * 30],
+        "id": pa.array([10, 11, None, 13, 14], pa.int64()),
+        "domain": ["news", None, "x", "", "y"],
+        "extra": [1, 2, 3, 4, 5],
+    })
+
+
+def check_columnar(docs: list[dict], bad: list[Quarantined], path: str, unit: int = 0) -> None:
+    assert [(d["id"], d["domain"], d["text"], d["order"]) for d in docs] == [
+        ("10", "news", "zero", order_key(unit, 0)),
+        ("13", "default", "three", order_key(unit, 3)),
+    ]
+    assert [(q.reason, q.row, q.line, q.file) for q in bad] == [
+        ("missing_text", 1, None, path), ("empty_text", 2, None, path), ("too_long", 4, None, path),
+    ]
+    assert json.loads(bad[0].raw) == {"text": None, "id": 11, "domain": None}
+
+
+def test_parquet_batches_and_quarantine(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    pq.write_table(columnar_table(), path, row_group_size=2)
+    inp = InputConfig(path=str(path))
+    docs, bad = read_input(inp, ReadConfig(batch_size=2, max_bytes_per_doc=20))
+    check_columnar(docs, bad, str(path))
+    docs, _ = read_input(InputConfig(path=str(path), id_field=None))
+    assert [d["id"] for d in docs] == [f"{path}:0", f"{path}:3", f"{path}:4"]
+
+
+@pytest.mark.parametrize("kind", ["file", "stream"])
+def test_arrow_ipc_file_and_stream(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / ("t.arrow" if kind == "file" else "t.ipc")
+    table = columnar_table()
+    opener = pa.ipc.new_file if kind == "file" else pa.ipc.new_stream
+    with opener(str(path), table.schema) as writer:
+        for b in table.to_batches(max_chunksize=3):
+            writer.write_batch(b)
+    inp = InputConfig(path=str(path))
+    assert [u.format for u in plan_units([inp])] == ["arrow"]
+    docs, bad = read_input(inp, ReadConfig(batch_size=2, max_bytes_per_doc=20))
+    check_columnar(docs, bad, str(path))
+
+
+def test_columnar_text_column_must_be_a_string(tmp_path: Path) -> None:
+    ints = tmp_path / "ints.parquet"
+    pq.write_table(pa.table({"text": [1, 2]}), ints)
+    with pytest.raises(InputError, match=r"ints\.parquet.*must be a string column, got int64"):
+        plan_units([InputConfig(path=str(ints))])
+    nocol = tmp_path / "nocol.parquet"
+    pq.write_table(pa.table({"body": ["a"]}), nocol)
+    with pytest.raises(InputError, match=r"nocol\.parquet.*no column 'text'.*'body'"):
+        plan_units([InputConfig(path=str(nocol))])
+    # read_unit checks again (a unit built by hand)
+    with pytest.raises(InputError, match="string column"):
+        list(read_unit(InputUnit(0, str(ints), "parquet"), 0, InputConfig(path=str(ints)), READ))
+
+
+def test_parquet_folder_with_explicit_format(tmp_path: Path) -> None:
+    for name in ["b.parquet", "a.parquet"]:
+        pq.write_table(pa.table({"text": [name]}), tmp_path / name)
+    (tmp_path / "notes.md").write_text("not data")
+    inp = InputConfig(path=str(tmp_path), format="parquet")
+    assert [u.path for u in plan_units([inp])] == [f"{tmp_path}/a.parquet", f"{tmp_path}/b.parquet"]
+
+
+# ------------------------------------------------------------------------------------------- text
+
+
+def make_text_folder(root: Path) -> None:
+    (root / "sub" / "deep").mkdir(parents=True)
+    (root / "b.txt").write_text("bee")
+    (root / "a.md").write_text("ay")
+    (root / "sub" / "c.txt").write_text("sea")
+    (root / "sub" / "deep" / "d.txt").write_text("dee")
+    (root / "empty.txt").write_text("  \n")
+    (root / "latin1.txt").write_bytes(b"caf\xe9")
+    (root / "long.txt").write_text("L" * 100)
+
+
+def test_text_folder(tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    make_text_folder(root)
+    inp = InputConfig(path=str(root), domain="books")
+    units = plan_units([inp])
+    assert [u.format for u in units] == ["text"]
+    rels = ["a.md", "b.txt", "empty.txt", "latin1.txt", "long.txt", "sub/c.txt", "sub/deep/d.txt"]
+    assert units[0].files == tuple(f"{root}/{r}" for r in rels)
+    docs, bad = read_all(units, [inp], ReadConfig(max_bytes_per_doc=50))
+    assert [(d["id"], d["text"], d["domain"], d["order"]) for d in docs] == [
+        ("a.md", "ay", "books", 0), ("b.txt", "bee", "books", 1),
+        ("sub/c.txt", "sea", "books", 5), ("sub/deep/d.txt", "dee", "books", 6),
+    ]
+    assert [(q.reason, q.file, q.row) for q in bad] == [
+        ("empty_text", f"{root}/empty.txt", 2), ("invalid_utf8", f"{root}/latin1.txt", 3),
+        ("too_long", f"{root}/long.txt", 4),
+    ]
+
+
+def test_text_glob_and_rows_per_unit_give_the_same_documents(tmp_path: Path) -> None:
+    root = tmp_path / "docs"
+    make_text_folder(root)
+    one = InputConfig(path=str(root) + "/", glob="**/*.txt")
+    split = InputConfig(path=str(root) + "/", glob="**/*.txt", rows_per_unit=2)
+    units = plan_units([split])
+    assert [(u.start, u.stop, len(u.files)) for u in units] == [(0, 2, 2), (2, 4, 2), (4, 6, 2)]
+    strip = lambda docs: [(d["id"], d["text"]) for d in docs]  # noqa: E731
+    docs_one, bad_one = read_input(one)
+    docs_split, bad_split = read_input(split)
+    assert strip(docs_one) == strip(docs_split)
+    assert [q.file for q in bad_one] == [q.file for q in bad_split]
+    assert strip(docs_one)[0] == ("b.txt", "bee")
+
+
+# --------------------------------------------------------------------------------------------- hf
+
+
+@pytest.fixture
+def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keep datasets' cache inside the test folder and make sure nothing reaches the network."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    cache = tmp_path / "hf_cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    return cache
+
+
+HF_RECORDS = [
+    {"text": f"doc {i}", "id": f"r{i}" if i % 2 else None, "domain": "odd" if i % 2 else None} for i in range(10)
+]
+HF_RECORDS[4]["text"] = ""
+
+
+def check_hf(docs: list[dict], bad: list[Quarantined], name: str) -> None:
+    assert [d["text"] for d in docs] == [f"doc {i}" for i in range(10) if i != 4]
+    assert [d["id"] for d in docs][:3] == [f"{name}:0", "r1", f"{name}:2"]
+    assert [d["domain"] for d in docs][:3] == ["default", "odd", "default"]
+    assert [(q.reason, q.row, q.file) for q in bad] == [("empty_text", 4, name)]
+
+
+def test_hf_load_dataset_from_local_files(tmp_path: Path, hf_cache: Path) -> None:
+    src = tmp_path / "src.jsonl"
+    write_jsonl(src, HF_RECORDS)
+    one = InputConfig(path="json", format="hf", data_files=[str(src)])
+    split = InputConfig(path="json", format="hf", data_files=[str(src)], rows_per_unit=3)
+    assert plan_units([one]) == [InputUnit(0, "json", "hf", 0, 10)]
+    units = plan_units([split])
+    assert [(u.start, u.stop) for u in units] == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    docs, bad = read_all(units, [split], ReadConfig(batch_size=2))
+    check_hf(docs, bad, "json")
+    assert docs[3]["order"] == order_key(1, 0)  # row 3 is the first row of unit 1
+    docs_one, _ = read_input(one)
+    assert [(d["id"], d["text"]) for d in docs_one] == [(d["id"], d["text"]) for d in docs]
+
+
+def test_hf_load_error_names_the_input(hf_cache: Path, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="input 0 \\('json'\\)"):
+        plan_units([InputConfig(path="json", format="hf", data_files=[str(tmp_path / "missing.jsonl")])])
+
+
+def test_hf_disk_dataset_and_dataset_dict(tmp_path: Path, hf_cache: Path) -> None:
+    import datasets
+
+    ds = datasets.Dataset.from_list(HF_RECORDS)
+    ds.save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": ds.select(range(2)), "valid": ds}).save_to_disk(str(tmp_path / "saved_dict"))
+
+    saved = str(tmp_path / "saved")
+    auto = InputConfig(path=saved, rows_per_unit=4)  # a save_to_disk folder is detected as hf_disk
+    units = plan_units([auto])
+    assert [(u.format, u.start, u.stop) for u in units] == [("hf_disk", 0, 4), ("hf_disk", 4, 8), ("hf_disk", 8, 10)]
+    docs, bad = read_all(units, [auto])
+    check_hf(docs, bad, saved)
+    docs_one, _ = read_input(InputConfig(path=saved, format="hf_disk"))
+    assert [(d["id"], d["text"]) for d in docs_one] == [(d["id"], d["text"]) for d in docs]
+
+    saved_dict = str(tmp_path / "saved_dict")
+    docs, bad = read_input(InputConfig(path=saved_dict, format="hf_disk", split="valid"))
+    check_hf(docs, bad, saved_dict)
+    with pytest.raises(InputError, match=r"split must be one of \['train', 'valid'\], got 'test'"):
+        plan_units([InputConfig(path=saved_dict, split="test")])
+
+
+# ---------------------------------------------------------------------------------------- errors
+
+
+def test_plan_errors_name_the_input(tmp_path: Path, mem: str) -> None:
+    def fails(inp: InputConfig, match: str) -> None:
+        with pytest.raises(InputError, match=match) as info:
+            plan_units([InputConfig(path=str(tmp_path / "ok.jsonl")), inp])
+        assert inp.path in str(info.value) and "input 1" in str(info.value)
+
+    write_jsonl(tmp_path / "ok.jsonl", [{"text": "fine"}])
+    fails(InputConfig(path=str(tmp_path / "missing.jsonl")), "no such file")
+    fails(InputConfig(path=f"{mem}/nothing.jsonl"), "no such file")
+    fails(InputConfig(path=str(tmp_path / "*.parquet")), "matches no files")
+    (tmp_path / "notes.txt").write_text("hello")
+    fails(InputConfig(path=str(tmp_path / "notes.txt")), r"notes\.txt.*allowed:.*'\.jsonl'.*'\.parquet'")
+    (tmp_path / "fake.jsonl.gz").write_bytes(b"not gzip at all")
+    fails(InputConfig(path=str(tmp_path / "fake.jsonl.gz")), "cannot be read as jsonl")
+    (tmp_path / "fake.parquet").write_bytes(b"nope")
+    fails(InputConfig(path=str(tmp_path / "fake.parquet")), "cannot be read as parquet")
+    fails(InputConfig(path=str(tmp_path / "ok.jsonl"), format="text"), "expects a folder")
+    (tmp_path / "folder").mkdir()
+    fails(InputConfig(path=str(tmp_path / "folder"), format="text", glob="*.md"), "no files under the folder match")
+    fails(InputConfig(path=str(tmp_path / "folder"), format="jsonl"), "no jsonl files")
+
+
+def test_plan_error_names_the_file_of_a_glob(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
+    (tmp_path / "b.csv").write_text("x")
+    with pytest.raises(InputError, match=r"b\.csv"):
+        plan_units([InputConfig(path=str(tmp_path / "*"))])
+
+
+# ------------------------------------------------------------------------------------ real corpus
+
+
+def test_corpus_slice_domains_from_source_field() -> None:
+    path = ASSETS / "corpus_slice.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {r["source"] for r in records} == {"man", "license", "code"}
+    inp = InputConfig(path=str(path), domain_field="source", domain="unknown")
+    docs, bad = read_input(inp, ReadConfig(batch_size=7))
+    assert bad == []
+    assert [d["domain"] for d in docs] == [r["source"] for r in records]
+    assert [d["id"] for d in docs] == [r["id"] for r in records]
+    assert [d["text"] for d in docs] == [r["text"] for r in records]
+    assert [d["order"] for d in docs] == list(range(len(records)))

@@ -1,0 +1,251 @@
+"""The curation runner end to end, in-process (LocalExecutor): outputs, accounting, bad input,
+resume after a kill, refusal of a foreign output folder."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import ASSETS, small_config
+from datapipe.configbase import ConfigError
+from datapipe.executors import LocalExecutor
+from datapipe.runner import RunConflict, curate
+from datapipe.shards import open_shard, read_manifest, verify_shard
+from stages.base import StageResult
+
+
+def run(cfg, **kw):
+    return curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None, **kw)
+
+
+def shard_rows(out: Path) -> list[dict]:
+    manifest = read_manifest(out)
+    rows = []
+    for s in manifest["shards"]:
+        rows += open_shard(out, s["path"]).to_pylist()
+    return rows
+
+
+def dropped_rows(out: Path) -> list[dict]:
+    files = sorted((out / "dropped").glob("*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files]).to_pylist() if files else []
+
+
+def quarantined(out: Path) -> list[dict]:
+    return [orjson.loads(line) for f in sorted((out / "quarantine").glob("*.jsonl")) for line in f.read_bytes().splitlines()]
+
+
+def checksums(out: Path) -> list[str]:
+    return [s["sha256"] for s in read_manifest(out)["shards"]]
+
+
+def test_end_to_end_outputs(tmp_path, slice_input):
+    out = tmp_path / "out"
+    result = run(small_config(out, [slice_input]))
+    manifest = read_manifest(out)
+    assert manifest["num_shards"] == len(manifest["shards"]) > 1  # tiny shard_bytes: several shards
+    assert (out / "stats.json").exists() and (out / "tokenizer.json").exists()
+    assert not (out / "work").exists()  # intermediate files removed after success
+    rows = shard_rows(out)
+    assert len(rows) == manifest["total_docs"] == sum(s["rows"] for s in manifest["shards"])
+    eos = manifest["tokenizer"]["eos_id"]
+    for r in rows:
+        assert r["tokens"][-1] == eos and len(r["tokens"]) == r["num_tokens"]
+        assert eos not in r["tokens"][:-1]
+    for s in manifest["shards"]:
+        verify_shard(out, s)
+    assert manifest["tokenizer"]["dtype"] == "uint16"
+    # every document of the slice is accounted for: kept, dropped or quarantined, exactly once
+    ids_in = [orjson.loads(line)["id"] for line in (ASSETS / "corpus_slice.jsonl").read_bytes().splitlines()]
+    kept_ids = [r["id"] for r in rows]
+    dropped_ids = [r["id"] for r in dropped_rows(out)]
+    assert sorted(kept_ids + dropped_ids) == sorted(ids_in)
+    assert result.stats["inputs"][0]["balanced"]
+    # domains come from each record's own `source` field
+    assert set(manifest["domains"]) <= {"man", "license", "code"}
+    assert "code" in manifest["domains"]
+
+
+def test_shards_read_back_identically_with_pyarrow_polars_and_datasets(tmp_path, slice_input):
+    out = tmp_path / "out"
+    run(small_config(out, [slice_input]))
+    files = [str(out / s["path"]) for s in read_manifest(out)["shards"]]
+    expected = pa.concat_tables([pa.ipc.open_file(f).read_all() for f in files]).to_pylist()
+    polars_rows = pl.concat([pl.read_ipc(f) for f in files]).to_dicts()
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.load_dataset("arrow", data_files=files, split="train", cache_dir=str(tmp_path / "hf"))
+    assert polars_rows == expected
+    assert ds.to_list() == expected
+
+
+def test_exact_dedup_is_global_and_first_in_input_order_wins(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    text = "def f():\n    return 1\n" * 5
+    a.write_text(json.dumps({"id": "a1", "text": "x = 1\n" * 3}) + "\n" + json.dumps({"id": "a2", "text": text}) + "\n")
+    # b's copy differs only by what normalization removes (CRLF, trailing blanks)
+    b.write_text(json.dumps({"id": "b1", "text": text.replace("\n", "  \r\n")}) + "\n")
+    out = tmp_path / "out"
+    run(small_config(out, [{"path": str(b), "domain": "code"}, {"path": str(a), "domain": "code"}]))
+    drops = {r["id"]: r for r in dropped_rows(out)}
+    # b is listed first, so b1 wins and a2 is the duplicate (across two files and blocks)
+    assert drops["a2"]["reason"] == "exact_duplicate" and drops["a2"]["kept_id"] == "b1"
+    assert {r["id"] for r in shard_rows(out)} == {"b1", "a1"}
+
+
+def test_disabling_exact_dedup_by_override(tmp_path, slice_input):
+    out = tmp_path / "out"
+    result = run(small_config(out, [slice_input], dedup={"exact": {"enabled": False}}))
+    assert "exact_dedup" not in {f["stage"] for f in result.stats["funnel"]}
+
+
+BAD_LINES = [
+    b'{"id": "bad-json", "text": "unterminated',
+    b'\xff\xfe not utf-8 at all',
+    b'["a list", "not an object"]',
+    b'{"id": "no-text"}',
+    b'{"id": "num-text", "text": 42}',
+    b'{"id": "empty", "text": "   "}',
+    b'',  # a blank line: skipped silently, still a line
+]
+
+
+def test_bad_input_is_quarantined_and_every_valid_document_is_accounted_for(tmp_path):
+    good = [orjson.loads(line) for line in (ASSETS / "corpus_slice.jsonl").read_bytes().splitlines()]
+    lines = []
+    for i, rec in enumerate(good):
+        lines.append(orjson.dumps(rec))
+        if i < len(BAD_LINES):
+            lines.append(BAD_LINES[i])
+    lines.append(orjson.dumps(good[0]))  # an exact duplicate of a valid document, new id below
+    lines[-1] = orjson.dumps({**good[0], "id": "dup-of-first"})
+    raw = tmp_path / "mixed.jsonl.gz"
+    raw.write_bytes(gzip.compress(b"\n".join(lines) + b"\n"))
+    out = tmp_path / "out"
+    result = run(small_config(out, [{"path": str(raw), "domain_field": "source"}]))
+
+    q = quarantined(out)
+    assert sorted(r["reason"] for r in q) == sorted(
+        ["malformed_json", "invalid_utf8", "not_an_object", "missing_text", "text_not_string", "empty_text"]
+    )
+    assert all(r["file"] == str(raw) and r["line"] >= 1 for r in q)
+    assert next(r for r in q if r["reason"] == "invalid_utf8")["line"] == 4  # good, bad-json, good, here
+    kept = [r["id"] for r in shard_rows(out)]
+    dropped = [r["id"] for r in dropped_rows(out)]
+    valid = [r["id"] for r in good] + ["dup-of-first"]
+    assert not set(kept) & set(dropped)
+    assert sorted(kept + dropped) == sorted(valid)
+    row = result.stats["inputs"][0]
+    assert row["balanced"] and row["read"] == len(lines) - 1  # the blank line is no record
+    assert row["read"] == row["kept"] + sum(sum(r.values()) for r in row["dropped"].values()) + sum(row["quarantined"].values())
+    assert result.stats["quarantined"]["malformed_json"] == 1
+
+
+def test_config_errors_before_any_work(tmp_path, slice_input):
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="does-not-exist"):
+        run(small_config(out, [{"path": str(tmp_path / "does-not-exist.jsonl")}]))
+    assert not out.exists()
+    tok = tmp_path / "tok.json"
+    from stages.tokenize import TokenizerConfig, train_tokenizer
+
+    train_tokenizer(["hello world"] * 10, TokenizerConfig(eos_token="<eos>")).save(str(tok))
+    with pytest.raises(ConfigError, match="eos_token '<\\|endoftext\\|>' is not in the vocabulary"):
+        run(small_config(out, [slice_input], tokenizer={"path": str(tok)}))
+
+
+def test_existing_tokenizer_is_used_and_its_eos_appended(tmp_path, slice_input):
+    from stages.tokenize import TokenizerConfig, train_tokenizer
+
+    tok = tmp_path / "tok.json"
+    train_tokenizer(["some text for a tiny vocabulary"] * 20, TokenizerConfig(eos_token="<eos>")).save(str(tok))
+    out = tmp_path / "out"
+    run(small_config(out, [slice_input], tokenizer={"path": str(tok), "eos_token": "<eos>"}))
+    m = read_manifest(out)
+    assert m["tokenizer"]["path"] == str(tok) and m["tokenizer"]["eos_id"] == 0
+    assert all(r["tokens"][-1] == 0 for r in shard_rows(out))
+
+
+def test_output_made_with_another_config_is_refused(tmp_path, slice_input):
+    out = tmp_path / "out"
+    run(small_config(out, [slice_input]))
+    again = run(small_config(out, [slice_input]))  # same config: already complete, same manifest
+    assert again.manifest == read_manifest(out)
+    with pytest.raises(RunConflict, match=r"normalize.unicode_form: 'NFC' -> 'NFKC'"):
+        run(small_config(out, [slice_input], normalize={"unicode_form": "NFKC"}))
+
+
+class _Interrupt(Exception):
+    pass
+
+
+class CrashAfter:
+    """A stage that raises once it has seen `n` batches: a run killed mid-way."""
+
+    name = "crash"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, batch):
+        self.n -= 1
+        if self.n < 0:
+            raise _Interrupt("killed")
+        from datapipe.schema import empty_dropped
+
+        return StageResult(batch, empty_dropped())
+
+
+class PassThrough(CrashAfter):
+    def __init__(self) -> None:
+        super().__init__(10**9)
+
+
+@pytest.mark.parametrize("crash_after", [0, 5, 12])
+def test_interrupted_run_resumes_to_identical_shards(tmp_path, slice_input, crash_after):
+    tiny_blocks = {"block_bytes": 1024}  # about one document per block: many tasks to be killed among
+    ref = tmp_path / "ref"
+    run(small_config(ref, [slice_input], read=tiny_blocks), extra_stages=[PassThrough()])
+    out = tmp_path / "out"
+    cfg = small_config(out, [slice_input], read=tiny_blocks)
+    with pytest.raises(_Interrupt):
+        run(cfg, extra_stages=[CrashAfter(crash_after)])
+    assert not (out / "manifest.json").exists()
+    run(cfg, extra_stages=[PassThrough()])
+    assert checksums(out) == checksums(ref)
+    assert read_manifest(out) == read_manifest(ref)
+
+
+def test_killed_process_resumes_to_identical_shards(tmp_path):
+    """SIGKILL a real `datapipe curate` at some point after it has started writing, rerun it."""
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(
+        f"inputs: [{{path: '{ASSETS / 'corpus_slice.jsonl'}', domain_field: source}}]\n"
+        "read: {block_bytes: 2048, batch_size: 4}\n"
+        "filters: {code: {code: {}}}\n"
+        "tokenizer: {train: {vocab_size: 600}}\n"
+        "output: {shard_bytes: 4096}\n"
+    )
+    cmd = [sys.executable, "-m", "datapipe", "curate", str(cfg_file), "--executor", "local", "--no-progress"]
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    subprocess.run(cmd + ["--output", str(ref)], check=True, capture_output=True)
+    proc = subprocess.Popen(cmd + ["--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list((out / "work").glob("seg*/*.json"))) < 3:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "manifest.json").exists()
+    subprocess.run(cmd + ["--output", str(out)], check=True, capture_output=True)
+    assert checksums(out) == checksums(ref)
