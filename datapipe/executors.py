@@ -111,8 +111,9 @@ class RayExecutor:
             max_task_retries=self.max_retries,
             runtime_env={"env_vars": _WORKER_ENV},
         )(cls)
-        init_refs = tuple(self.ray.put(a) for a in init_args)
-        actors = [actor_cls.remote(*init_refs) for _ in range(min(self.num_workers, len(items)))]
+        # Constructor arguments go by value (keep them small): an actor restarted after its process
+        # died must not depend on an object-store copy that may be gone (ray-project/ray#53727).
+        actors = [actor_cls.remote(*init_args) for _ in range(min(self.num_workers, len(items)))]
         from ray.util import ActorPool
 
         # The pool hands the next item to whichever actor is free; results come back in item order.

@@ -315,15 +315,16 @@ def _sampled_texts(plan: Plan, blocks: list[tuple[int, int]], rate: float):
     for unit, block in blocks:
         table = read_table(folder / f"{block_name(unit, block)}.arrow")
         for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist()):
-            if rate >= 1.0 or xxhash.xxh64_intdigest(doc_id) < threshold:
+            if rate >= 1.0 or xxhash.xxh64_intdigest(doc_id.encode()) < threshold:
                 yield text
 
 
 def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int) -> tuple[str, str]:
-    """(tokenizer.json text, where it came from). Trains one when the config names none."""
+    """(absolute path of the tokenizer.json, the path the manifest records). Trains one when the
+    config names none."""
     tcfg = plan.cfg.tokenizer
     if tcfg.path is not None:
-        return Path(tcfg.path).read_text(), tcfg.path
+        return os.path.join(plan.cwd, tcfg.path), tcfg.path
     saved = Path(plan.out_dir) / "tokenizer.json"
     if not saved.exists():
         if kept_bytes == 0:
@@ -331,12 +332,12 @@ def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int
         rate = min(1.0, tcfg.train.sample_bytes / kept_bytes)
         tokenizer = train_tokenizer(_sampled_texts(plan, blocks, rate), tcfg)
         atomic_write_bytes(saved, tokenizer.to_str().encode())
-    text = saved.read_text()
     if tcfg.train.save_dir:
-        target = Path(tcfg.train.save_dir) / "tokenizer.json"
+        text = saved.read_text()
+        target = Path(plan.cwd) / tcfg.train.save_dir / "tokenizer.json"
         if not target.exists() or target.read_text() != text:
             atomic_write_bytes(target, text.encode())
-    return text, "tokenizer.json"
+    return str(saved), "tokenizer.json"
 
 
 # ---------------------------------------------------------------- phase 4: tokenize
@@ -345,9 +346,9 @@ def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int
 class TokenizeWorker:
     """One per executor worker: holds a tokenizer, encodes blocks into token files."""
 
-    def __init__(self, plan: Plan, tokenizer_json: str, where: str) -> None:
+    def __init__(self, plan: Plan, tokenizer_path: str) -> None:
         self.plan = plan
-        self.stage = TokenizeStage(tokenizer_json, plan.cfg.tokenizer, where)
+        self.stage = TokenizeStage(Path(tokenizer_path).read_text(), plan.cfg.tokenizer, tokenizer_path)
 
     def run(self, unit_index: int, block: int) -> dict[str, Any]:
         plan = self.plan
@@ -565,12 +566,10 @@ def curate(
                 executor.run_tasks(resolve_task, plan, [(s, p) for p in parts], seg.global_stage.name)
                 lap(f"{seg.global_stage.name}_resolve")
 
-        tokenizer_json, where = prepare_tokenizer(plan, blocks, kept_bytes)
-        info = describe(tokenizer_json, where, cfg.tokenizer)
+        tokenizer_path, where = prepare_tokenizer(plan, blocks, kept_bytes)
+        info = describe(Path(tokenizer_path).read_text(), where, cfg.tokenizer)
         lap("tokenizer")
-        token_results = executor.run_actors(
-            TokenizeWorker, (plan, tokenizer_json, where), "run", [(u, b) for u, b in blocks], "tokenize"
-        )
+        token_results = executor.run_actors(TokenizeWorker, (plan, tokenizer_path), "run", blocks, "tokenize")
         for r in token_results:
             total.merge(Counters.from_json(r["counters"]))
         lap("tokenize")

@@ -249,3 +249,15 @@ def test_killed_process_resumes_to_identical_shards(tmp_path):
     assert not (out / "manifest.json").exists()
     subprocess.run(cmd + ["--output", str(out)], check=True, capture_output=True)
     assert checksums(out) == checksums(ref)
+
+
+def test_tokenizer_trains_on_a_deterministic_sample(tmp_path, slice_input):
+    sample = {"train": {"vocab_size": 400, "sample_bytes": 20_000}}  # well under the slice's kept text
+    run(small_config(tmp_path / "a", [slice_input], tokenizer=sample))
+    run(small_config(tmp_path / "b", [slice_input], tokenizer=sample))
+    full = run(small_config(tmp_path / "c", [slice_input]))
+    a = (tmp_path / "a" / "tokenizer.json").read_text()
+    assert a == (tmp_path / "b" / "tokenizer.json").read_text()
+    assert a != (tmp_path / "c" / "tokenizer.json").read_text()  # the sample really is a subset
+    assert checksums(tmp_path / "a") == checksums(tmp_path / "b")
+    assert full.manifest["total_docs"] == read_manifest(tmp_path / "a")["total_docs"]
