@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--man-pages", type=int, default=1500, help="manual pages to render (default: 1500)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
     r.add_argument("--ray-address", default=None, metavar="ADDR")
+    r.add_argument("--executor", choices=["ray", "local"], default="ray")
     r.add_argument("--no-progress", action="store_true")
 
     sub.add_parser("config-reference", help="print every config key with its type, default and note")
@@ -44,15 +45,20 @@ def _parser() -> argparse.ArgumentParser:
 
 def cmd_curate(args: argparse.Namespace) -> int:
     from datapipe.config import load_config
-    from datapipe.executors import make_executor
     from datapipe.runner import curate
 
     cfg = load_config(args.config, args.overrides, inputs=args.input, output=args.output, ray_address=args.ray_address)
-    executor = None
-    if args.executor == "local":
-        executor = make_executor("local", None, num_cpus=None, max_retries=0, progress=not args.no_progress)
-    _report(curate(cfg, executor=executor, progress=not args.no_progress))
+    _report(curate(cfg, executor=_executor(args), progress=not args.no_progress))
     return 0
+
+
+def _executor(args: argparse.Namespace):
+    """None lets the runner start Ray from the config; 'local' runs in this process."""
+    if args.executor != "local":
+        return None
+    from datapipe.executors import make_executor
+
+    return make_executor("local", None, num_cpus=None, max_retries=0, progress=not args.no_progress)
 
 
 def _report(result) -> None:
@@ -74,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(recipe, inputs_override + args.overrides, output=args.output, ray_address=args.ray_address)
     from datapipe.runner import curate
 
-    _report(curate(cfg, progress=not args.no_progress))
+    _report(curate(cfg, executor=_executor(args), progress=not args.no_progress))
     return 0
 
 

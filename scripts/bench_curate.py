@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import orjson
+import yaml
 import pyarrow as pa
 
 from datapipe.config import CurateConfig
@@ -35,11 +36,8 @@ from stages.normalize import NormalizeConfig, NormalizeStage
 from stages.quality import build_filters
 from stages.tokenize import TokenizeStage, TokenizerConfig
 
-FILTERS = {
-    "code": {"code": {}},
-    "license": {"gopher_quality": {}, "gopher_repetition": {}},
-    "man": {"gopher_repetition": {}, "gopher_quality": {"min_stop_words": None}},
-}
+# The quickstart recipe's filters: the same per-domain settings a user starts from.
+FILTERS = yaml.safe_load((Path(__file__).parents[1] / "configs" / "quickstart.yaml").read_text())["filters"]
 
 
 def load_docs(corpus: Path, limit: int | None) -> list[dict]:
