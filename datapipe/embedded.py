@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import gzip
+import itertools
 import os
 import re
 import shutil
@@ -76,8 +77,8 @@ def _code_and_prose() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def _man_pages(limit: int) -> list[tuple[Path, str]]:
-    """(path, language) for up to `limit` pages: every translated page first (they are few and
-    they are the multilingual part), then English pages spread evenly over the sorted list."""
+    """(path, language) for up to `limit` pages: translated pages first (they are few and they are
+    the multilingual part), one language after another, then English pages spread evenly."""
     if not MAN_ROOT.is_dir() or shutil.which("man") is None:
         return []
     english, other = [], []
@@ -92,7 +93,12 @@ def _man_pages(limit: int) -> list[tuple[Path, str]]:
             for page in sorted(section.iterdir()):
                 if page.is_file() and not page.is_symlink():
                     (english if lang == "en" else other).append((page, lang))
-    chosen = other[:limit]
+    # Round-robin over languages, so that even a small limit spans many of them.
+    by_lang: dict[str, list[tuple[Path, str]]] = {}
+    for page, lang in other:
+        by_lang.setdefault(lang, []).append((page, lang))
+    interleaved = [p for group in itertools.zip_longest(*by_lang.values()) for p in group if p is not None]
+    chosen = interleaved[:limit]
     room = limit - len(chosen)
     if room > 0 and english:
         step = max(1, len(english) // room)
@@ -144,7 +150,7 @@ def _write_jsonl(path: Path, records: Any) -> int:
 
 def prepare(man_pages: int = 1500, *, log=print) -> dict[str, Path]:
     """Build (or reuse) the embedded corpus; returns {domain: JSONL path}."""
-    folder = cache_dir() / f"py{sys.version_info.major}{sys.version_info.minor}-man{man_pages}"
+    folder = cache_dir() / f"v2-py{sys.version_info.major}{sys.version_info.minor}-man{man_pages}"
     paths = {"code": folder / "code.jsonl", "prose": folder / "prose.jsonl", "manual": folder / "manual.jsonl"}
     if not (paths["code"].exists() and paths["prose"].exists()):
         code, prose = _code_and_prose()
