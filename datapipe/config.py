@@ -17,6 +17,7 @@ import yaml
 
 from datapipe.configbase import ConfigError, apply_override, check, from_dict, note, to_dict
 from stages.exact_dedup import ExactDedupConfig
+from stages.minhash import MinHashConfig
 from stages.normalize import NormalizeConfig
 from stages.tokenize import TokenizerConfig
 
@@ -56,6 +57,7 @@ class ReadConfig:
 @dataclass(frozen=True, kw_only=True)
 class DedupConfig:
     exact: ExactDedupConfig = note(ExactDedupConfig(), help="exact (hash) deduplication")
+    minhash: MinHashConfig = note(MinHashConfig(), help="near-duplicate removal with MinHash-LSH (after the filters)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +144,7 @@ def load_config(
 # Keys that change where or how fast the work runs, never what it produces.
 _EXECUTION_ONLY = {
     ("ray",), ("output", "dir"), ("output", "keep_work"), ("dedup", "exact", "partitions"),
+    ("dedup", "minhash", "partitions"), ("dedup", "minhash", "max_rounds"),
     ("read", "batch_size"), ("read", "block_bytes"), ("tokenizer", "batch_size"),
 }
 

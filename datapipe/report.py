@@ -36,6 +36,12 @@ def format_funnel(stats: dict[str, Any]) -> str:
         out.append(_table(["stage", "domain", "reason", "docs"], reasons))
     if stats["quarantined"]:
         out.append(_table(["quarantined", "", "records"], [[r, "", n] for r, n in stats["quarantined"].items()]))
+    minhash = stats.get("global_stages", {}).get("minhash")
+    if minhash:
+        out.append(
+            f"near-duplicates: {minhash['candidate_pairs']:,} candidate pairs, {minhash['clusters']:,} clusters, "
+            f"{minhash['removed']:,} documents removed ({minhash['rounds']} connected-components rounds)"
+        )
     kept = [[domain, "", k["docs"], k["tokens"]] for domain, k in stats["kept"].items()]
     kept.append(["total", "", sum(k["docs"] for k in stats["kept"].values()), sum(k["tokens"] for k in stats["kept"].values())])
     out.append(_table(["written", "", "docs", "tokens"], kept))

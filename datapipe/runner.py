@@ -55,7 +55,9 @@ from datapipe.shards import (
     write_shard,
 )
 from stages.base import FilterStage, Stage
+from datapipe import near_dedup
 from stages.exact_dedup import LOSER_SCHEMA, ExactDedupStage
+from stages.minhash import MinHashStage
 from stages.normalize import NormalizeStage
 from stages.quality import build_filters
 from stages.tokenize import TokenizeStage, describe, special_ids, token_dtype, train_tokenizer
@@ -99,20 +101,25 @@ class CurateResult:
 
 
 def build_segments(cfg: CurateConfig, extra_stages: list[Stage] = ()) -> list[Segment]:
-    """The stage list, cut at global stages. Later stages (near dedup, language id, sampling,
-    mixture) slot in here."""
+    """The stage list in pipeline order, cut after each global stage. Later stages (language id,
+    sampling, mixture) slot in here."""
     per_domain, default = build_filters(cfg.filters)
-    keep_text = cfg.output.keep_dropped_text
-    first: list[Stage] = []
+    pipeline: list[Any] = []
     if cfg.normalize.enabled:
-        first.append(NormalizeStage(cfg.normalize))
-    second: list[Stage] = [FilterStage(per_domain, default, keep_text=keep_text), *extra_stages]
+        pipeline.append(NormalizeStage(cfg.normalize))
     if cfg.dedup.exact.enabled:
-        return [
-            Segment("seg0", first, ExactDedupStage(cfg.dedup.exact)),
-            Segment("seg1", second),
-        ]
-    return [Segment("seg0", first + second)]
+        pipeline.append(ExactDedupStage(cfg.dedup.exact))
+    pipeline += [FilterStage(per_domain, default, keep_text=cfg.output.keep_dropped_text), *extra_stages]
+    if cfg.dedup.minhash.enabled:
+        pipeline.append(MinHashStage(cfg.dedup.minhash))
+    segments = [Segment("seg0", [])]
+    for stage in pipeline:
+        if hasattr(stage, "keys"):  # a global stage closes its segment
+            segments[-1].global_stage = stage
+            segments.append(Segment(f"seg{len(segments)}", []))
+        else:
+            segments[-1].stages.append(stage)
+    return segments
 
 
 # ---------------------------------------------------------------- block naming and task records
@@ -267,12 +274,13 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int, losers
         counters.count_dropped(input_index, part)
     _write_dropped(plan, seg.name, name, dropped_parts)
     if seg.global_stage is not None:
-        keys = pa.concat_tables([seg.global_stage.keys(b) for b in out.to_batches()] or [])
-        if keys.num_rows:
+        emitted = [seg.global_stage.keys(b) for b in out.to_batches()]
+        for kind in emitted[0] if emitted else []:
+            keys = pa.concat_tables([e[kind] for e in emitted])
             parts = keys.column("partition").to_numpy()
             for p in np.unique(parts):
                 atomic_write_table(
-                    plan.work / seg.global_stage.name / f"p{p:03d}" / f"{name}.arrow",
+                    plan.work / seg.global_stage.name / kind / f"p{p:03d}" / f"{name}.arrow",
                     keys.filter(pa.array(parts == p)),
                 )
     atomic_write_table(plan.work / seg.name / f"{name}.arrow", out)
@@ -287,7 +295,7 @@ def resolve_task(plan: Plan, seg_index: int, partition: int) -> int:
     out = folder / f"losers-p{partition:03d}.arrow"
     if out.exists():
         return read_table(out).num_rows
-    files = sorted((folder / f"p{partition:03d}").glob("*.arrow"))
+    files = sorted((folder / "keys" / f"p{partition:03d}").glob("*.arrow"))
     keys = pa.concat_tables([read_table(f) for f in files]) if files else None
     losers = stage.resolve(keys) if keys is not None else LOSER_SCHEMA.empty_table()
     atomic_write_table(out, losers)
@@ -536,6 +544,7 @@ def curate(
     if executor is None:
         executor = make_executor("ray", cfg.ray.address, num_cpus=cfg.ray.num_cpus, max_retries=cfg.ray.max_retries, progress=progress)
     total = Counters()
+    global_summaries: dict[str, Any] = {}
     phases: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -561,9 +570,14 @@ def curate(
                 total.merge(Counters.from_json(r["counters"]))
             kept_bytes = sum(r["bytes"] for r in results)
             lap(seg.name)
-            if seg.global_stage is not None:
+            if isinstance(seg.global_stage, ExactDedupStage):
                 parts = range(seg.global_stage.config.partitions)
                 executor.run_tasks(resolve_task, plan, [(s, p) for p in parts], seg.global_stage.name)
+            elif isinstance(seg.global_stage, MinHashStage):
+                global_summaries["minhash"] = near_dedup.resolve(
+                    executor.run_tasks, plan.work / "minhash", seg.global_stage, Path(plan.out_dir)
+                )
+            if seg.global_stage is not None:
                 lap(f"{seg.global_stage.name}_resolve")
 
         tokenizer_path, where = prepare_tokenizer(plan, blocks, kept_bytes)
@@ -592,6 +606,7 @@ def curate(
     seconds = time.perf_counter() - t0
     stats = build_stats(plan, total, seconds)
     stats["phase_seconds"] = phases
+    stats["global_stages"] = global_summaries
     unbalanced = [row for row in stats["inputs"] if not row["balanced"]]
     if unbalanced:  # a bug, never bad input: say so loudly rather than write a wrong manifest
         raise RuntimeError(f"document accounting does not balance for {unbalanced}")

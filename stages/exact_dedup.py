@@ -38,14 +38,16 @@ class ExactDedupStage:
     def __init__(self, config: ExactDedupConfig) -> None:
         self.config = config
 
-    def keys(self, batch: pa.RecordBatch) -> pa.Table:
-        digests = [xxhash.xxh3_128_digest(t.encode("utf-8", "surrogatepass")) for t in batch.column("text").to_pylist()]
+    def keys(self, batch: pa.RecordBatch) -> dict[str, pa.Table]:
+        """`keys`: each document's hash, hash partition, order and id."""
+        digests = [xxhash.xxh3_128_digest(t.encode()) for t in batch.column("text").to_pylist()]
         # The partition comes from the first 4 hash bytes; any stable function of the hash would do.
         partition = [int.from_bytes(d[:4], "little") % self.config.partitions for d in digests]
-        return pa.table(
+        keys = pa.table(
             [pa.array(digests, pa.binary(16)), pa.array(partition, pa.uint32()), batch.column("order"), batch.column("id")],
             schema=KEY_SCHEMA,
         )
+        return {"keys": keys}
 
     @staticmethod
     def resolve(keys: pa.Table) -> pa.Table:

@@ -15,7 +15,7 @@ def test_first_in_input_order_wins_whatever_the_partitioning():
     results = []
     for partitions in (1, 2, 5):
         stage = ExactDedupStage(ExactDedupConfig(partitions=partitions))
-        keys = stage.keys(batch(rows))
+        keys = stage.keys(batch(rows))["keys"]
         assert set(keys.column("partition").to_pylist()) <= set(range(partitions))
         # resolve each partition on its own, as the runner's shuffle does
         losers = []
@@ -29,10 +29,10 @@ def test_first_in_input_order_wins_whatever_the_partitioning():
 
 def test_no_duplicates_no_losers():
     stage = ExactDedupStage(ExactDedupConfig())
-    assert stage.resolve(stage.keys(batch([("a", "x", 0), ("b", "y", 1)]))).num_rows == 0
+    assert stage.resolve(stage.keys(batch([("a", "x", 0), ("b", "y", 1)]))["keys"]).num_rows == 0
 
 
 def test_hash_sees_every_character():
     stage = ExactDedupStage(ExactDedupConfig(partitions=1))
-    keys = stage.keys(batch([("a", "x ", 0), ("b", "x", 1), ("c", "X", 2), ("d", "x", 3)]))
+    keys = stage.keys(batch([("a", "x ", 0), ("b", "x", 1), ("c", "X", 2), ("d", "x", 3)]))["keys"]
     assert len(set(keys.column("hash").to_pylist())) == 3
