@@ -3,6 +3,7 @@
     datapipe curate CONFIG [--input PATH ...] [--output DIR] [--set KEY=VALUE ...] [--ray-address ADDR]
     datapipe run [--output DIR]             # the main job on the embedded default corpus
     datapipe config-reference               # every config key with its type, default and note
+    datapipe stats OUTPUT_DIR [--plot DIR] [--html FILE] [--json] [--why ID]   # inspect a finished run
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true")
 
     sub.add_parser("config-reference", help="print every config key with its type, default and note")
+
+    s = sub.add_parser("stats", help="inspect a finished run: funnel, drop reasons, mixture, lengths; or why one document went")
+    s.add_argument("output", metavar="OUTPUT_DIR", help="a curated output folder (holds stats.json and manifest.json)")
+    s.add_argument("--plot", default=None, metavar="DIR", help="write funnel.png, token_share.png and lengths.png into DIR")
+    s.add_argument("--html", default=None, metavar="FILE", help="write one self-contained HTML page with the tables and pictures")
+    s.add_argument("--json", action="store_true", help="print the figures as one JSON object instead of tables")
+    s.add_argument("--why", default=None, metavar="ID", help="say why document ID was dropped (exit 1 when the id is unknown)")
     return p
 
 
@@ -96,9 +104,34 @@ def cmd_config_reference(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stats(args: argparse.Namespace) -> int:
+    import json
+
+    from datapipe import stats
+
+    if args.why is not None:
+        info = stats.why(args.output, args.why)
+        print(json.dumps(info, indent=1) if args.json else stats.render_why(info, args.why))
+        return 0 if info is not None else 1
+    figures = stats.collect(args.output)
+    images = stats.plot(figures, args.output, args.plot) if args.plot else None
+    if args.html:
+        page = stats.render_html(figures, images)
+        Path(args.html).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.html).write_text(page)
+    if args.json:
+        print(json.dumps(figures, indent=1))
+        return 0
+    print(stats.render_text(figures))
+    for path in (images or []) + ([Path(args.html)] if args.html else []):
+        print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"curate": cmd_curate, "run": cmd_run, "config-reference": cmd_config_reference}[args.command]
+    handler = {"curate": cmd_curate, "run": cmd_run, "config-reference": cmd_config_reference,
+               "stats": cmd_stats}[args.command]
     try:
         return handler(args)
     except ConfigError as exc:  # bad input: a clear message, no traceback

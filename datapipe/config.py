@@ -16,8 +16,11 @@ from typing import Any, Literal
 import yaml
 
 from datapipe.configbase import ConfigError, apply_override, check, from_dict, note, to_dict
+from stages.diversity import DiversityConfig
 from stages.exact_dedup import ExactDedupConfig
+from stages.langid import LangIdConfig
 from stages.minhash import MinHashConfig
+from stages.mixture import MixtureConfig
 from stages.normalize import NormalizeConfig
 from stages.tokenize import TokenizerConfig
 
@@ -84,10 +87,13 @@ class CurateConfig:
     read: ReadConfig = note(ReadConfig(), help="reading and batching")
     normalize: NormalizeConfig = note(NormalizeConfig(), help="Unicode and whitespace normalization")
     dedup: DedupConfig = note(DedupConfig(), help="deduplication")
+    langid: LangIdConfig = note(LangIdConfig(), help="language identification (after exact dedup, before the filters)")
     filters: dict[str, dict[str, dict[str, Any] | None] | None] = note(
-        {}, help="per-domain quality filters: {domain or '*': {filter name: {parameters}}}"
+        {}, help="quality filters per domain: {'domain', 'domain/lang', '*/lang' or '*': {filter name: {parameters}}}"
     )
     tokenizer: TokenizerConfig = note(TokenizerConfig(), help="tokenizer (train or load) and special tokens")
+    diversity: DiversityConfig = note(DiversityConfig(), help="diversity sampling per domain (on the tokenized documents)")
+    mixture: MixtureConfig = note(MixtureConfig(), help="domain mixture reweighting (after diversity sampling)")
     output: OutputConfig = note(OutputConfig(), help="where and how shards are written")
     ray: RayConfig = note(RayConfig(), help="where the work runs")
 

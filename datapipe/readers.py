@@ -314,9 +314,11 @@ def read_unit(
 
     def take() -> tuple[pa.RecordBatch, list[Quarantined]]:
         nonlocal ids, domains, texts, orders, quarantined
+        n = len(ids)
         batch = pa.RecordBatch.from_arrays(
             [pa.array(ids, pa.string()), pa.array(domains, pa.string()),
-             pa.array(texts, pa.large_string()), pa.array(orders, pa.int64())],
+             pa.array(texts, pa.large_string()), pa.array(orders, pa.int64()),
+             pa.nulls(n, pa.string()), pa.nulls(n, pa.float32())],  # language: tagged later
             schema=DOC_SCHEMA,
         )
         out = (batch, quarantined)

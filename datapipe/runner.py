@@ -55,8 +55,9 @@ from datapipe.shards import (
     write_shard,
 )
 from stages.base import FilterStage, Stage
-from datapipe import near_dedup
+from datapipe import near_dedup, selection
 from stages.exact_dedup import LOSER_SCHEMA, ExactDedupStage
+from stages.langid import LangIdStage
 from stages.minhash import MinHashStage
 from stages.normalize import NormalizeStage
 from stages.quality import build_filters
@@ -109,6 +110,8 @@ def build_segments(cfg: CurateConfig, extra_stages: list[Stage] = ()) -> list[Se
         pipeline.append(NormalizeStage(cfg.normalize))
     if cfg.dedup.exact.enabled:
         pipeline.append(ExactDedupStage(cfg.dedup.exact))
+    if cfg.langid.enabled:
+        pipeline.append(LangIdStage(cfg.langid))
     pipeline += [FilterStage(per_domain, default, keep_text=cfg.output.keep_dropped_text), *extra_stages]
     if cfg.dedup.minhash.enabled:
         pipeline.append(MinHashStage(cfg.dedup.minhash))
@@ -365,7 +368,11 @@ class TokenizeWorker:
         if (done := _done(record)) is not None:
             return done
         table = read_table(plan.work / plan.segments[-1].name / f"{name}.arrow")
-        batches = [self.stage(b) for b in table.to_batches(max_chunksize=plan.cfg.read.batch_size) if b.num_rows]
+        batches = [
+            self.stage(b).append_column("lang", b.column("lang"))
+            for b in table.to_batches(max_chunksize=plan.cfg.read.batch_size)
+            if b.num_rows
+        ]
         schema = shard_schema(self.stage.dtype)
         tokens = pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
         atomic_write_table(plan.work / "tokens" / f"{name}.arrow", tokens)
@@ -383,35 +390,45 @@ class TokenizeWorker:
 # ---------------------------------------------------------------- phase 5: shards
 
 
-def plan_shards(plan: Plan, blocks: list[tuple[int, int]], itemsize: int) -> list[list[tuple[str, int, int]]]:
+def plan_shards(
+    plan: Plan, blocks: list[tuple[int, int]], itemsize: int, copies: dict[str, np.ndarray] | None = None
+) -> list[list[tuple[str, np.ndarray]]]:
     """Cut the rows of all blocks, in input order, into shards of about `shard_bytes` token bytes.
-    Each shard is a list of (block, first row, end row). Independent of the worker count."""
+    Each shard is a list of (block, row indices). With `copies` (from selection), a row written k
+    times appears in passes 0..k-1: every pass is the corpus in input order again, so repeats of a
+    document land far apart. Independent of the worker count."""
     target = plan.cfg.output.shard_bytes
-    shards: list[list[tuple[str, int, int]]] = []
-    current: list[tuple[str, int, int]] = []
+    passes = 1 if copies is None else max([int(c.max()) for c in copies.values() if len(c)] or [0])
+    shards: list[list[tuple[str, np.ndarray]]] = []
+    current: list[tuple[str, np.ndarray]] = []
     size = 0
-    for unit, block in blocks:
-        name = block_name(unit, block)
-        lengths = read_table(plan.work / "tokens" / f"{name}.arrow").column("num_tokens").to_numpy()
-        start = 0
-        for row, n in enumerate(lengths):
-            size += int(n) * itemsize
-            if size >= target:
-                current.append((name, start, row + 1))
-                shards.append(current)
-                current, size, start = [], 0, row + 1
-        if start < len(lengths):
-            current.append((name, start, len(lengths)))
+    lengths = {
+        block_name(u, b): read_table(plan.work / "tokens" / f"{block_name(u, b)}.arrow").column("num_tokens").to_numpy()
+        for u, b in blocks
+    }
+    for k in range(passes):
+        for u, b in blocks:
+            name = block_name(u, b)
+            rows = np.arange(len(lengths[name])) if copies is None else np.flatnonzero(copies[name] > k)
+            start = 0
+            for i, row in enumerate(rows):
+                size += int(lengths[name][row]) * itemsize
+                if size >= target:
+                    current.append((name, rows[start : i + 1]))
+                    shards.append(current)
+                    current, size, start = [], 0, i + 1
+            if start < len(rows):
+                current.append((name, rows[start:]))
     if current:
         shards.append(current)
     return shards
 
 
-def shard_task(plan: Plan, index: int, pieces: list[tuple[str, int, int]]) -> dict[str, Any]:
+def shard_task(plan: Plan, index: int, pieces: list[tuple[str, np.ndarray]]) -> dict[str, Any]:
     record = plan.work / "shards" / f"shard-{index:05d}.json"
     if (done := _done(record)) is not None:
         return done
-    parts = [read_table(plan.work / "tokens" / f"{name}.arrow").slice(a, b - a) for name, a, b in pieces]
+    parts = [read_table(plan.work / "tokens" / f"{name}.arrow").take(pa.array(rows)) for name, rows in pieces]
     info = write_shard(plan.out_dir, index, pa.concat_tables(parts))
     result = dataclasses.asdict(info)
     atomic_write_json(record, result)
@@ -588,8 +605,14 @@ def curate(
             total.merge(Counters.from_json(r["counters"]))
         lap("tokenize")
 
+        copies, selection_report = selection.select(
+            executor.run_tasks, plan.work, Path(plan.out_dir),
+            [(block_name(u, b), plan.units[u].input_index) for u, b in blocks],
+            cfg.diversity, cfg.mixture, total,
+        )
+        lap("select")
         itemsize = token_dtype(info.vocab_size).byte_width
-        shard_plan = plan_shards(plan, blocks, itemsize)
+        shard_plan = plan_shards(plan, blocks, itemsize, copies)
         shard_results = executor.run_tasks(shard_task, plan, list(enumerate(shard_plan)), "shards")
         lap("shards")
     finally:
@@ -603,10 +626,12 @@ def curate(
         config=result_affecting(cfg),
         config_hash=config_hash(cfg),
     )
+    manifest.update(selection_report)  # `mixture` (targets and realised shares), `diversity`
     seconds = time.perf_counter() - t0
     stats = build_stats(plan, total, seconds)
     stats["phase_seconds"] = phases
     stats["global_stages"] = global_summaries
+    stats.update(selection_report)
     unbalanced = [row for row in stats["inputs"] if not row["balanced"]]
     if unbalanced:  # a bug, never bad input: say so loudly rather than write a wrong manifest
         raise RuntimeError(f"document accounting does not balance for {unbalanced}")

@@ -5,7 +5,9 @@ A batch of documents is a `pyarrow.RecordBatch` with these columns:
 - `domain` (string): the mixture domain (from the input's config or the record's own field);
 - `text` (string): the document text;
 - `order` (int64): the document's place in the global input order (input unit << 40 | row).
-  Deterministic winners ("first by input order") compare this key, whatever the worker count.
+  Deterministic winners ("first by input order") compare this key, whatever the worker count;
+- `lang` (string, null until the language-id stage tags it) and `lang_score` (float32, its
+  confidence), so that filters, mixtures and statistics can be keyed by (domain, language).
 
 Dropped documents leave a stage as a batch with `DROPPED_SCHEMA`.
 """
@@ -22,6 +24,8 @@ DOC_SCHEMA = pa.schema(
         pa.field("domain", pa.string(), nullable=False),
         pa.field("text", pa.large_string(), nullable=False),
         pa.field("order", pa.int64(), nullable=False),
+        pa.field("lang", pa.string()),
+        pa.field("lang_score", pa.float32()),
     ]
 )
 

@@ -3,8 +3,9 @@
 A curated output folder holds:
 - `shards/shard-00000.arrow` …: Arrow IPC files (file format, readable by pyarrow, polars and
   `datasets.load_dataset("arrow", ...)`) with columns `id` (string), `domain` (string), `tokens`
-  (list of uint16, or uint32 when the vocabulary needs it) and `num_tokens` (int64). Each row is one
-  whole document, its end-of-document id included; document boundaries are the rows.
+  (list of uint16, or uint32 when the vocabulary needs it), `num_tokens` (int64) and `lang`
+  (string, null unless a language-id stage ran). Each row is one whole document, its
+  end-of-document id included; document boundaries are the rows.
 - `manifest.json`: format version, every shard (path, rows, tokens, bytes, sha256, per-domain
   counts), the tokenizer (path, sha256, vocab size, EOS id, dtype), the config snapshot and its
   hash, and per-domain totals.
@@ -41,6 +42,7 @@ def shard_schema(token_type: pa.DataType) -> pa.Schema:
             pa.field("domain", pa.string()),
             pa.field("tokens", pa.list_(token_type)),
             pa.field("num_tokens", pa.int64()),
+            pa.field("lang", pa.string()),  # null when no language-id stage ran
         ]
     )
 

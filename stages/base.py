@@ -5,7 +5,8 @@ A stage is a small class with a frozen, typed config and a pure function over a 
 the trainer: the runner in `datapipe.runner` maps them onto Ray (or a plain loop in tests).
 
 A document filter is smaller still: `check(text) -> reason | None`. `FilterStage` applies the
-filters configured for each document's domain and turns the first failing check into a drop whose
+filters configured for each document's domain (or domain and language: keys `domain/lang`, `domain`,
+`*/lang`, `*`, most specific first) and turns the first failing check into a drop whose
 reason is `"<filter name>:<check>"` (e.g. `gopher_quality:word_count`).
 """
 
@@ -90,11 +91,20 @@ class FilterStage:
         self.default = default
         self.keep_text = keep_text
 
+    def filters_for(self, domain: str, lang: str | None) -> list[DocumentFilter]:
+        """The most specific filter set: 'domain/lang', then 'domain', then '*/lang', then '*'."""
+        by = self.filters_by_domain
+        for key in (f"{domain}/{lang}" if lang else None, domain, f"*/{lang}" if lang else None):
+            if key is not None and key in by:
+                return by[key]
+        return self.default
+
     def __call__(self, batch: pa.RecordBatch) -> StageResult:
         reasons: list[str | None] = []
-        for text, domain in zip(batch.column("text").to_pylist(), batch.column("domain").to_pylist()):
+        columns = (batch.column(c).to_pylist() for c in ("text", "domain", "lang"))
+        for text, domain, lang in zip(*columns):
             reason = None
-            for f in self.filters_by_domain.get(domain, self.default):
+            for f in self.filters_for(domain, lang):
                 detail = f.check(text)
                 if detail is not None:
                     reason = f"{f.name}:{detail}"

@@ -11,7 +11,6 @@ import unicodedata
 import pyarrow as pa
 
 from datapipe.configbase import note
-from datapipe.schema import DOC_SCHEMA
 from stages.base import StageResult, split_by_reasons
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,8 +50,6 @@ class NormalizeStage:
         texts = [self.normalize(t) for t in batch.column("text").to_pylist()]
         # A document that normalizes to nothing (only blank lines) is dropped, not passed on empty.
         reasons = [None if t.strip() else "empty_after_normalize" for t in texts]
-        batch = pa.RecordBatch.from_arrays(
-            [batch.column("id"), batch.column("domain"), pa.array(texts, pa.large_string()), batch.column("order")],
-            schema=DOC_SCHEMA,
-        )
+        i = batch.schema.get_field_index("text")
+        batch = batch.set_column(i, batch.schema.field(i), pa.array(texts, pa.large_string()))
         return split_by_reasons(batch, reasons, self.name)

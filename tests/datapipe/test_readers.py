@@ -103,7 +103,7 @@ def test_jsonl_id_field_and_domain_field_options(tmp_path: Path) -> None:
     write_jsonl(path, [{"key": "k1", "body": "one", "src": "code", "id": "ignored", "domain": "ignored"}])
     inp = InputConfig(path=str(path), text_field="body", id_field="key", domain_field="src")
     docs, _ = read_input(inp)
-    assert docs[0] | {"order": 0} == {"id": "k1", "domain": "code", "text": "one", "order": 0}
+    assert docs[0] | {"order": 0} == {"id": "k1", "domain": "code", "text": "one", "order": 0, "lang": None, "lang_score": None}
     inp = InputConfig(path=str(path), text_field="body", id_field=None, domain_field=None, domain="fixed")
     docs, _ = read_input(inp)
     assert (docs[0]["id"], docs[0]["domain"]) == (f"{path}:1", "fixed")

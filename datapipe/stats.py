@@ -1,0 +1,630 @@
+"""`datapipe stats OUTPUT_DIR`: what a finished run did, as tables, pictures, a page or JSON.
+
+One function gathers every figure, and the renderers only format them:
+
+- `collect(out_dir) -> dict` reads `stats.json` (the stage funnel and the drop reasons, which the
+  runner already summed over every task), `manifest.json` (its per-shard counts) and the shards
+  themselves. The shards are scanned lazily with polars, selecting only `domain`, `num_tokens` and
+  `lang` (when present), so the token lists are never read. One pass gives the written docs and
+  tokens, the length percentiles per domain (and per (domain, lang) when the shards carry
+  languages) and a log-binned length histogram. The cost grows with the number of documents, not
+  with their tokens, and no Python code loops over rows, so a folder of thousands of shards stays
+  fast. The per-shard counts in the manifest are cross-checked against the scan (`manifest_agrees`).
+- `render_text(figures)`: the terminal tables. `plot(figures, out_dir, folder)`: funnel.png,
+  token_share.png and lengths.png (matplotlib, Agg canvas, no pyplot state). `render_html(figures,
+  images)`: one self-contained page, with the PNGs as base64 data URIs.
+- `why(out_dir, doc_id)`: where one document went. It searches `dropped/*.parquet` (stage, reason,
+  the id kept instead of a duplicate, and the near-duplicate cluster), then the shards (which
+  shard), then `quarantine/*.jsonl` (by the id derived from file and line or row, or by the raw
+  record naming the id).
+
+Stages before tokenization know text bytes, not tokens, so the funnel counts documents and MB in
+and out per stage. Tokens exist only for what was written, and the tables say so.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from datapipe.configbase import ConfigError
+from datapipe.shards import MANIFEST_NAME, SHARD_DIR, read_manifest
+
+PERCENTILES = (5, 25, 50, 75, 95)
+BINS_PER_DECADE = 8  # length histogram: fixed log-spaced bins, so one pass needs no min/max first
+TOTAL = "all"  # the pseudo-domain of the totals rows
+WRITTEN = "written"  # the pseudo-stage of the funnel's last row: tokenized and written to shards
+PLOTS = ("funnel.png", "token_share.png", "lengths.png")
+
+
+class NotAnOutputFolder(ConfigError):
+    """The folder holds no finished (or at least summarised) datapipe run."""
+
+
+# ---------------------------------------------------------------- collect
+
+
+def collect(out_dir: str | Path) -> dict[str, Any]:
+    """Every figure the tables, pictures, page and JSON show, as one JSON-able dict."""
+    out = Path(out_dir)
+    stats_path = out / "stats.json"
+    if not stats_path.is_file():
+        what = "does not exist" if not out.exists() else "holds no stats.json (the run has not finished, or it is not a datapipe output folder)"
+        raise NotAnOutputFolder(f"output folder {str(out)!r} {what}")
+    stats = json.loads(stats_path.read_text())
+    manifest = read_manifest(out) if (out / MANIFEST_NAME).is_file() else None
+    if manifest is not None:
+        shard_paths = [out / s["path"] for s in manifest["shards"]]
+    else:  # stats.json is written just before the manifest: a run stopped in between
+        shard_paths = sorted((out / SHARD_DIR).glob("*.arrow"))
+
+    scan = _scan_shards(shard_paths)
+    funnel, funnel_total = _funnel(stats, scan["written"])
+    domains = sorted({r["domain"] for r in funnel} | set(scan["written"]))
+    written = _written(domains, scan["written"], manifest)
+    read_docs = {r["domain"]: r["docs_in"] for r in funnel if r["stage"] == funnel[0]["stage"]} if funnel else {}
+    drops = [
+        {"stage": stage, "domain": domain, "reason": reason, "docs": n,
+         "share_of_read": round(n / read_docs[domain], 6) if read_docs.get(domain) else None}
+        for stage, by_domain in stats.get("dropped", {}).items()
+        for domain, by_reason in by_domain.items()
+        for reason, n in sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+    total_docs = sum(w["docs"] for w in written.values())
+    total_tokens = sum(w["tokens"] for w in written.values())
+    return {
+        "out_dir": str(out.resolve()),
+        "complete": manifest is not None,
+        "summary": {
+            "shards": len(shard_paths),
+            "docs": total_docs,
+            "tokens": total_tokens,
+            "read": sum(read_docs.values()),
+            "quarantined": sum(stats.get("quarantined", {}).values()),
+            "seconds": stats.get("seconds"),
+            "config_hash": (manifest or {}).get("config_hash"),
+            "tokenizer": {k: (manifest or {}).get("tokenizer", {}).get(k) for k in ("vocab_size", "dtype")},
+        },
+        "funnel": funnel,
+        "funnel_total": funnel_total,
+        "written": written,
+        "drops": drops,
+        "quarantined": dict(stats.get("quarantined", {})),
+        "near_duplicates": stats.get("global_stages", {}).get("minhash"),
+        "mixture": _mixture(stats, manifest),
+        "lengths": scan["lengths"],
+        "lengths_by_lang": scan["lengths_by_lang"],
+        "length_histogram": scan["histogram"],
+        "manifest_agrees": _manifest_agrees(written, manifest),
+        "phase_seconds": stats.get("phase_seconds", {}),
+    }
+
+
+def _length_aggs() -> list[pl.Expr]:
+    n = pl.col("num_tokens")
+    return [
+        pl.len().alias("docs"),
+        n.sum().alias("tokens"),
+        n.mean().alias("mean"),
+        *[n.quantile(p / 100, interpolation="linear").alias(f"p{p}") for p in PERCENTILES],
+        n.max().alias("max"),
+    ]
+
+
+def _scan_shards(paths: list[Path]) -> dict[str, Any]:
+    """One lazy polars pass over the shards: written docs/tokens, percentiles, histogram."""
+    empty = {"written": {}, "lengths": [], "lengths_by_lang": [], "histogram": {"bins_per_decade": BINS_PER_DECADE, "edges": [], "counts": {}}}
+    if not paths:
+        return empty
+    lf = pl.scan_ipc([str(p) for p in paths])
+    has_lang = "lang" in lf.collect_schema().names()
+    lf = lf.select(["domain", "num_tokens"] + (["lang"] if has_lang else []))  # never `tokens`
+    # bin k holds lengths in [10**(k/B), 10**((k+1)/B)); every document has >= 1 token (its EOS)
+    bin_expr = (pl.col("num_tokens").clip(lower_bound=1).cast(pl.Float64).log10() * BINS_PER_DECADE).floor().cast(pl.Int64)
+    queries = [
+        lf.group_by("domain").agg(_length_aggs()).sort("domain"),
+        lf.group_by("domain", bin_expr.alias("bin")).agg(pl.len().alias("docs")).sort("domain", "bin"),
+    ]
+    if has_lang:
+        queries.append(lf.filter(pl.col("lang").is_not_null()).group_by("domain", "lang").agg(_length_aggs()).sort("domain", "lang"))
+    frames = pl.collect_all(queries)
+    by_domain, hist = frames[0], frames[1]
+    by_lang = frames[2] if has_lang else None
+    if by_domain.height == 0:
+        return empty
+
+    def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
+        return [{**r, "mean": round(r["mean"], 3), **{f"p{p}": float(r[f"p{p}"]) for p in PERCENTILES}} for r in df.drop("tokens").to_dicts()]
+
+    written = {r["domain"]: {"docs": r["docs"], "tokens": r["tokens"]} for r in by_domain.select("domain", "docs", "tokens").to_dicts()}
+    lo, hi = int(hist["bin"].min()), int(hist["bin"].max())
+    counts = {}
+    for d, part in hist.partition_by("domain", as_dict=True).items():  # one small frame per domain
+        dense = [0] * (hi - lo + 1)
+        for b, c in zip(part["bin"].to_list(), part["docs"].to_list()):
+            dense[b - lo] = c
+        counts[d[0] if isinstance(d, tuple) else d] = dense
+    edges = [round(10 ** (k / BINS_PER_DECADE), 3) for k in range(lo, hi + 2)]
+    return {
+        "written": written,
+        "lengths": rows(by_domain),
+        "lengths_by_lang": rows(by_lang) if by_lang is not None else [],
+        "histogram": {"bins_per_decade": BINS_PER_DECADE, "edges": edges, "counts": dict(sorted(counts.items()))},
+    }
+
+
+def _funnel(stats: dict[str, Any], written: dict[str, dict[str, int]]) -> tuple[list[dict], list[dict]]:
+    """Rows (domain, stage, docs/bytes in and out) in pipeline order, then a `written` row per
+    domain with the tokens; and the same summed over domains."""
+    rows: list[dict[str, Any]] = []
+    last_out: dict[str, int] = {}
+    for entry in stats.get("funnel", []):
+        for domain, c in entry["domains"].items():
+            rows.append({"domain": domain, "stage": entry["stage"], "docs_in": c["docs_in"], "docs_out": c["docs_out"],
+                         "dropped": c["docs_in"] - c["docs_out"], "bytes_in": c["bytes_in"], "bytes_out": c["bytes_out"],
+                         "tokens_out": None})
+            last_out[domain] = c["docs_out"]
+    for domain in sorted(set(last_out) | set(written)):
+        w = written.get(domain, {"docs": 0, "tokens": 0})
+        docs_in = last_out.get(domain, w["docs"])
+        rows.append({"domain": domain, "stage": WRITTEN, "docs_in": docs_in, "docs_out": w["docs"], "dropped": docs_in - w["docs"],
+                     "bytes_in": None, "bytes_out": None, "tokens_out": w["tokens"]})
+    stage_order = {s: i for i, s in enumerate(dict.fromkeys(r["stage"] for r in rows))}
+    rows.sort(key=lambda r: (r["domain"], stage_order[r["stage"]]))
+    total: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        t = total.setdefault(r["stage"], {"domain": TOTAL, "stage": r["stage"]})
+        for k in ("docs_in", "docs_out", "dropped", "bytes_in", "bytes_out", "tokens_out"):
+            t[k] = None if r[k] is None else (t.get(k) or 0) + r[k]
+    return rows, sorted(total.values(), key=lambda r: stage_order[r["stage"]])
+
+
+def _written(domains: list[str], scanned: dict[str, dict[str, int]], manifest: dict | None) -> dict[str, dict[str, Any]]:
+    total = sum(w["tokens"] for w in scanned.values()) or 1
+    shards_of: dict[str, int] = {}
+    for s in (manifest or {}).get("shards", []):  # a loop over shards (their summaries), not rows
+        for d in s.get("domains", {}):
+            shards_of[d] = shards_of.get(d, 0) + 1
+    out = {}
+    for d in domains:
+        w = scanned.get(d, {"docs": 0, "tokens": 0})
+        out[d] = {"docs": w["docs"], "tokens": w["tokens"], "token_share": round(w["tokens"] / total, 6),
+                  "mean_tokens": round(w["tokens"] / w["docs"], 3) if w["docs"] else None,
+                  "shards": shards_of.get(d) if manifest is not None else None}
+    return out
+
+
+def _manifest_agrees(written: dict[str, dict[str, Any]], manifest: dict | None) -> bool | None:
+    """Do the manifest's per-domain totals equal the count over the shard files?"""
+    if manifest is None:
+        return None
+    listed = {d: (c["docs"], c["tokens"]) for d, c in manifest.get("domains", {}).items()}
+    scanned = {d: (w["docs"], w["tokens"]) for d, w in written.items() if w["docs"]}
+    return listed == scanned
+
+
+def _mixture(stats: dict[str, Any], manifest: dict | None) -> dict[str, Any] | None:
+    """The mixture entry ({"method", "domains": {d: {natural_tokens, target_share, realised_tokens,
+    realised_share, epochs, capped}}}) of stats.json, else of the manifest; None when neither has one."""
+    for source, doc in (("stats.json", stats), (MANIFEST_NAME, manifest or {})):
+        mix = doc.get("mixture")
+        if isinstance(mix, dict) and isinstance(mix.get("domains"), dict):
+            return {"method": mix.get("method"), "source": source, "domains": dict(sorted(mix["domains"].items()))}
+    return None
+
+
+# ---------------------------------------------------------------- text
+
+
+def table(header: list[str], rows: list[list[Any]], *, left: int = 2) -> str:
+    """A plain aligned table: the first `left` columns left-aligned, the rest right-aligned;
+    ints get thousands separators, None prints as '-'."""
+    cells = [header] + [["-" if c is None else f"{c:,}" if isinstance(c, int) and not isinstance(c, bool) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for n, r in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def _mb(b: int | None) -> str | None:
+    return None if b is None else f"{b / 1e6:,.2f}"
+
+
+def _pct(x: float | None, digits: int = 1) -> str | None:
+    return None if x is None else f"{100 * x:.{digits}f}%"
+
+
+def _funnel_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    out, prev = [], None
+    for r in rows:
+        # a mixture that upsamples writes some documents more than once: more out than in
+        dropped = r["dropped"] if r["dropped"] >= 0 else f"+{-r['dropped']:,} copies"
+        share = _pct(r["dropped"] / r["docs_in"]) if r["docs_in"] and r["dropped"] >= 0 else None
+        out.append([r["domain"] if r["domain"] != prev else "", r["stage"], r["docs_in"], r["docs_out"], dropped,
+                    share, _mb(r["bytes_in"]), _mb(r["bytes_out"]), r["tokens_out"]])
+        prev = r["domain"]
+    return out
+
+
+def render_text(figures: dict[str, Any]) -> str:
+    """The terminal report: summary, funnel, drop reasons, written, mixture, lengths."""
+    s = figures["summary"]
+    parts = [
+        f"datapipe stats: {figures['out_dir']}\n"
+        f"{_n(s['shards'], 'shard')}, {s['docs']:,} documents, {s['tokens']:,} tokens written of {s['read']:,} documents read"
+        + (f" ({s['quarantined']:,} quarantined)" if s["quarantined"] else "")
+        + (f"; run took {s['seconds']:.1f} s" if s.get("seconds") is not None else "")
+        + ("" if figures["complete"] else "\nWARNING: no manifest.json, the run did not finish; shards found on disk are counted")
+    ]
+    if figures["manifest_agrees"] is False:
+        parts.append("WARNING: the manifest's per-domain totals differ from a count over the shard files")
+
+    header = ["domain", "stage", "docs in", "docs out", "dropped", "drop %", "MB in", "MB out", "tokens"]
+    funnel = table(header, _funnel_rows(figures["funnel"] + figures["funnel_total"]))
+    parts.append("Stage funnel per domain. Stages before tokenization count documents and MB of text;\n"
+                 "tokens exist only for what was written (the `written` rows, counted over the shards).\n" + funnel)
+
+    drops = [[d["stage"], d["domain"], d["reason"], d["docs"], _pct(d["share_of_read"])] for d in figures["drops"]]
+    drops += [["read", "-", f"quarantine:{reason}", n, None] for reason, n in figures["quarantined"].items()]
+    if drops:
+        parts.append("Drop reasons\n" + table(["stage", "domain", "reason", "docs", "% of read"], drops, left=3))
+    nd = figures["near_duplicates"]
+    if nd:
+        parts.append(f"near-duplicates: {nd.get('candidate_pairs', 0):,} candidate pairs, {_n(nd.get('clusters', 0), 'cluster')}, "
+                     f"{nd.get('removed', 0):,} documents removed")
+
+    w = figures["written"]
+    rows = [[d, c["shards"], c["docs"], c["tokens"], _pct(c["token_share"]), None if c["mean_tokens"] is None else f"{c['mean_tokens']:,.1f}"] for d, c in w.items()]
+    rows.append([TOTAL, s["shards"], s["docs"], s["tokens"], _pct(1.0 if s["tokens"] else 0.0), f"{s['tokens'] / s['docs']:,.1f}" if s["docs"] else None])
+    parts.append("Written (counted over the shards)\n" + table(["domain", "shards", "docs", "tokens", "token share", "tokens/doc"], rows, left=1))
+
+    mix = figures["mixture"]
+    if mix:
+        rows = [[d, c.get("natural_tokens"), _pct(c.get("target_share")), c.get("realised_tokens"), _pct(c.get("realised_share")),
+                 None if c.get("epochs") is None else f"{c['epochs']:.2f}", "yes" if c.get("capped") else "no"]
+                for d, c in mix["domains"].items()]
+        parts.append(f"Mixture (method {mix['method']}, from {mix['source']}): target vs realised token share\n"
+                     + table(["domain", "natural tokens", "target", "realised tokens", "realised", "epochs", "capped"], rows, left=1))
+    else:
+        parts.append("Mixture: none recorded (no `mixture` in stats.json or manifest.json); the natural mix was written.")
+
+    lcols = ["docs"] + [f"p{p}" for p in PERCENTILES] + ["max", "mean"]
+
+    def lrow(r: dict[str, Any]) -> list[Any]:
+        return [r["docs"], *[f"{r[f'p{p}']:,.0f}" for p in PERCENTILES], r["max"], f"{r['mean']:,.1f}"]
+
+    if figures["lengths_by_lang"]:
+        rows = []
+        for r in figures["lengths"]:
+            rows.append([r["domain"], "(all)", *lrow(r)])
+            rows += [["", x["lang"], *lrow(x)] for x in figures["lengths_by_lang"] if x["domain"] == r["domain"]]
+        body = table(["domain", "lang", *lcols], rows)
+    else:
+        body = table(["domain", *lcols], [[r["domain"], *lrow(r)] for r in figures["lengths"]], left=1)
+    parts.append("Document length in tokens (over the shards)\n" + body)
+    return "\n\n".join(parts)
+
+
+# ---------------------------------------------------------------- pictures
+
+
+def _figure(width: float, height: float):
+    """A matplotlib Figure on an Agg canvas: no pyplot, so no global backend or figure state."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _colors(domains: list[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if len(domains) <= 10 else "tab20"]
+    return {d: cmap(i % cmap.N) for i, d in enumerate(domains)}
+
+
+def plot(figures: dict[str, Any], out_dir: str | Path, folder: str | Path) -> list[Path]:
+    """Write funnel.png, token_share.png and lengths.png into `folder`; return their paths.
+    `out_dir` (the run's folder) only titles the pictures."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = Path(out_dir).name or str(out_dir)
+    domains = list(figures["written"])
+    colors = _colors(domains)
+    paths = []
+    for fname, draw in zip(PLOTS, (_plot_funnel, _plot_share, _plot_lengths)):
+        fig = draw(figures, domains, colors, name)
+        path = folder / fname
+        fig.savefig(path)
+        paths.append(path)
+    return paths
+
+
+def _plot_funnel(figures: dict[str, Any], domains: list[str], colors: dict, name: str):
+    fig = _figure(12, 4.8)
+    ax_docs, ax_text = fig.subplots(1, 2)
+    stages = list(dict.fromkeys(r["stage"] for r in figures["funnel"]))
+    text_stages = [s for s in stages if s != WRITTEN]
+    total_bytes = max([r["bytes_in"] or 0 for r in figures["funnel_total"]] + [0])
+    unit, scale = ("MB", 1e6) if total_bytes >= 1e6 else ("KB", 1e3)
+    docs_seen: list[int] = []
+    for d in domains:
+        rows = {r["stage"]: r for r in figures["funnel"] if r["domain"] == d}
+        first = rows.get(stages[0]) if stages else None
+        # the first point is what entered the first stage; then what left each stage
+        docs = [first["docs_in"] if first else math.nan] + [rows[s]["docs_out"] if s in rows else math.nan for s in stages]
+        text = [first["bytes_in"] / scale if first else math.nan] + [rows[s]["bytes_out"] / scale if s in rows else math.nan for s in text_stages]
+        ax_docs.plot(range(len(docs)), docs, marker="o", color=colors[d], label=d)
+        ax_text.plot(range(len(text)), text, marker="o", color=colors[d], label=d)
+        ax_docs.annotate(f"{docs[-1]:,}", (len(docs) - 1, docs[-1]), textcoords="offset points", xytext=(6, 0), va="center", fontsize=8, color=colors[d])
+        docs_seen += [int(v) for v in docs if v and not math.isnan(v)]
+    log = bool(docs_seen) and max(docs_seen) / max(min(docs_seen), 1) > 50  # very different sizes: log scale
+    for ax, labels, ylabel, title in (
+        (ax_docs, ["in"] + stages, "documents", "Documents in, then left after each stage"),
+        (ax_text, ["in"] + text_stages, f"{unit} of text", f"Text ({unit}) in, then left after each stage\n(tokens are counted only once written)"),
+    ):
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=11)
+        ax.grid(True, alpha=0.3)
+        if log:
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
+    ax_docs.legend(title="domain", fontsize=8)
+    fig.suptitle(f"Stage funnel per domain: {name}" + ("  (log scale)" if log else ""), fontsize=13)
+    return fig
+
+
+def _plot_share(figures: dict[str, Any], domains: list[str], colors: dict, name: str):
+    import numpy as np
+
+    mix = figures["mixture"]
+    fig = _figure(10, 1.4 + 0.6 * max(len(domains), 2))
+    ax = fig.subplots()
+    y = np.arange(len(domains))
+    realised = [100 * figures["written"][d]["token_share"] for d in domains]
+    if mix:
+        target = [100 * (mix["domains"].get(d, {}).get("target_share") or 0.0) for d in domains]
+        h = 0.38
+        bars_t = ax.barh(y - h / 2, target, h, color="lightgray", edgecolor="gray", label="target")
+        bars_r = ax.barh(y + h / 2, realised, h, color="tab:blue", label="realised (counted over the shards)")
+        ax.bar_label(bars_t, labels=[f"{v:.1f}%" for v in target], padding=3, fontsize=8)
+        ax.bar_label(bars_r, labels=[f"{v:.1f}%" for v in realised], padding=3, fontsize=8)
+        fig.legend(fontsize=8, loc="outside right upper")
+        title = f"Token share per domain: target vs realised (mixture method {mix['method']})"
+    else:
+        bars = ax.barh(y, realised, 0.6, color=[colors[d] for d in domains])
+        tokens = [figures["written"][d]["tokens"] for d in domains]
+        ax.bar_label(bars, labels=[f"{v:.1f}%  ({t:,} tokens)" for v, t in zip(realised, tokens)], padding=3, fontsize=8)
+        title = "Token share per domain (realised; no mixture target recorded)"
+    ax.set_yticks(y, domains)
+    ax.invert_yaxis()
+    ax.set_xlabel("share of written tokens (%)")
+    ax.set_xlim(0, max(realised + ([100 * (c.get("target_share") or 0) for c in mix["domains"].values()] if mix else []) + [1]) * 1.3)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title(f"{title}: {name}", fontsize=11)
+    return fig
+
+
+def _plot_lengths(figures: dict[str, Any], domains: list[str], colors: dict, name: str):
+    from matplotlib.ticker import MaxNLocator
+
+    hist = figures["length_histogram"]
+    lengths = {r["domain"]: r for r in figures["lengths"]}
+    shown = [d for d in domains if d in hist["counts"]] or domains[:1]
+    ncols = min(3, max(len(shown), 1))
+    nrows = math.ceil(max(len(shown), 1) / ncols)
+    fig = _figure(4.2 * ncols, 3.2 * nrows)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    edges = hist["edges"]
+    for ax, d in zip(axes, shown):
+        counts = hist["counts"].get(d)
+        if counts:
+            ax.stairs(counts, edges, fill=True, color=colors[d], alpha=0.75)
+            r = lengths[d]
+            for p, style in (("p5", ":"), ("p50", "--"), ("p95", ":")):
+                ax.axvline(max(r[p], 1), color="black", linestyle=style, linewidth=1)
+            ax.set_title(f"{d}: {r['docs']:,} docs, median {r['p50']:,.0f} tokens", fontsize=10)
+        ax.set_xscale("log")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("document length (tokens, log scale)")
+        ax.set_ylabel("documents")
+        ax.grid(True, alpha=0.3)
+    for ax in axes[len(shown):]:
+        ax.set_visible(False)
+    fig.suptitle(f"Document length per domain (dashed: median; dotted: p5 and p95): {name}", fontsize=12)
+    return fig
+
+
+# ---------------------------------------------------------------- html
+
+
+def _html_table(header: list[str], rows: list[list[Any]]) -> str:
+    def cell(c: Any) -> str:
+        text = "" if c is None else f"{c:,}" if isinstance(c, int) and not isinstance(c, bool) else str(c)
+        cls = ' class="num"' if isinstance(c, (int, float)) or (isinstance(c, str) and c[:1].isdigit()) else ""
+        return f"<td{cls}>{html.escape(text)}</td>"
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "\n".join("<tr>" + "".join(cell(c) for c in r) + "</tr>" for r in rows)
+    return f"<table>\n<tr>{head}</tr>\n{body}\n</table>"
+
+
+def render_html(figures: dict[str, Any], images: list[Path] | None = None) -> str:
+    """One self-contained page: the tables of `render_text` and the PNGs as base64 data URIs.
+    Without `images`, the pictures are drawn into a temporary folder first."""
+    if images is None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            return render_html(figures, plot(figures, figures["out_dir"], tmp))
+    s = figures["summary"]
+    e = html.escape
+    sections = [
+        f"<h1>datapipe stats</h1>\n<p><code>{e(figures['out_dir'])}</code></p>",
+        f"<p>{_n(s['shards'], 'shard')}, {s['docs']:,} documents, {s['tokens']:,} tokens written of {s['read']:,} documents read"
+        + (f" ({s['quarantined']:,} quarantined)" if s["quarantined"] else "")
+        + (f"; run took {s['seconds']:.1f} s" if s.get("seconds") is not None else "") + ".</p>",
+    ]
+    if not figures["complete"]:
+        sections.append("<p class=warn>No manifest.json: the run did not finish; the shards found on disk are counted.</p>")
+    if figures["manifest_agrees"] is False:
+        sections.append("<p class=warn>The manifest's per-domain totals differ from a count over the shard files.</p>")
+    pictures = "\n".join(
+        f'<figure><img alt="{e(p.stem)}" src="data:image/png;base64,{base64.b64encode(Path(p).read_bytes()).decode()}"></figure>'
+        for p in images
+    )
+    sections.append(f"<h2>Pictures</h2>\n{pictures}")
+    sections.append("<h2>Stage funnel per domain</h2>\n<p>Stages before tokenization count documents and MB of text; tokens exist "
+                    "only for what was written (the <em>written</em> rows, counted over the shards).</p>\n"
+                    + _html_table(["domain", "stage", "docs in", "docs out", "dropped", "drop %", "MB in", "MB out", "tokens"],
+                                  _funnel_rows(figures["funnel"] + figures["funnel_total"])))
+    drops = [[d["stage"], d["domain"], d["reason"], d["docs"], _pct(d["share_of_read"])] for d in figures["drops"]]
+    drops += [["read", "", f"quarantine:{r}", n, None] for r, n in figures["quarantined"].items()]
+    sections.append("<h2>Drop reasons</h2>\n" + (_html_table(["stage", "domain", "reason", "docs", "% of read"], drops) if drops else "<p>Nothing was dropped.</p>"))
+    rows = [[d, c["shards"], c["docs"], c["tokens"], _pct(c["token_share"]), c["mean_tokens"]] for d, c in figures["written"].items()]
+    sections.append("<h2>Written (counted over the shards)</h2>\n" + _html_table(["domain", "shards", "docs", "tokens", "token share", "tokens/doc"], rows))
+    mix = figures["mixture"]
+    if mix:
+        rows = [[d, c.get("natural_tokens"), _pct(c.get("target_share")), c.get("realised_tokens"), _pct(c.get("realised_share")),
+                 c.get("epochs"), "yes" if c.get("capped") else "no"] for d, c in mix["domains"].items()]
+        sections.append(f"<h2>Mixture: target vs realised (method {e(str(mix['method']))})</h2>\n"
+                        + _html_table(["domain", "natural tokens", "target", "realised tokens", "realised", "epochs", "capped"], rows))
+    else:
+        sections.append("<h2>Mixture</h2>\n<p>None recorded; the natural mix was written.</p>")
+    lhead = ["domain", "lang", "docs"] + [f"p{p}" for p in PERCENTILES] + ["max", "mean"]
+    lrows = [[r["domain"], "(all)", r["docs"], *[round(r[f"p{p}"]) for p in PERCENTILES], r["max"], r["mean"]] for r in figures["lengths"]]
+    lrows += [[r["domain"], r["lang"], r["docs"], *[round(r[f"p{p}"]) for p in PERCENTILES], r["max"], r["mean"]] for r in figures["lengths_by_lang"]]
+    sections.append("<h2>Document length in tokens</h2>\n" + _html_table(lhead, sorted(lrows, key=lambda r: (r[0], r[1] != "(all)", r[1]))))
+    style = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}"
+             "table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #ccc;padding:3px 8px}"
+             "th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}"
+             "img{max-width:100%;border:1px solid #eee}figure{margin:1em 0}.warn{color:#a00}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>datapipe stats: {e(figures['out_dir'])}</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")
+
+
+# ---------------------------------------------------------------- why
+
+
+def _find_in_shards(out: Path, doc_id: str) -> dict[str, Any] | None:
+    if (out / MANIFEST_NAME).is_file():
+        paths = [str(out / s["path"]) for s in read_manifest(out)["shards"]]
+    else:
+        paths = [str(p) for p in sorted((out / SHARD_DIR).glob("*.arrow"))]
+    if not paths:
+        return None
+    lf = pl.scan_ipc(paths, include_file_paths="_file")
+    cols = ["id", "domain", "num_tokens", "_file"] + (["lang"] if "lang" in lf.collect_schema().names() else [])
+    hit = lf.select(cols).filter(pl.col("id") == doc_id).head(1).collect()
+    if hit.height == 0:
+        return None
+    r = hit.row(0, named=True)
+    return {"id": doc_id, "status": "kept", "domain": r["domain"], "shard": str(Path(r["_file"]).relative_to(out)),
+            "num_tokens": r["num_tokens"], "lang": r.get("lang")}
+
+
+def _find_dropped(out: Path, doc_id: str) -> dict[str, Any] | None:
+    if not any((out / "dropped").glob("*.parquet")):
+        return None
+    hit = (pl.scan_parquet(str(out / "dropped" / "*.parquet"), include_file_paths="_file")
+           .select("id", "domain", "stage", "reason", "kept_id", "_file")
+           .filter(pl.col("id") == doc_id).head(1).collect())
+    if hit.height == 0:
+        return None
+    r = hit.row(0, named=True)
+    return {"id": doc_id, "status": "dropped", "domain": r["domain"], "stage": r["stage"], "reason": r["reason"],
+            "kept_id": r["kept_id"], "file": str(Path(r["_file"]).relative_to(out))}
+
+
+def _find_cluster(out: Path, doc_id: str) -> dict[str, Any] | None:
+    path = out / "near_duplicates" / "clusters.parquet"
+    if not path.is_file():
+        return None
+    lf = pl.scan_parquet(str(path))
+    mine = lf.filter(pl.col("id") == doc_id).select("cluster_id").head(1).collect()
+    if mine.height == 0:
+        return None
+    cid = mine.item()
+    members = lf.filter(pl.col("cluster_id") == cid).select("id", "kept").collect()
+    kept = members.filter(pl.col("kept"))["id"].to_list()
+    return {"cluster_id": cid, "size": members.height, "kept": kept[0] if kept else None, "members": members["id"].head(20).to_list()}
+
+
+def _find_quarantined(out: Path, doc_id: str) -> dict[str, Any] | None:
+    """Quarantined records never got an id: match the id derived from file and line (JSONL) or
+    row (columnar), or a raw record that names the id as a JSON string."""
+    files = sorted((out / "quarantine").glob("*.jsonl"))
+    if not files:
+        return None
+    schema = {"file": pl.String, "line": pl.Int64, "row": pl.Int64, "reason": pl.String, "detail": pl.String, "raw": pl.String}
+    q = pl.concat([pl.read_ndjson(f, schema=schema) for f in files])  # one frame per file (few, small)
+    derived = (pl.col("file") + ":" + pl.col("line").cast(pl.String)).eq(doc_id).fill_null(False) | (
+        pl.col("file") + ":" + pl.col("row").cast(pl.String)).eq(doc_id).fill_null(False)
+    hit = q.filter(derived)
+    match = "derived id (file and line or row)"
+    if hit.height == 0:
+        hit = q.filter(pl.col("raw").str.contains(json.dumps(doc_id), literal=True).fill_null(False))
+        match = "the raw record names this id"
+    if hit.height == 0:
+        return None
+    r = hit.row(0, named=True)
+    return {"id": doc_id, "status": "quarantined", "file": r["file"], "line": r["line"], "row": r["row"],
+            "reason": r["reason"], "detail": r["detail"], "match": match}
+
+
+def why(out_dir: str | Path, doc_id: str) -> dict[str, Any] | None:
+    """Where document `doc_id` went: dropped (stage, reason, the id kept instead of a duplicate,
+    its near-duplicate cluster), kept (which shard) or quarantined; None when the id is unknown."""
+    out = Path(out_dir)
+    if not (out / "stats.json").is_file() and not (out / MANIFEST_NAME).is_file():
+        raise NotAnOutputFolder(f"output folder {str(out)!r} holds no stats.json or manifest.json")
+    found = _find_dropped(out, doc_id)
+    if found is not None:
+        if found["reason"] == "near_duplicate" or found["stage"] == "minhash":
+            found["cluster"] = _find_cluster(out, doc_id)
+        if found["kept_id"]:  # what became of the copy that was kept instead (a later stage may drop it)
+            kept = _find_in_shards(out, found["kept_id"]) or _find_dropped(out, found["kept_id"])
+            found["kept_copy"] = {k: kept[k] for k in ("status", "shard", "stage", "reason") if k in kept} if kept else None
+        return found
+    return _find_in_shards(out, doc_id) or _find_quarantined(out, doc_id)
+
+
+def render_why(info: dict[str, Any] | None, doc_id: str) -> str:
+    if info is None:
+        return f"{doc_id}: unknown id (not in the shards, dropped/ or quarantine/)"
+    if info["status"] == "kept":
+        lang = f", lang {info['lang']}" if info.get("lang") else ""
+        return f"{doc_id}: kept, in {info['shard']} (domain {info['domain']}{lang}, {info['num_tokens']:,} tokens)"
+    if info["status"] == "quarantined":
+        where = f"line {info['line']}" if info["line"] is not None else f"row {info['row']}"
+        return (f"{doc_id}: quarantined while reading {info['file']} {where}: {info['reason']}\n"
+                f"  detail: {info['detail']}\n  (matched by {info['match']})")
+    lines = [f"{doc_id}: dropped at stage {info['stage']}, reason {info['reason']} (domain {info['domain']}; {info['file']})"]
+    if info["kept_id"]:
+        kind = " (near-duplicate)" if info["reason"] == "near_duplicate" else " (exact duplicate)" if info["reason"] == "exact_duplicate" else ""
+        lines.append(f"  a copy of {info['kept_id']}{kind}")
+        k = info.get("kept_copy")
+        if k:
+            fate = f"kept, in {k['shard']}" if k["status"] == "kept" else f"itself dropped later at stage {k['stage']}, reason {k['reason']}"
+            lines.append(f"  {info['kept_id']}: {fate}")
+    c = info.get("cluster")
+    if c:
+        lines.append(f"  near-duplicate cluster {c['cluster_id']}: {c['size']:,} documents, kept {c['kept']}")
+    return "\n".join(lines)

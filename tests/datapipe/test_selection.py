@@ -1,0 +1,84 @@
+"""Language id, diversity sampling and mixture reweighting through the whole pipeline."""
+
+from __future__ import annotations
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from helpers import ASSETS, small_config
+from datapipe.executors import LocalExecutor
+from datapipe.runner import curate
+from datapipe.shards import open_shard, read_manifest
+
+
+def _inputs(tmp_path):
+    """Real documents of three domains (the multilingual sample adds many languages to `man`)."""
+    rows = []
+    for name in ("corpus_slice.jsonl", "multilingual_sample.jsonl", "quality_sample.jsonl"):
+        rows += [orjson.loads(l) for l in (ASSETS / name).read_bytes().splitlines()]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"id": f"{i}", "text": r["text"], "domain": r["source"]}) + b"\n"
+                              for i, r in enumerate(rows)))
+    return [{"path": str(path)}]
+
+
+def _run(out, inputs, **sections):
+    cfg = small_config(out, inputs, **{"filters": {}, **sections})
+    return curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
+
+
+def _shards(out):
+    return pa.concat_tables([open_shard(out, s["path"]) for s in read_manifest(out)["shards"]])
+
+
+def test_langid_tags_shards_and_filters_key_on_language(tmp_path):
+    out = tmp_path / "out"
+    # drop every German manual page with a filter keyed on (domain, language)
+    result = _run(out, _inputs(tmp_path), langid={"enabled": True},
+                  filters={"man/de": {"gopher_quality": {"min_doc_words": 10**9, "max_doc_words": None}}})
+    shards = _shards(out)
+    langs = set(shards.column("lang").to_pylist())
+    assert {"en", "fr", "ru", "ja"} <= langs and "de" not in set(
+        shards.filter(pa.compute.equal(shards.column("domain"), "man")).column("lang").to_pylist())
+    assert result.stats["dropped"]["filters"]["man"]["gopher_quality:word_count"] >= 1
+
+
+def test_mixture_realises_targets_and_repeats_within_the_cap(tmp_path):
+    out = tmp_path / "out"
+    weights = {"man": 0.2, "license": 0.3, "code": 0.5}
+    result = _run(out, _inputs(tmp_path), mixture={"enabled": True, "method": "explicit", "weights": weights, "max_epochs": 3})
+    m = read_manifest(out)["mixture"]
+    assert m["method"] == "explicit"
+    shards = _shards(out)
+    tokens = {d: 0 for d in weights}
+    for d, n in zip(shards.column("domain").to_pylist(), shards.column("num_tokens").to_pylist()):
+        tokens[d] += n
+    total = sum(tokens.values())
+    for d, entry in m["domains"].items():
+        assert entry["realised_tokens"] == tokens[d]  # the manifest tells the truth about the shards
+        assert abs(entry["realised_share"] - tokens[d] / total) < 1e-4
+        if not entry["capped"]:
+            assert abs(entry["realised_share"] - entry["target_share"]) < 0.1  # hash sampling on ~50 docs
+        assert entry["epochs"] <= 3 + 1e-9
+    # repeated documents: the same id several times, never more than the cap allows
+    ids = shards.column("id").to_pylist()
+    assert max(ids.count(i) for i in set(ids)) <= 3
+    assert result.stats["mixture"] == m and all(row["balanced"] for row in result.stats["inputs"])
+
+
+def test_diversity_sampling_keeps_a_fraction_and_records_the_rest(tmp_path):
+    out = tmp_path / "out"
+    result = _run(out, _inputs(tmp_path), diversity={"enabled": True, "domains": {"man": 0.5}})
+    shards = _shards(out)
+    kept_man = sum(1 for d in shards.column("domain").to_pylist() if d == "man")
+    report = read_manifest(out)["diversity"]["man"]
+    assert report["docs_kept"] == kept_man and abs(kept_man - report["docs_in"] / 2) <= report["clusters"]
+    dropped = [r for f in (out / "dropped").glob("select-*.parquet") for r in pq.read_table(f).to_pylist()]
+    assert len(dropped) == report["docs_in"] - kept_man
+    assert {r["reason"] for r in dropped} == {"diversity_sampling"}
+    assert all(row["balanced"] for row in result.stats["inputs"])
+    # deterministic for a seed
+    again = tmp_path / "again"
+    _run(again, _inputs(tmp_path), diversity={"enabled": True, "domains": {"man": 0.5}})
+    assert [s["sha256"] for s in read_manifest(again)["shards"]] == [s["sha256"] for s in read_manifest(out)["shards"]]

@@ -1,0 +1,254 @@
+"""`datapipe stats`: tables, JSON figures equal to a direct count over the shards, pictures, the
+HTML page, `--why`, and a hand-made output folder with a mixture entry and languages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from helpers import ASSETS, small_config
+from datapipe import stats
+from datapipe.cli import main
+from datapipe.executors import LocalExecutor
+from datapipe.runner import curate
+from datapipe.shards import atomic_write_json, build_manifest, read_manifest, read_table, write_manifest, write_shard
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """One real run, curated once: the corpus slice (exact and near duplicates, filter drops) and a
+    small extra file with a malformed line and a record with empty text (quarantined)."""
+    root = tmp_path_factory.mktemp("stats")
+    extra = root / "extra.jsonl"
+    extra.write_text(
+        json.dumps({"id": "extra/ok", "source": "code", "text": "def f(x):\n    return x + 1\n\nprint(f(2))\n"}) + "\n"
+        + "{this is not json\n"
+        + json.dumps({"id": "extra/empty", "source": "code", "text": "   "}) + "\n"
+    )
+    inputs = [{"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}, {"path": str(extra), "domain_field": "source"}]
+    cfg = small_config(root / "out", inputs,
+                       dedup={"minhash": {"enabled": True, "threshold": 0.8, "ngram": 5, "num_perm": 128, "partitions": 4}},
+                       filters={"license": {"gopher_quality": {"min_alpha_words_ratio": 0.65}}})
+    curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
+    return root / "out"
+
+
+@pytest.fixture(scope="module")
+def figures(run_dir) -> dict:
+    return stats.collect(run_dir)
+
+
+def shard_tables(out: Path) -> list[pa.Table]:
+    return [read_table(out / s["path"]) for s in read_manifest(out)["shards"]]
+
+
+def direct_counts(out: Path) -> dict[str, dict[str, int]]:
+    """Docs and tokens per domain, counted with pyarrow over every shard file."""
+    counts: dict[str, dict[str, int]] = {}
+    for t in shard_tables(out):
+        for row in t.group_by("domain").aggregate([("num_tokens", "sum"), ("num_tokens", "count")]).to_pylist():
+            c = counts.setdefault(row["domain"], {"docs": 0, "tokens": 0})
+            c["docs"] += row["num_tokens_count"]
+            c["tokens"] += row["num_tokens_sum"]
+    return counts
+
+
+def test_json_figures_equal_a_direct_count_over_the_shards(run_dir, capsys):
+    assert main(["stats", str(run_dir), "--json"]) == 0
+    fig = json.loads(capsys.readouterr().out)  # one JSON object, nothing else on stdout
+    counts = direct_counts(run_dir)
+    assert len(read_manifest(run_dir)["shards"]) > 1  # several shards are aggregated
+    assert {d: {"docs": w["docs"], "tokens": w["tokens"]} for d, w in fig["written"].items() if w["docs"]} == counts
+    assert fig["summary"]["docs"] == sum(c["docs"] for c in counts.values())
+    assert fig["summary"]["tokens"] == sum(c["tokens"] for c in counts.values())
+    assert fig["manifest_agrees"] is True and fig["complete"] is True
+    assert sum(w["token_share"] for w in fig["written"].values()) == pytest.approx(1.0, abs=1e-4)
+    # the funnel ends, per domain, in a `written` row with the tokens; earlier stages know no tokens
+    for domain, c in counts.items():
+        rows = [r for r in fig["funnel"] if r["domain"] == domain]
+        assert rows[0]["stage"] == "read" and rows[-1]["stage"] == "written"
+        assert rows[-1]["docs_out"] == c["docs"] and rows[-1]["tokens_out"] == c["tokens"]
+        assert all(r["tokens_out"] is None for r in rows[:-1])
+        assert all(r["docs_out"] == nxt["docs_in"] for r, nxt in zip(rows, rows[1:]))
+    total_written = [r for r in fig["funnel_total"] if r["stage"] == "written"][0]
+    assert total_written["tokens_out"] == fig["summary"]["tokens"]
+    # drop reasons and quarantine equal stats.json's, and the documents balance
+    run_stats = json.loads((run_dir / "stats.json").read_text())
+    assert {(d["stage"], d["domain"], d["reason"]): d["docs"] for d in fig["drops"]} == {
+        (s, dom, r): n for s, by_d in run_stats["dropped"].items() for dom, by_r in by_d.items() for r, n in by_r.items()}
+    assert fig["quarantined"] == {"malformed_json": 1, "empty_text": 1}
+    assert fig["summary"]["read"] == fig["summary"]["docs"] + sum(d["docs"] for d in fig["drops"])
+    assert fig["mixture"] is None  # this run has no mixture stage
+    assert all(r["lang"] is not None for r in fig["lengths_by_lang"])  # null languages are left out
+
+
+def test_length_percentiles_equal_numpy_over_the_shards(run_dir, figures):
+    table = pa.concat_tables([t.select(["domain", "num_tokens"]) for t in shard_tables(run_dir)])
+    assert [r["domain"] for r in figures["lengths"]] == sorted(set(table.column("domain").to_pylist()))
+    for r in figures["lengths"]:
+        n = table.filter(pc.equal(table.column("domain"), r["domain"])).column("num_tokens").to_numpy()
+        assert r["docs"] == len(n) and r["max"] == n.max()
+        assert r["mean"] == pytest.approx(n.mean(), abs=1e-3)
+        for p in stats.PERCENTILES:
+            assert r[f"p{p}"] == pytest.approx(np.percentile(n, p))
+    hist = figures["length_histogram"]
+    for domain, counts in hist["counts"].items():
+        assert len(counts) == len(hist["edges"]) - 1
+        assert sum(counts) == figures["written"][domain]["docs"]
+
+
+def test_text_tables(figures, run_dir, capsys):
+    text = stats.render_text(figures)
+    for needle in ("Stage funnel per domain", "MB in", "tokens exist only for what was written", "exact_dedup", "minhash",
+                   "written", "exact_duplicate", "near_duplicate", "quarantine:malformed_json", "Mixture: none recorded",
+                   "p5", "p95", "token share", "near-duplicates:"):
+        assert needle in text, needle
+    for domain, w in figures["written"].items():
+        assert domain in text and f"{w['tokens']:,}" in text
+    assert main(["stats", str(run_dir)]) == 0
+    assert capsys.readouterr().out.strip() == text.strip()
+
+
+def test_plots_are_real_pngs(figures, run_dir, tmp_path):
+    paths = stats.plot(figures, run_dir, tmp_path / "plots")
+    assert [p.name for p in paths] == ["funnel.png", "token_share.png", "lengths.png"]
+    for p in paths:
+        data = p.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 10_000, p  # a drawn picture, not an empty canvas
+
+
+def test_cli_plot_and_html(run_dir, tmp_path, capsys):
+    page = tmp_path / "report" / "stats.html"
+    assert main(["stats", str(run_dir), "--plot", str(tmp_path / "png"), "--html", str(page)]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote" in printed and str(page) in printed
+    assert sorted(p.name for p in (tmp_path / "png").glob("*.png")) == ["funnel.png", "lengths.png", "token_share.png"]
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and html.count("data:image/png;base64,") == 3
+    assert "<table>" in html and "exact_duplicate" in html and "src=\"http" not in html  # self-contained
+    # --html alone draws the pictures itself
+    alone = tmp_path / "alone.html"
+    assert main(["stats", str(run_dir), "--html", str(alone)]) == 0
+    assert alone.read_text().count("data:image/png;base64,") == 3
+
+
+def test_why_duplicates_name_the_copy_kept(run_dir, capsys):
+    import polars as pl
+
+    dropped = pl.read_parquet(run_dir / "dropped" / "*.parquet")
+    exact = dropped.filter(pl.col("reason") == "exact_duplicate").row(0, named=True)
+    info = stats.why(run_dir, exact["id"])
+    assert info["status"] == "dropped" and info["stage"] == exact["stage"] and info["kept_id"] == exact["kept_id"]
+    assert main(["stats", str(run_dir), "--why", exact["id"]]) == 0
+    out = capsys.readouterr().out
+    assert f"a copy of {exact['kept_id']}" in out and "exact_dedup" in out
+
+    near = dropped.filter(pl.col("reason") == "near_duplicate").row(0, named=True)
+    info = stats.why(run_dir, near["id"])
+    clusters = pl.read_parquet(run_dir / "near_duplicates" / "clusters.parquet")
+    cid = clusters.filter(pl.col("id") == near["id"])["cluster_id"].item()
+    assert info["cluster"]["cluster_id"] == cid and info["cluster"]["kept"] == near["kept_id"]
+    assert info["cluster"]["size"] == clusters.filter(pl.col("cluster_id") == cid).height
+    assert main(["stats", str(run_dir), "--why", near["id"]]) == 0
+    out = capsys.readouterr().out
+    assert f"a copy of {near['kept_id']}" in out and "near_duplicate" in out and f"cluster {cid}" in out
+
+    filtered = dropped.filter(pl.col("stage") == "filters").row(0, named=True)
+    assert main(["stats", str(run_dir), "--why", filtered["id"], "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["stage"], info["reason"], info["kept_id"]) == ("filters", filtered["reason"], None)
+
+
+def test_why_kept_quarantined_and_unknown(run_dir, capsys):
+    shard = read_manifest(run_dir)["shards"][-1]
+    kept_id = read_table(run_dir / shard["path"]).column("id")[0].as_py()
+    assert stats.why(run_dir, kept_id)["shard"] == shard["path"]
+    assert main(["stats", str(run_dir), "--why", kept_id]) == 0
+    assert f"kept, in {shard['path']}" in capsys.readouterr().out
+
+    extra = str(run_dir.parent / "extra.jsonl")
+    bad = stats.why(run_dir, f"{extra}:2")  # the derived id of the malformed line
+    assert (bad["status"], bad["reason"], bad["line"]) == ("quarantined", "malformed_json", 2)
+    empty = stats.why(run_dir, "extra/empty")  # its raw record names its id
+    assert (empty["status"], empty["reason"]) == ("quarantined", "empty_text")
+
+    assert main(["stats", str(run_dir), "--why", "no/such/document"]) == 1
+    assert "unknown id" in capsys.readouterr().out
+
+
+def test_not_an_output_folder_exits_2(tmp_path, capsys):
+    assert main(["stats", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["stats", str(tmp_path)]) == 2
+    assert "holds no stats.json" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- a hand-made folder: mixture and languages
+
+
+@pytest.fixture
+def mixed_dir(tmp_path) -> Path:
+    """Two shards with a `lang` column, a manifest and a stats.json holding a `mixture` entry."""
+    out = tmp_path / "mixed"
+    rng = np.random.default_rng(0)
+    infos = []
+    for index, (domain, langs, n) in enumerate([("web", ["en", "de", "en", None], 40), ("code", [None], 12)]):
+        lengths = rng.integers(2, 3000, n)
+        table = pa.table({
+            "id": [f"{domain}/{i}" for i in range(n)],
+            "domain": [domain] * n,
+            "tokens": pa.array([list(range(k)) for k in lengths], pa.list_(pa.uint16())),
+            "num_tokens": pa.array(lengths, pa.int64()),
+            "lang": pa.array([langs[i % len(langs)] for i in range(n)], pa.string()),
+        })
+        infos.append(write_shard(out, index, table))
+    manifest = build_manifest(infos, tokenizer={"vocab_size": 4096, "dtype": "uint16"}, config={}, config_hash="abc")
+    web, code = manifest["domains"]["web"]["tokens"], manifest["domains"]["code"]["tokens"]
+    mixture = {"method": "temperature", "domains": {
+        "web": {"natural_tokens": web * 3, "target_share": 0.7, "realised_tokens": web, "realised_share": web / (web + code), "epochs": 0.33, "capped": False},
+        "code": {"natural_tokens": code, "target_share": 0.3, "realised_tokens": code, "realised_share": code / (web + code), "epochs": 1.0, "capped": True},
+    }}
+    manifest["mixture"] = mixture
+    write_manifest(out, manifest)
+    funnel = [{"stage": "read", "domains": {
+        "web": {"docs_in": 50, "docs_out": 45, "bytes_in": 900_000, "bytes_out": 850_000},
+        "code": {"docs_in": 12, "docs_out": 12, "bytes_in": 80_000, "bytes_out": 80_000}}},
+        {"stage": "filters", "domains": {
+            "web": {"docs_in": 45, "docs_out": 40, "bytes_in": 850_000, "bytes_out": 800_000},
+            "code": {"docs_in": 12, "docs_out": 12, "bytes_in": 80_000, "bytes_out": 80_000}}}]
+    atomic_write_json(out / "stats.json", {"funnel": funnel, "dropped": {"read": {"web": {"empty_text": 5}}, "filters": {"web": {"c4:lines": 5}}},
+                                           "quarantined": {}, "kept": {}, "mixture": mixture, "seconds": 1.5})
+    return out
+
+
+def test_mixture_and_languages_from_a_hand_made_folder(mixed_dir, tmp_path):
+    fig = stats.collect(mixed_dir)
+    assert fig["mixture"]["method"] == "temperature" and fig["mixture"]["domains"]["code"]["capped"] is True
+    text = stats.render_text(fig)
+    assert "Mixture (method temperature" in text and "70.0%" in text and "30.0%" in text
+    # per (domain, lang), null languages left out, equal to numpy
+    langs = {(r["domain"], r["lang"]) for r in fig["lengths_by_lang"]}
+    assert langs == {("web", "en"), ("web", "de")}
+    web = pa.concat_tables([read_table(mixed_dir / s["path"]) for s in read_manifest(mixed_dir)["shards"]])
+    en = [n for n, d, l in zip(web["num_tokens"].to_pylist(), web["domain"].to_pylist(), web["lang"].to_pylist()) if (d, l) == ("web", "en")]
+    row = next(r for r in fig["lengths_by_lang"] if r["lang"] == "en")
+    assert row["docs"] == len(en) and row["p50"] == pytest.approx(np.percentile(en, 50))
+    assert "lang" in text and " de " in text
+    paths = stats.plot(fig, mixed_dir, tmp_path / "png")
+    assert all(p.stat().st_size > 10_000 for p in paths)
+    assert "target" in stats.render_html(fig, paths)
+
+
+def test_a_folder_without_manifest_counts_the_shards_on_disk(mixed_dir):
+    (mixed_dir / "manifest.json").unlink()
+    fig = stats.collect(mixed_dir)
+    assert fig["complete"] is False and fig["summary"]["shards"] == 2
+    assert fig["mixture"]["source"] == "stats.json"  # stats.json carries the mixture too
+    assert "the run did not finish" in stats.render_text(fig)
