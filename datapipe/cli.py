@@ -1,9 +1,11 @@
 """The command line: parse arguments, load the config, call one function per subcommand.
 
     datapipe curate CONFIG [--input PATH ...] [--output DIR] [--set KEY=VALUE ...] [--ray-address ADDR]
-    datapipe run [--output DIR]             # the main job on the embedded default corpus
+    datapipe run [--output DIR] [--train-steps N]   # curate the embedded default corpus, train a tiny GPT, print stats
     datapipe config-reference               # every config key with its type, default and note
     datapipe stats OUTPUT_DIR [--plot DIR] [--html FILE] [--json] [--why ID]   # inspect a finished run
+    datapipe train CONFIG [--data DIR] [--output DIR] [--set KEY=VALUE ...] [--resume]   # train a GPT on shards
+    datapipe plot RUN_DIR                   # loss, lr, tokens/s and data-wait of a training run, to PNG
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--ray-address", default=None, metavar="ADDR")
     r.add_argument("--executor", choices=["ray", "local"], default="ray")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--train-steps", type=int, default=150, metavar="N",
+                   help="steps of the tiny model trained on the result (0 = curate only; default: 150)")
 
     sub.add_parser("config-reference", help="print every config key with its type, default and note")
 
@@ -48,7 +52,33 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--html", default=None, metavar="FILE", help="write one self-contained HTML page with the tables and pictures")
     s.add_argument("--json", action="store_true", help="print the figures as one JSON object instead of tables")
     s.add_argument("--why", default=None, metavar="ID", help="say why document ID was dropped (exit 1 when the id is unknown)")
+
+    t = sub.add_parser("train", help="train the bundled GPT on curated shards (torchrun for DDP)")
+    t.add_argument("config", help="a YAML training recipe, e.g. configs/train-tiny.yaml")
+    t.add_argument("--data", default=None, metavar="DIR", help="curated folder to train on (config data.source)")
+    t.add_argument("--output", default=None, metavar="DIR", help="run folder (config train.output)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override a config key, e.g. --set train.steps=200; repeatable")
+    t.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
+
+    pl = sub.add_parser("plot", help="draw loss (train and eval), lr, tokens/s and data-wait of a run to PNG")
+    pl.add_argument("run_dir", metavar="RUN_DIR", help="a training run folder (holds metrics.jsonl)")
     return p
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from datapipe.trainer import load_train_config, train
+
+    cfg = load_train_config(args.config, args.overrides, data=args.data, output=args.output)
+    train(cfg, resume=args.resume)
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from datapipe.plots import plot_run
+
+    print(f"wrote {plot_run(args.run_dir)}")
+    return 0
 
 
 def cmd_curate(args: argparse.Namespace) -> int:
@@ -89,6 +119,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     from datapipe.runner import curate
 
     _report(curate(cfg, executor=_executor(args), progress=not args.no_progress))
+    if args.train_steps > 0:  # train the tiny model on what was just curated, then show the stats
+        from datapipe import shards, stats
+        from datapipe.trainer import load_train_config, train
+
+        recipe = Path(__file__).resolve().parents[1] / "configs" / "train-tiny.yaml"
+        steps = args.train_steps
+        holdout = 1 if shards.read_manifest(args.output)["num_shards"] >= 2 else 0  # the last shard, for eval
+        run_dir = Path(args.output).with_name(Path(args.output).name + "-train")
+        tcfg = load_train_config(recipe if recipe.exists() else None,
+                                 [f"train.steps={steps}", f"train.eval_every={max(steps // 2, 1)}",
+                                  f"train.ckpt_every={steps}", f"data.holdout_shards={holdout}"],
+                                 data=args.output, output=str(run_dir))
+        print(f"\ntraining a tiny GPT for {steps} steps on {args.output} -> {tcfg.train.output}")
+        train(tcfg)
+        from datapipe.plots import plot_run
+
+        print(f"wrote {plot_run(tcfg.train.output)}\n")
+        print(stats.render_text(stats.collect(args.output)))
     return 0
 
 
@@ -131,7 +179,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = {"curate": cmd_curate, "run": cmd_run, "config-reference": cmd_config_reference,
-               "stats": cmd_stats}[args.command]
+               "stats": cmd_stats, "train": cmd_train, "plot": cmd_plot}[args.command]
     try:
         return handler(args)
     except ConfigError as exc:  # bad input: a clear message, no traceback

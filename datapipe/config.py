@@ -152,6 +152,7 @@ _EXECUTION_ONLY = {
     ("ray",), ("output", "dir"), ("output", "keep_work"), ("dedup", "exact", "partitions"),
     ("dedup", "minhash", "partitions"), ("dedup", "minhash", "max_rounds"),
     ("read", "batch_size"), ("read", "block_bytes"), ("tokenizer", "batch_size"),
+    ("tokenizer", "encoder"), ("tokenizer", "verify_bytes"),  # the fast encoder gives the same ids
 }
 
 

@@ -61,7 +61,7 @@ from stages.langid import LangIdStage
 from stages.minhash import MinHashStage
 from stages.normalize import NormalizeStage
 from stages.quality import build_filters
-from stages.tokenize import TokenizeStage, describe, special_ids, token_dtype, train_tokenizer
+from stages.tokenize import TokenizeStage, choose_encoder, describe, special_ids, token_dtype, train_tokenizer
 
 RUN_RECORD = "run.json"
 
@@ -342,7 +342,7 @@ def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int
             raise RuntimeError("no document survived curation: there is no text to train a tokenizer on")
         rate = min(1.0, tcfg.train.sample_bytes / kept_bytes)
         tokenizer = train_tokenizer(_sampled_texts(plan, blocks, rate), tcfg)
-        atomic_write_bytes(saved, tokenizer.to_str().encode())
+        atomic_write_bytes(saved, tokenizer.to_str().encode(), durable=True)
     if tcfg.train.save_dir:
         text = saved.read_text()
         target = Path(plan.cwd) / tcfg.train.save_dir / "tokenizer.json"
@@ -382,7 +382,7 @@ class TokenizeWorker:
             grouped = tokens.group_by("domain").aggregate([("num_tokens", "sum"), ("num_tokens", "count")])
             for row in grouped.to_pylist():
                 counters.kept[(input_index, row["domain"])] = [row["num_tokens_count"], row["num_tokens_sum"]]
-        result = {"rows": tokens.num_rows, "counters": counters.to_json()}
+        result = {"rows": tokens.num_rows, "counters": counters.to_json(), "encoder": self.stage.encoder}
         atomic_write_json(record, result)
         return result
 
@@ -543,6 +543,7 @@ def curate(
         from tokenizers import Tokenizer
 
         special_ids(Tokenizer.from_str(tokenizer_text), cfg.tokenizer, cfg.tokenizer.path)
+        choose_encoder(tokenizer_text, cfg.tokenizer, cfg.tokenizer.path)  # `encoder: fast` that cannot be: fail now
     plan = Plan(
         cfg=cfg,
         out_dir=os.path.abspath(cfg.output.dir),
@@ -603,6 +604,7 @@ def curate(
         token_results = executor.run_actors(TokenizeWorker, (plan, tokenizer_path), "run", blocks, "tokenize")
         for r in token_results:
             total.merge(Counters.from_json(r["counters"]))
+        encoders = sorted({r.get("encoder", "tokenizers") for r in token_results})
         lap("tokenize")
 
         copies, selection_report = selection.select(
@@ -631,11 +633,12 @@ def curate(
     stats = build_stats(plan, total, seconds)
     stats["phase_seconds"] = phases
     stats["global_stages"] = global_summaries
+    stats["tokenizer_encoders"] = encoders  # which encoder(s) the tokenize workers used
     stats.update(selection_report)
     unbalanced = [row for row in stats["inputs"] if not row["balanced"]]
     if unbalanced:  # a bug, never bad input: say so loudly rather than write a wrong manifest
         raise RuntimeError(f"document accounting does not balance for {unbalanced}")
-    atomic_write_json(Path(plan.out_dir) / "stats.json", stats)
+    atomic_write_json(Path(plan.out_dir) / "stats.json", stats, durable=True)
     write_manifest(plan.out_dir, manifest)  # last: its presence means the run is complete
     if not cfg.output.keep_work:
         shutil.rmtree(plan.work, ignore_errors=True)

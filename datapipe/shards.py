@@ -51,22 +51,29 @@ def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+# Every write goes to a temporary name and is renamed when complete: a killed process never leaves
+# a half-written file under the real name. `durable=True` also fsyncs before the rename, so the file
+# survives a power loss too; that costs milliseconds per file, so only final outputs (shards,
+# manifest, stats) ask for it, not the many small intermediate files under work/.
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = False) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_name(path)
     with open(tmp, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n")
+def atomic_write_json(path: str | Path, obj: Any, *, durable: bool = False) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n", durable=durable)
 
 
-def atomic_write_table(path: str | Path, table: pa.Table, *, format: str = "arrow") -> None:
+def atomic_write_table(path: str | Path, table: pa.Table, *, format: str = "arrow", durable: bool = False) -> None:
     """Write an Arrow IPC file (or Parquet) atomically. Output is byte-for-byte deterministic."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,8 +85,9 @@ def atomic_write_table(path: str | Path, table: pa.Table, *, format: str = "arro
         pq.write_table(table, tmp)
     else:
         raise ValueError(f"format must be one of {{'arrow', 'parquet'}}, got {format!r}")
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
+    if durable:
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -111,7 +119,7 @@ def write_shard(out_dir: str | Path, index: int, table: pa.Table) -> ShardInfo:
     """Write shard number `index` and describe it for the manifest."""
     rel = f"{SHARD_DIR}/shard-{index:05d}.arrow"
     path = Path(out_dir) / rel
-    atomic_write_table(path, table.combine_chunks())
+    atomic_write_table(path, table.combine_chunks(), durable=True)
     domains: dict[str, dict[str, int]] = {}
     if table.num_rows:
         grouped = table.group_by("domain").aggregate([("num_tokens", "sum"), ("num_tokens", "count")])
@@ -150,7 +158,7 @@ def build_manifest(
 
 
 def write_manifest(out_dir: str | Path, manifest: dict[str, Any]) -> None:
-    atomic_write_json(Path(out_dir) / MANIFEST_NAME, manifest)
+    atomic_write_json(Path(out_dir) / MANIFEST_NAME, manifest, durable=True)
 
 
 def read_manifest(source: str | Path) -> dict[str, Any]:

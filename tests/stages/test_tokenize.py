@@ -1,9 +1,14 @@
+import json
+import logging
+
+import orjson
 import pyarrow as pa
 import pytest
 from tokenizers import Tokenizer
 
-from datapipe.configbase import ConfigError
+from datapipe.configbase import ConfigError, from_dict
 from datapipe.schema import DOC_SCHEMA
+from helpers import ASSETS
 from stages.tokenize import TokenizeStage, TokenizerConfig, TokenizerTrainConfig, describe, train_tokenizer
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog.", "Grüße, 世界! ½"] * 30
@@ -57,3 +62,103 @@ def test_uint32_when_the_vocabulary_needs_it(tok_json):
 def test_training_is_deterministic():
     cfg = TokenizerConfig(train=TokenizerTrainConfig(vocab_size=300, min_frequency=1))
     assert train_tokenizer(TEXTS, cfg).to_str() == train_tokenizer(TEXTS, cfg).to_str()
+
+
+# ---------------------------------------------------------------- the fast encoder (issue 8)
+
+SAMPLE = [orjson.loads(line) for line in (ASSETS / "multilingual_sample.jsonl").read_bytes().splitlines()]
+MIXED = [d["text"] for d in SAMPLE] + ["a <|endoftext|> b <s> c", "", "It's 42\t\t\n  "]
+
+
+@pytest.fixture(scope="module")
+def ml_json():
+    cfg = TokenizerConfig(bos_token="<s>", train=TokenizerTrainConfig(vocab_size=1000))
+    return train_tokenizer([d["text"] for d in SAMPLE], cfg).to_str()
+
+
+def test_encoder_config_is_validated():
+    assert TokenizerConfig().encoder == "auto"
+    with pytest.raises(ConfigError, match=r"'tokenizer.encoder' must be one of \['auto', 'tokenizers', 'fast'\], got 'tiktoken'"):
+        from_dict(TokenizerConfig, {"encoder": "tiktoken"}, "tokenizer")
+    with pytest.raises(ConfigError, match="encoder must be one of"):
+        TokenizerConfig(encoder="rust")
+    with pytest.raises(ConfigError, match="verify_bytes must be >= 0"):
+        TokenizerConfig(verify_bytes=-1)
+
+
+def test_every_encoder_writes_the_same_bits(ml_json):
+    out = {}
+    for encoder in ("tokenizers", "fast", "auto"):
+        stage = TokenizeStage(ml_json, TokenizerConfig(bos_token="<s>", encoder=encoder, batch_size=7))
+        assert stage.encoder == ("tokenizers" if encoder == "tokenizers" else "fast")
+        out[encoder] = stage(batch(MIXED))
+    assert out["tokenizers"].equals(out["fast"]) and out["tokenizers"].equals(out["auto"])
+    ref = Tokenizer.from_str(ml_json)
+    ref.encode_special_tokens = True
+    bos, eos = ref.token_to_id("<s>"), ref.token_to_id("<|endoftext|>")
+    for text, ids in zip(MIXED, out["fast"].column("tokens").to_pylist()):
+        assert ids == [bos] + ref.encode(text, add_special_tokens=False).ids + [eos]
+
+
+def test_special_token_text_never_becomes_a_special_id(ml_json):
+    text = "before <|endoftext|> middle <s> after"
+    for encoder in ("tokenizers", "fast"):
+        ids = TokenizeStage(ml_json, TokenizerConfig(encoder=encoder))(batch([text])).column("tokens").to_pylist()[0]
+        stage_specials = [i for i, t in enumerate(ids) if t in (0, 1)]  # <|endoftext|> = 0, <s> = 1
+        assert stage_specials == [len(ids) - 1], encoder
+
+
+def test_a_tokenizer_that_is_not_provably_equivalent_uses_tokenizers_or_is_refused(ml_json, caplog):
+    spec = json.loads(ml_json)
+    spec["normalizer"] = {"type": "NFKC"}
+    tok = json.dumps(spec)
+    with caplog.at_level(logging.WARNING, logger="stages.tokenize"):
+        stage = TokenizeStage(tok, TokenizerConfig(), where="t.json")
+    assert stage.encoder == "tokenizers" and "normalizer" in stage.why
+    assert "t.json: encoding with tokenizers (slower)" in caplog.text and "normalizer" in caplog.text
+    with pytest.raises(ConfigError, match="tokenizer.encoder is 'fast' but t.json cannot be compiled.*normalizer"):
+        TokenizeStage(tok, TokenizerConfig(encoder="fast"), where="t.json")
+
+
+class _Corrupt:
+    """A fast encoder that gets one document wrong: what a regex-table difference would look like."""
+
+    def __init__(self, inner, bad_text):
+        self.inner, self.bad_text = inner, bad_text
+
+    def encode_batch(self, texts):
+        return [ids[:-1] + [ids[-1] ^ 1] if t == self.bad_text else ids for t, ids in zip(texts, self.inner.encode_batch(texts))]
+
+
+def test_a_sample_mismatch_names_the_document_and_falls_back(ml_json, caplog):
+    reference = TokenizeStage(ml_json, TokenizerConfig(encoder="tokenizers"))(batch(MIXED))
+    stage = TokenizeStage(ml_json, TokenizerConfig())
+    stage.fast = _Corrupt(stage.fast, MIXED[3])
+    with caplog.at_level(logging.WARNING, logger="stages.tokenize"):
+        out = stage(batch(MIXED))
+    assert out.equals(reference) and stage.encoder == "tokenizers"
+    assert "document '3'" in caplog.text and "falling back to tokenizers" in caplog.text
+    assert stage.mismatch.doc_id == "3"
+
+    strict = TokenizeStage(ml_json, TokenizerConfig(encoder="fast"))
+    strict.fast = _Corrupt(strict.fast, MIXED[3])
+    with pytest.raises(RuntimeError, match="document '3'.*the run stops"):
+        strict(batch(MIXED))
+    with pytest.raises(RuntimeError, match="the run stops"):  # a retry of the block refuses too
+        strict(batch(MIXED))
+
+
+def test_the_sample_check_covers_the_first_verify_bytes_only(ml_json):
+    # The budget is spent on the first documents; a difference after it is not seen (the proof in
+    # stages/fast_bpe.py, not the sample, is what covers the rest).
+    first = len(MIXED[0].encode())
+    stage = TokenizeStage(ml_json, TokenizerConfig(verify_bytes=first))
+    stage.fast = _Corrupt(stage.fast, MIXED[1])
+    stage(batch(MIXED))
+    assert stage.encoder == "fast" and stage.mismatch is None
+    stage = TokenizeStage(ml_json, TokenizerConfig(verify_bytes=first + 1))
+    stage.fast = _Corrupt(stage.fast, MIXED[1])
+    stage(batch(MIXED[:1]))  # the budget carries over to the next batch
+    assert stage.encoder == "fast"
+    stage(batch(MIXED[1:]))
+    assert stage.encoder == "tokenizers" and stage.mismatch.doc_id == "0"  # ids are per batch here
