@@ -118,8 +118,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(recipe, inputs_override + args.overrides, output=args.output, ray_address=args.ray_address)
     from datapipe.runner import curate
 
-    _report(curate(cfg, executor=_executor(args), progress=not args.no_progress))
-    if args.train_steps > 0:  # train the tiny model on what was just curated, then show the stats
+    result = curate(cfg, executor=_executor(args), progress=not args.no_progress)
+    if args.train_steps <= 0:
+        _report(result)
+    else:  # train the tiny model on what was just curated, then show the full stats
         from datapipe import shards, stats
         from datapipe.trainer import load_train_config, train
 
