@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 
-from datapipe.configbase import ConfigError, apply_override, check, from_dict, note, to_dict
+from datapipe.configbase import ConfigError, check, from_dict, note, read_recipe, to_dict
 from stages.diversity import DiversityConfig
 from stages.exact_dedup import ExactDedupConfig
 from stages.langid import LangIdConfig
@@ -110,20 +109,7 @@ def load_config(
     ray_address: str | None = None,
 ) -> CurateConfig:
     """Read a YAML recipe (or start empty), apply `--set` overrides and CLI flags, validate strictly."""
-    data: dict[str, Any] = {}
-    source = "command line"
-    if path is not None:
-        source = str(path)
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the config must be a mapping, got {type(data).__name__}")
-    for assignment in overrides:
-        apply_override(data, assignment)
+    data, source = read_recipe(path, overrides)
     if inputs:
         # --input replaces the config's inputs; options other than the path keep the first input's values
         base = dict((data.get("inputs") or [{}])[0])

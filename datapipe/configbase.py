@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from pathlib import Path
+from typing import Any, Iterable, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -140,6 +141,26 @@ def apply_override(data: dict, assignment: str) -> None:
             raise ConfigError(f"--set {dotted}: '{'.'.join(parts[: i + 1])}' is not a mapping")
         node = child
     node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+
+
+def read_recipe(path: str | Path | None, overrides: Iterable[str] = ()) -> tuple[dict, str]:
+    """Plain data of a YAML recipe (or {} without one) with `--set` overrides applied, and a name
+    for error messages (the file, or 'command line')."""
+    data: dict = {}
+    source = "command line"
+    if path is not None:
+        source = str(path)
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the config must be a mapping, got {type(data).__name__}")
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return data, source
 
 
 def check(condition: bool, message: str) -> None:

@@ -41,7 +41,7 @@ import torch.distributed as dist
 import yaml
 
 from datapipe import shards
-from datapipe.configbase import ConfigError, apply_override, check, from_dict, note, to_dict
+from datapipe.configbase import ConfigError, check, from_dict, note, read_recipe, to_dict
 from datapipe.loader import PackedLoader
 from datapipe.model import GPT, ModelConfig, token_losses
 from datapipe.prefetch import Prefetcher
@@ -145,18 +145,7 @@ class TrainConfig:
 def load_train_config(path: str | Path | None, overrides: list[str] = (), *, data: str | None = None,
                       output: str | None = None) -> TrainConfig:
     """Read a YAML training recipe, apply `--set` overrides and the --data/--output flags, validate strictly."""
-    raw: dict[str, Any] = {}
-    source = "command line"
-    if path is not None:
-        source = str(path)
-        try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the config must be a mapping, got {type(raw).__name__}")
-    for assignment in overrides:
-        apply_override(raw, assignment)
+    raw, source = read_recipe(path, overrides)
     if data is not None:
         raw.setdefault("data", {})["source"] = data
     if output is not None:

@@ -13,7 +13,6 @@ Absolute seconds depend on the machine; compare the ratios.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import shutil
@@ -27,6 +26,8 @@ import orjson
 import yaml
 import pyarrow as pa
 
+from scripts.corpus import load_docs
+
 from datapipe.config import CurateConfig
 from datapipe.configbase import from_dict
 from datapipe.schema import DOC_SCHEMA
@@ -38,17 +39,6 @@ from stages.tokenize import TokenizeStage, TokenizerConfig
 
 # The quickstart recipe's filters: the same per-domain settings a user starts from.
 FILTERS = yaml.safe_load((Path(__file__).parents[1] / "configs" / "quickstart.yaml").read_text())["filters"]
-
-
-def load_docs(corpus: Path, limit: int | None) -> list[dict]:
-    docs = []
-    with gzip.open(corpus, "rb") as f:
-        for line in f:
-            rec = orjson.loads(line)
-            docs.append({"id": rec["id"], "domain": rec["source"], "text": rec["text"]})
-            if limit and len(docs) >= limit:
-                break
-    return docs
 
 
 def stage_throughput(docs: list[dict], tokenizer_json: str) -> dict[str, dict]:

@@ -15,7 +15,6 @@ Side by side, on the same documents:
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import subprocess
 import sys
@@ -26,15 +25,11 @@ from pathlib import Path
 
 import orjson
 
+from scripts.corpus import load_docs
 from datapipe.synthetic import cluster_pairs, precision_recall, true_pairs
 from stages.minhash import MinHashConfig, shingles
 
 MINHASH = {"enabled": True, "threshold": 0.8, "num_perm": 128, "ngram": 5}
-
-
-def load(corpus: Path) -> list[dict]:
-    with gzip.open(corpus, "rb") as f:
-        return [{"id": r["id"], "text": r["text"], "domain": r["source"]} for r in map(orjson.loads, f)]
 
 
 def datasketch_loop(docs: list[dict]) -> dict:
@@ -168,7 +163,7 @@ def main() -> None:
     p.add_argument("--corpus", default="../shared/data/corpus.jsonl.gz")
     p.add_argument("--fractions", default="0.1,0.25,0.5,1")
     args = p.parse_args()
-    docs = load(Path(args.corpus))
+    docs = load_docs(args.corpus)
     results: dict = {"docs": len(docs)}
     with tempfile.TemporaryDirectory(prefix="bench-near-") as t:
         tmp = Path(t)

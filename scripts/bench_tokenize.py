@@ -24,7 +24,6 @@ compare within one run. The load average at the start and the end is recorded.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import multiprocessing as mp
 import os
@@ -38,21 +37,12 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pyarrow as pa
+
+from scripts.corpus import load_docs
 import xxhash
 
 VOCAB = 32000
 SAMPLE_BYTES = 20_000_000
-
-
-def load_docs(corpus: str, limit: int | None) -> list[dict]:
-    docs = []
-    with gzip.open(corpus, "rb") as f:
-        for line in f:
-            rec = orjson.loads(line)
-            docs.append({"id": rec["id"], "domain": rec["source"], "text": rec["text"]})
-            if limit and len(docs) >= limit:
-                break
-    return docs
 
 
 def train(docs: list[dict], path: Path) -> dict:
