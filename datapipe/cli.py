@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                "stats": cmd_stats, "train": cmd_train, "plot": cmd_plot}[args.command]
     try:
         return handler(args)
-    except ConfigError as exc:  # bad input: a clear message, no traceback
+    except (ConfigError, FileNotFoundError) as exc:  # bad input: a clear message, no traceback
         print(f"datapipe: error: {exc}", file=sys.stderr)
         return 2
 
