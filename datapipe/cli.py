@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="override a config key, e.g. --set train.steps=200; repeatable")
     t.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
 
+    cp = sub.add_parser("curate-preferences", help="tokenize prompt/chosen/rejected records into preference shards")
+    cp.add_argument("config", help="a YAML recipe, e.g. configs/preferences.yaml (keys: datapipe/preference.py)")
+    cp.add_argument("--input", action="append", default=None, metavar="PATH", help="replaces the config's inputs; repeatable")
+    cp.add_argument("--output", default=None, metavar="DIR", help="output folder (config output)")
+    cp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
+
     pl = sub.add_parser("plot", help="draw loss (train and eval), lr, tokens/s and data-wait of a run to PNG")
     pl.add_argument("run_dir", metavar="RUN_DIR", help="a training run folder (holds metrics.jsonl)")
     return p
@@ -71,6 +77,31 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_train_config(args.config, args.overrides, data=args.data, output=args.output)
     train(cfg, resume=args.resume)
+    return 0
+
+
+def cmd_curate_preferences(args: argparse.Namespace) -> int:
+    import yaml
+
+    from datapipe.configbase import apply_override, from_dict
+    from datapipe.preference import PreferenceConfig, curate_preferences
+
+    try:
+        raw = yaml.safe_load(Path(args.config).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {args.config}") from None
+    for assignment in args.overrides:
+        apply_override(raw, assignment)
+    if args.input:
+        raw["inputs"] = args.input
+    if args.output:
+        raw["output"] = args.output
+    try:
+        cfg = from_dict(PreferenceConfig, raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{args.config}: {exc}") from None
+    m = curate_preferences(cfg)
+    print(f"{m['num_shards']} shards, {m['total_docs']:,} pairs, {m['total_tokens']:,} tokens -> {cfg.output}/manifest.json")
     return 0
 
 
@@ -181,7 +212,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = {"curate": cmd_curate, "run": cmd_run, "config-reference": cmd_config_reference,
-               "stats": cmd_stats, "train": cmd_train, "plot": cmd_plot}[args.command]
+               "stats": cmd_stats, "train": cmd_train, "plot": cmd_plot,
+               "curate-preferences": cmd_curate_preferences}[args.command]
     try:
         return handler(args)
     except (ConfigError, FileNotFoundError) as exc:  # bad input: a clear message, no traceback

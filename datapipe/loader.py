@@ -23,6 +23,9 @@ The document stream is a pure function of (seed, rank, world_size, position):
   epoch every token of the rank's part is served exactly once, and the ranks' parts partition the
   manifest. With a `mixture`, each domain restarts its next pass (a fresh permutation) whenever it
   runs out, and an epoch is `ceil(total_tokens / world_size)` tokens drawn on the rank.
+- **Prioritization** (optional, `datapipe.prioritize`): the domain's documents are drawn a pool at
+  a time and only some are kept, sampled by predicted loss under a floor; the others are skipped in
+  this pass. The pools waiting and the predictor snapshot are part of the planner state.
 - **Packing** (`packing.BFDPacker`) packs the drawn documents into rows; it is flushed at each
   epoch end, so no row mixes two epochs. Rows are grouped `batch_size` at a time; only the very
   last batch of a finite run can hold padding rows.
@@ -61,11 +64,12 @@ import pyarrow.compute as pc
 import torch
 
 from datapipe import shards
+from datapipe import prioritize as prio
 from datapipe.packing import BFDPacker, Piece, Row, check_policy, compact_batch, expand_batch, split_document
 from datapipe.schedule import Curriculum, DeficitSampler, MixtureSchedule
 
 STATE_VERSION = 1
-_TAG_SHARDS, _TAG_WINDOW = 1, 2
+_TAG_SHARDS, _TAG_WINDOW, _TAG_PRIO = 1, 2, 3
 BATCH_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids")
 
 
@@ -94,6 +98,7 @@ class _Layout:
         self.total_tokens = int(manifest.get("total_tokens", 0))
         self.eos_id = int(manifest.get("tokenizer", {}).get("eos_id", 0))
         vocab = manifest.get("tokenizer", {}).get("vocab_size")
+        self.vocab_size = vocab if isinstance(vocab, int) else None
         # token ids travel from workers as int32 unless the vocabulary could overflow it
         self.wire_dtype = np.int32 if isinstance(vocab, int) and vocab < 2**31 else np.int64
         digest = hashlib.sha256("".join(s["sha256"] for s in infos).encode()).hexdigest()
@@ -166,6 +171,20 @@ class _Reader:
             col = data.columns[name] = data.table.column(name).to_numpy().astype(np.float64)
         return col
 
+    def features(self, docs: Sequence[int], cfg: prio.Prioritize) -> np.ndarray:
+        """The static features (prioritize.FEATURES) of documents, one row each; opens their shards."""
+        table = getattr(self, "_ref", None)
+        if table is None:
+            vocab = self._vocab_size()
+            arrays = (self._shard(s).values for s in range(len(self.layout.paths)))
+            table = self._ref = prio.reference_log_freq(arrays, cfg.ref_tokens, vocab)
+        return np.stack([prio.features(self.tokens(int(d)), table[0], table[1], cfg.rare_count) for d in docs]) \
+            if len(docs) else np.zeros((0, len(prio.FEATURES)))
+
+    def _vocab_size(self) -> int | None:
+        v = getattr(self.layout, "vocab_size", None)
+        return v if isinstance(v, int) and v <= 1 << 22 else None
+
     def tokens(self, doc: int) -> np.ndarray:
         s = int(np.searchsorted(self.layout.offsets, doc, side="right")) - 1
         data = self._shard(s)
@@ -193,6 +212,7 @@ class _Config:
     curriculum: Curriculum | None
     cache_shards: int
     natural: MixtureSchedule  # the manifest's token shares: the weights when schedule is None
+    prioritize: prio.Prioritize | None = None  # loss-aware document selection (datapipe/prioritize.py)
 
     def fingerprint(self, layout: _Layout) -> dict[str, Any]:
         """The settings a state must match to resume exactly (batch size and workers may change)."""
@@ -209,6 +229,7 @@ class _Config:
             "long_docs": dict(sorted(self.policies.items())),
             "mixture": self.schedule.to_dict() if self.schedule else None,
             "curriculum": self.curriculum.to_dict() if self.curriculum else None,
+            **({"prioritize": self.prioritize.to_dict()} if self.prioritize else {}),
         }
 
 
@@ -323,6 +344,11 @@ class _Planner:
         self.pending: list[Row] = []
         self.counters = {"docs_drawn": 0, "docs_split": 0, "docs_truncated": 0, "docs_dropped": 0, "tokens_dropped": 0}
         self._streams: dict[str, _DomainStream] = {}
+        # prioritization: kept documents waiting per domain ([doc, len]) and the predictor snapshot in use
+        self.queues: dict[str, list[list[int]]] = {d: [] for d in self.domains}
+        self.predictor: dict[str, Any] | None = None
+        if cfg.prioritize:
+            self.counters["docs_skipped"] = 0
 
     @property
     def finished(self) -> bool:
@@ -377,14 +403,17 @@ class _Planner:
                 empty_passes[d] += 1
                 if empty_passes[d] >= 16:  # no pass gives this rank a document of d: leave d to the others
                     self.excluded.add(d)
-        doc, n = stream.doc(self.pos[d])
-        self.pos[d] += 1
-        if self.pos[d] >= stream.n:
-            if cfg.schedule is None:
-                self.done[d] = True
-            else:  # mixture mode: the domain starts its next pass on its own
-                self.passes[d] += 1
-                self.pos[d] = 0
+        if cfg.prioritize:
+            doc, n = self._draw_prioritized(d)
+        else:
+            doc, n = stream.doc(self.pos[d])
+            self.pos[d] += 1
+            if self.pos[d] >= stream.n:
+                if cfg.schedule is None:
+                    self.done[d] = True
+                else:  # mixture mode: the domain starts its next pass on its own
+                    self.passes[d] += 1
+                    self.pos[d] = 0
         policy = cfg.policies[d]
         pieces = split_document(doc, n, cfg.seq_len, policy, tag=stream.d_idx, seq=self.next_seq)
         self.next_seq += 1
@@ -399,6 +428,32 @@ class _Planner:
         self.epoch_tokens += kept
         for p in pieces:
             self.pending += self.packer.push(p)
+
+    def _draw_prioritized(self, d: str) -> tuple[int, int]:
+        """The next kept document of domain d: refill a pool from the stream, keep some by predicted loss."""
+        cfg, pcfg, queue = self.cfg, self.cfg.prioritize, self.queues[d]
+        if not queue:
+            pool: list[list[int]] = []
+            while len(pool) < pcfg.pool:
+                st = self._stream(d)
+                if st.n == 0 or (cfg.schedule is None and self.pos[d] >= st.n):
+                    break
+                pool.append(list(st.doc(self.pos[d])))
+                self.pos[d] += 1
+                if self.pos[d] >= st.n and cfg.schedule is not None:  # mixture mode: next pass on its own
+                    self.passes[d] += 1
+                    self.pos[d] = 0
+            keep = max(1, round(pcfg.keep * len(pool)))
+            pred = None
+            if self.predictor is not None:
+                pred = prio.predict(self.predictor, self.reader.features([doc for doc, _ in pool], pcfg))
+            rng = _rng(cfg.seed, _TAG_PRIO, cfg.rank, self.layout.domains.index(d), self.next_seq)
+            queue.extend(pool[i] for i in prio.select(len(pool), pred, keep, pcfg, rng))
+            self.counters["docs_skipped"] += len(pool) - keep
+        doc, n = queue.pop(0)
+        if cfg.schedule is None and not queue and self.pos[d] >= self._stream(d).n:
+            self.done[d] = True
+        return int(doc), int(n)
 
     def next_rows(self) -> list[Row] | None:
         """The rows of the next batch (fewer than batch_size only at the very end), or None."""
@@ -426,6 +481,8 @@ class _Planner:
             "packer": self.packer.state_dict(),
             "pending": [[p.to_list() for p in row] for row in self.pending],
             "counters": dict(self.counters),
+            **({"queues": {d: [list(x) for x in q] for d, q in self.queues.items()},
+                "predictor": copy.deepcopy(self.predictor)} if self.cfg.prioritize else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -442,6 +499,9 @@ class _Planner:
         self.pending = [[Piece.from_list(p) for p in row] for row in state["pending"]]
         self.counters = {k: int(v) for k, v in state["counters"].items()}
         self._streams = {}
+        if self.cfg.prioritize:
+            self.queues = {d: [[int(a), int(b)] for a, b in state["queues"].get(d, [])] for d in self.domains}
+            self.predictor = copy.deepcopy(state.get("predictor"))
 
 
 def _batches(cfg: _Config, layout: _Layout, state: Mapping[str, Any], worker: int, num_workers: int,
@@ -520,6 +580,7 @@ class PackedLoader:
         loss_memory: int = 100_000,
         cache_shards: int = 16,
         prefetch_factor: int = 2,
+        prioritize: prio.Prioritize | Mapping[str, Any] | bool | None = None,
     ) -> None:
         """
         source: a curated output folder (local path or fsspec URL) holding `manifest.json`.
@@ -540,6 +601,8 @@ class PackedLoader:
         loss_memory: the most documents whose reported loss is remembered (least recently reported go first).
         cache_shards: shards kept open per process.
         prefetch_factor: batches each worker prepares ahead.
+        prioritize: loss-aware document selection (`datapipe.prioritize.Prioritize`, a mapping of its fields,
+            or True for the defaults); its predictor learns from `report_losses`. None: off.
         """
         seq_len = _check_int("seq_len", seq_len, 1)
         batch_size = _check_int("batch_size", batch_size, 1)
@@ -605,7 +668,9 @@ class PackedLoader:
             world_size=world_size, shuffle=shuffle, shuffle_window=shuffle_window, lookahead=lookahead,
             max_open_bins=max_open_bins, policies=policies, schedule=schedule, curriculum=curriculum,
             cache_shards=cache_shards, natural=MixtureSchedule.natural(self.manifest),
+            prioritize=prio.Prioritize.from_value(prioritize),
         )
+        self._predictor = prio.LossPredictor(self._cfg.prioritize) if self._cfg.prioritize else None
         self._reader = _Reader(self.source, layout, cache_shards)
         planner = _Planner(self._cfg, layout, self._reader)
         if int(self.manifest.get("total_docs", 0)) < world_size:
@@ -617,6 +682,24 @@ class PackedLoader:
 
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        pcfg = self._cfg.prioritize
+        while True:
+            # prioritization: every `refresh` served batches the planner gets the live predictor, and the
+            # batch source restarts from the current state (the planner is a pure function of its state)
+            if pcfg and self._stats["batches"] % pcfg.refresh == 0:
+                self._planner_state = {**self._planner_state, "predictor": self._predictor.snapshot()}
+            served = 0
+            for batch in self._iter_source():
+                yield batch
+                served += 1
+                if pcfg and self._stats["batches"] % pcfg.refresh == 0:
+                    break
+            else:
+                return
+            if not served:
+                return
+
+    def _iter_source(self) -> Iterator[dict[str, torch.Tensor]]:
         if self.num_workers == 0:
             source = _batches(self._cfg, self._layout, self._planner_state, 0, 1, self._reader)
         else:
@@ -650,6 +733,7 @@ class PackedLoader:
             "planner": copy.deepcopy(self._planner_state),
             "stats": {**self._stats, "domain_tokens": dict(self._stats["domain_tokens"])},
             "losses": [[doc, v[0], int(v[1])] for doc, v in self._losses.items()],
+            **({"predictor": self._predictor.state_dict()} if self._predictor else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -669,6 +753,10 @@ class PackedLoader:
         self._stats = {"batches": int(stats["batches"]), "rows": int(stats["rows"]), "tokens": int(stats["tokens"]),
                        "domain_tokens": {d: int(stats["domain_tokens"].get(d, 0)) for d in self._layout.domains}}
         self._losses = OrderedDict((int(doc), [float(v), int(n)]) for doc, v, n in state.get("losses", []))
+        if self._predictor is not None:
+            self._predictor = prio.LossPredictor(self._cfg.prioritize)
+            if "predictor" in state:
+                self._predictor.load_state_dict(state["predictor"])
 
     # -- observability and feedback ---------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -699,8 +787,8 @@ class PackedLoader:
         """Remember per-document losses from the trainer (mean per document per call, then an EMA, 0.9 decay).
 
         Memory is bounded by `loss_memory` documents (the least recently reported are forgotten).
-        Ids < 0 (padding) are ignored. The losses are part of the state; loss-aware prioritization
-        will read them.
+        Ids < 0 (padding) are ignored. The losses are part of the state. With `prioritize`, each call also
+        trains the loss predictor on the documents' static features and this call's mean losses.
         """
         ids = np.asarray(doc_ids.detach().cpu() if isinstance(doc_ids, torch.Tensor) else doc_ids).reshape(-1)
         vals = np.asarray(losses.detach().float().cpu() if isinstance(losses, torch.Tensor) else losses,
@@ -711,10 +799,14 @@ class PackedLoader:
             raise ValueError(f"doc_ids must be integers, got dtype {str(ids.dtype)!r}")
         keep = (ids >= 0) & np.isfinite(vals)
         ids, vals = ids[keep].astype(np.int64), vals[keep]
-        if not ids.size or not self.loss_memory:
+        if not ids.size:
             return
         uniq, inv = np.unique(ids, return_inverse=True)
         means = np.bincount(inv, weights=vals) / np.bincount(inv)
+        if self._predictor is not None:
+            self._predictor.update(self._reader.features(uniq.tolist(), self._cfg.prioritize), means)
+        if not self.loss_memory:
+            return
         for doc, loss in zip(uniq.tolist(), means.tolist()):
             entry = self._losses.pop(doc, None)
             if entry is None:

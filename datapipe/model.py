@@ -219,8 +219,13 @@ class GPT(nn.Module):
         return 6 * self.num_params(non_embedding=False) + 12 * self.cfg.n_layer * self.cfg.d_model * seq_len
 
     def forward(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = None,
-                doc_ids: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, S, vocab) in fp32. Without doc_ids the row is one document (plain causal)."""
+                doc_ids: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, S, vocab) in fp32. Without doc_ids the row is one document (plain causal).
+
+        attn_mask (B, S, S), True = may attend, replaces the document mask (sdpa): preference packing
+        (datapipe/preference.py) needs a response to see the prompt but not the other response.
+        """
         B, S = input_ids.shape
         if S > self.cfg.max_seq_len:
             raise ValueError(f"input length must be <= model.max_seq_len={self.cfg.max_seq_len}, got {S!r}")
@@ -231,7 +236,9 @@ class GPT(nn.Module):
         kind = resolve_attention(self.cfg.attention, input_ids.device)
         if kind == "varlen" and cu_seqlens is None:
             kind = "flex"
-        mask = block_causal_mask(doc_ids) if kind == "sdpa" else None
+        if attn_mask is not None:
+            kind = "sdpa"
+        mask = attn_mask if attn_mask is not None else (block_causal_mask(doc_ids) if kind == "sdpa" else None)
         cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]
         x = self.embed(input_ids)
         for block in self.blocks:

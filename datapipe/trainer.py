@@ -12,6 +12,10 @@ micro-batches through the prefetcher, forward/backward, report per-document loss
 clip, skip the update if anything is non-finite, step; log, evaluate and checkpoint on their
 intervals.
 
+`data.prioritize.enabled: true` turns on loss-aware document selection in the loader (datapipe/prioritize.py),
+fed by the per-document losses reported each micro-batch; `train.objective: dpo` hands the run to
+datapipe/dpo.py (DPO on preference-packed pairs).
+
 Held-out data. The loader reads a whole curated folder and cannot exclude shards, so evaluation
 reads either `data.eval_source` (another curated folder) or, with `data.holdout_shards: N`, the
 last N shards of `data.source`: the trainer then writes two derived folders under
@@ -45,6 +49,7 @@ from datapipe.configbase import ConfigError, check, from_dict, note, read_recipe
 from datapipe.loader import PackedLoader
 from datapipe.model import GPT, ModelConfig, token_losses
 from datapipe.prefetch import Prefetcher
+from datapipe.prioritize import Prioritize
 
 # --------------------------------------------------------------------------------------------- config
 
@@ -78,6 +83,29 @@ class ScheduleConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PrioritizeConfig:
+    enabled: bool = note(False, help="loss-aware document selection (datapipe/prioritize.py): keep the documents predicted hardest")
+    pool: int = note(32, help="candidate documents per selection")
+    keep: float = note(0.5, help="fraction of each pool kept; the rest are skipped this pass")
+    temperature: float = note(0.3, help="softmax temperature over predicted losses, in nats (lower = greedier)")
+    floor: float = note(0.2, help="weight of the uniform distribution in the selection probabilities (nothing starves)")
+    min_reports: int = note(64, help="documents with reported losses before predictions are used")
+    forget: float = note(0.999, help="RLS forgetting factor per reported document")
+    refresh: int = note(10, help="batches between predictor snapshots handed to the loader's planner")
+
+    def __post_init__(self) -> None:
+        try:
+            self.build()
+        except ValueError as exc:
+            raise ConfigError(str(exc).replace("prioritize.", "")) from None
+
+    def build(self) -> Prioritize | None:
+        fields = {k: getattr(self, k) for k in ("pool", "keep", "temperature", "floor", "min_reports", "forget", "refresh")}
+        built = Prioritize(**fields)  # validates the fields even when disabled
+        return built if self.enabled else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: str = note("out/run", help="a curated output folder (holds manifest.json); --data replaces it")
     seq_len: int = note(128, help="tokens per packed row")
@@ -86,6 +114,7 @@ class DataConfig:
     eval_source: str | None = note(None, help="a curated folder of held-out data for evaluation")
     holdout_shards: int = note(0, help="without eval_source: hold out the last N shards of source for evaluation (0 = no eval)")
     eval_batches: int = note(4, help="batches per domain in each evaluation")
+    prioritize: PrioritizeConfig = note(PrioritizeConfig(), help="loss-aware batch prioritization (off by default)")
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "batch_size", "eval_batches"):
@@ -109,6 +138,7 @@ class LoopConfig:
     seed: int = note(0, help="seed of the model init and of the data order")
     output: str = note("runs/tiny", help="run folder: metrics.jsonl, checkpoint.pt, config.yaml; --output replaces it")
     device: Literal["auto", "cpu", "cuda"] = note("auto", help="'auto' = cuda when available")
+    objective: Literal["lm", "dpo"] = note("lm", help="'lm': next-token loss on text shards; 'dpo': DPO on preference shards (datapipe/dpo.py)")
 
     def __post_init__(self) -> None:
         for name in ("steps", "grad_accum", "log_every", "max_nonfinite"):
@@ -129,6 +159,22 @@ class PrefetchConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DPOConfig:
+    beta: float = note(0.1, help="DPO temperature β on the log-ratio margin")
+    packed: bool = note(True, help="preference packing (several pairs a row, prompt once); false: padded pairs, two rows each")
+    init_from: str | None = note(None, help="a checkpoint.pt whose model initialises the policy and the frozen reference")
+    default_pairs: int = note(2000, help="pairs of the default set built when data.source is empty or missing")
+    eval_pairs: int = note(128, help="pairs held out (the last ones) for preference accuracy")
+    chunk: int = note(256, help="pairs packed together (best-fit) at a time")
+
+    def __post_init__(self) -> None:
+        check(self.beta > 0, f"beta must be > 0, got {self.beta!r}")
+        for name in ("default_pairs", "chunk"):
+            check(getattr(self, name) >= 1, f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        check(self.eval_pairs >= 0, f"eval_pairs must be >= 0, got {self.eval_pairs!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     model: ModelConfig = note(ModelConfig(), help="the transformer")
     optim: OptimConfig = note(OptimConfig(), help="AdamW and gradient clipping")
@@ -136,6 +182,7 @@ class TrainConfig:
     data: DataConfig = note(DataConfig(), help="shards, rows and held-out data")
     train: LoopConfig = note(LoopConfig(), help="the loop: steps, intervals, output")
     prefetch: PrefetchConfig = note(PrefetchConfig(), help="background batch prefetching")
+    dpo: DPOConfig = note(DPOConfig(), help="DPO settings (train.objective: dpo)")
 
     def __post_init__(self) -> None:
         check(self.model.max_seq_len >= self.data.seq_len,
@@ -305,6 +352,10 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
     """Train `cfg.model` on `cfg.data` for `cfg.train.steps` steps; returns a summary (rank 0's view)."""
     t_start = time.perf_counter()
     rank, world, device = _dist_setup(cfg.train.device)
+    if cfg.train.objective == "dpo":
+        from datapipe.dpo import train_dpo
+
+        return train_dpo(cfg, rank=rank, world=world, device=device, resume=resume)
     main = rank == 0
     say = print if main else (lambda *a, **k: None)
     run_dir = Path(cfg.train.output)
@@ -327,7 +378,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
         raise ConfigError(f"model.vocab_size is null and {source}/manifest.json names no tokenizer vocab_size; set model.vocab_size")
     cfg = replace(cfg, model=replace(cfg.model, vocab_size=vocab))
     loader = PackedLoader(source, seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size, seed=cfg.train.seed,
-                          epochs=None, rank=rank, world_size=world, num_workers=cfg.data.num_workers)
+                          epochs=None, rank=rank, world_size=world, num_workers=cfg.data.num_workers,
+                          prioritize=cfg.data.prioritize.build())
 
     # -- model, optimizer, schedule (same seed on every rank: identical initial weights)
     torch.manual_seed(cfg.train.seed)
@@ -455,7 +507,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
 
             if (cfg.train.ckpt_every and done % cfg.train.ckpt_every == 0) or last:
                 with pf.lock:  # the loader state of the batch just trained on, with the losses reported so far
-                    state = {**pf.state, "losses": loader.state_dict()["losses"]}
+                    live = loader.state_dict()  # losses (and the loss predictor) learnt up to this step
+                    state = {**pf.state, **{k: live[k] for k in ("losses", "predictor") if k in live}}
                 rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
                 loaders, rngs = _gather(state, world), _gather(rng, world)
                 if main:

@@ -1,0 +1,359 @@
+"""Preference data: curation into preference shards, preference packing, per-response log-probabilities.
+
+    datapipe curate-preferences configs/preferences.yaml [--input F] [--output DIR] [--set key=value]
+
+Records. Each record holds a prompt, a chosen and a rejected response (field names configurable),
+read from JSONL (.gz), Parquet or a Hugging Face dataset (`hf`: `load_dataset`, `hf_disk`:
+`load_from_disk`). A field may be a string or a chat-style list of messages {"role", "content"},
+rendered with this template (documented, deliberately simple):
+
+    prompt messages   -> "<|{role}|>\\n{content}\\n" for each message, then "<|assistant|>\\n"
+    response messages -> the contents of its assistant messages (all messages if none), joined by "\\n"
+
+Responses get the tokenizer's EOS appended. Shards have the curated shard layout and manifest
+(`datapipe.shards`) with columns `id`, `domain`, `prompt_tokens`, `chosen_tokens`, `rejected_tokens`
+and `num_tokens` (prompt + chosen + rejected), and the manifest says `"kind": "preference"`.
+
+Preference packing. A pair is stored as one *item*: its prompt once, then the chosen, then the
+rejected response. Position ids restart at every item and both responses start right after the
+prompt (chosen and rejected tokens at the same offset get the same position). The attention mask
+lets a prompt token see earlier prompt tokens, and a response token see the prompt and earlier
+tokens of its own response, never the other response nor another item. Items are packed several
+per row by best-fit decreasing on their total length (an item longer than the row is dropped and
+counted). The first token of each response is predicted from the last prompt token, so the
+log-probability of response token i is read from the logits at `pred_index[i]` (i - 1 inside a
+response, the prompt's last position for its first token), and `resp_id` (2 * pair + 0 for
+chosen, + 1 for rejected, -1 elsewhere) sums them per response. Padded pairs (the usual DPO
+collator: prompt+chosen and prompt+rejected as two rows, padded to the longest) use the same
+builder with one response per item, which is how the benchmark compares them.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from datapipe import shards
+from datapipe.configbase import ConfigError, check, note
+
+PROMPT, CHOSEN, REJECTED = 0, 1, 2
+
+# ------------------------------------------------------------------------------------------- records
+
+
+def render_prompt(value: str | Sequence[Mapping[str, str]]) -> str:
+    """A prompt string, or chat messages rendered with the template of the module docstring."""
+    if isinstance(value, str):
+        return value
+    return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in value) + "<|assistant|>\n"
+
+
+def render_response(value: str | Sequence[Mapping[str, str]]) -> str:
+    if isinstance(value, str):
+        return value
+    msgs = [m for m in value if m.get("role") == "assistant"] or list(value)
+    return "\n".join(m["content"] for m in msgs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreferenceConfig:
+    inputs: list[str] = note(field(default_factory=list), help="paths or globs of preference records (or HF dataset names with format hf)")
+    format: Literal["auto", "jsonl", "parquet", "hf", "hf_disk"] = note("auto", help="auto: by file extension")
+    split: str = note("train", help="the split of a Hugging Face dataset")
+    prompt_field: str = note("prompt", help="field holding the prompt (string or list of messages)")
+    chosen_field: str = note("chosen", help="field holding the chosen response (string or list of messages)")
+    rejected_field: str = note("rejected", help="field holding the rejected response (string or list of messages)")
+    tokenizer: str = note("tokenizers/quickstart/tokenizer.json", help="a `tokenizers` tokenizer.json")
+    eos_id: int = note(0, help="token appended to every response")
+    max_prompt_tokens: int = note(256, help="prompts are cut to their last this many tokens")
+    max_response_tokens: int = note(256, help="responses are cut to their first this many tokens (EOS included)")
+    shard_rows: int = note(4096, help="pairs per shard")
+    output: str = note("out/preferences", help="output folder; --output replaces it")
+    domain: str = note("preference", help="the domain written into every row")
+
+    def __post_init__(self) -> None:
+        for name in ("max_prompt_tokens", "max_response_tokens", "shard_rows"):
+            check(getattr(self, name) >= 1, f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+
+
+def read_records(cfg: PreferenceConfig) -> Iterator[dict[str, Any]]:
+    for spec in cfg.inputs:
+        fmt = cfg.format
+        if fmt in ("hf", "hf_disk"):
+            import datasets
+
+            ds = datasets.load_from_disk(spec) if fmt == "hf_disk" else datasets.load_dataset(spec, split=cfg.split)
+            if fmt == "hf_disk" and isinstance(ds, datasets.DatasetDict):
+                ds = ds[cfg.split]
+            yield from ds
+            continue
+        paths = sorted(glob.glob(spec)) or [spec]
+        for path in paths:
+            kind = fmt if fmt != "auto" else ("parquet" if path.endswith(".parquet") else "jsonl")
+            if kind == "parquet":
+                yield from pq.read_table(path).to_pylist()
+            elif kind == "jsonl":
+                with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+                    for line in f:
+                        if line.strip():
+                            yield json.loads(line)
+            else:
+                raise ConfigError(f"format must be one of {{'auto', 'jsonl', 'parquet', 'hf', 'hf_disk'}}, got {fmt!r}")
+
+
+def _table(rows: list[dict[str, Any]], dtype: pa.DataType) -> pa.Table:
+    return pa.table({
+        "id": pa.array([r["id"] for r in rows], pa.string()),
+        "domain": pa.array([r["domain"] for r in rows], pa.string()),
+        "prompt_tokens": pa.array([r["prompt"] for r in rows], pa.list_(dtype)),
+        "chosen_tokens": pa.array([r["chosen"] for r in rows], pa.list_(dtype)),
+        "rejected_tokens": pa.array([r["rejected"] for r in rows], pa.list_(dtype)),
+        "num_tokens": pa.array([len(r["prompt"]) + len(r["chosen"]) + len(r["rejected"]) for r in rows], pa.int64()),
+    })
+
+
+def write_preference_shards(triples: Iterator[dict[str, Any]], out: str | Path, *, shard_rows: int, vocab_size: int,
+                            eos_id: int, tokenizer_path: str | None, config: dict[str, Any]) -> dict[str, Any]:
+    """Write triples {id, domain, prompt, chosen, rejected (token lists)} as preference shards + manifest."""
+    out = Path(out)
+    dtype = pa.uint16() if vocab_size <= 1 << 16 else pa.uint32()
+    infos, buf = [], []
+    for t in triples:
+        buf.append(t)
+        if len(buf) == shard_rows:
+            infos.append(shards.write_shard(out, len(infos), _table(buf, dtype)))
+            buf = []
+    if buf:
+        infos.append(shards.write_shard(out, len(infos), _table(buf, dtype)))
+    tok = {"eos_id": eos_id, "bos_id": None, "dtype": str(dtype), "vocab_size": vocab_size,
+           "path": tokenizer_path, "sha256": shards.file_sha256(tokenizer_path) if tokenizer_path and Path(tokenizer_path).exists() else None}
+    blob = json.dumps(config, sort_keys=True, default=str).encode()
+    manifest = {**shards.build_manifest(infos, tokenizer=tok, config=config, config_hash=hashlib.sha256(blob).hexdigest()[:16]),
+                "kind": "preference"}
+    shards.write_manifest(out, manifest)
+    return manifest
+
+
+def curate_preferences(cfg: PreferenceConfig) -> dict[str, Any]:
+    """Render, tokenize and write every record of `cfg.inputs`; returns the manifest."""
+    from tokenizers import Tokenizer
+
+    if not cfg.inputs:
+        raise ConfigError("inputs must name at least one file, glob or dataset, got []")
+    tok = Tokenizer.from_file(cfg.tokenizer)
+
+    def triples() -> Iterator[dict[str, Any]]:
+        for i, rec in enumerate(read_records(cfg)):
+            for name in (cfg.prompt_field, cfg.chosen_field, cfg.rejected_field):
+                if name not in rec:
+                    raise ConfigError(f"record {i} has no field {name!r}; its fields are {sorted(rec)!r} "
+                                      "(set prompt_field/chosen_field/rejected_field)")
+            prompt = tok.encode(render_prompt(rec[cfg.prompt_field])).ids[-cfg.max_prompt_tokens:]
+            resp = [tok.encode(render_response(rec[f])).ids[: cfg.max_response_tokens - 1] + [cfg.eos_id]
+                    for f in (cfg.chosen_field, cfg.rejected_field)]
+            yield {"id": str(rec.get("id", i)), "domain": cfg.domain, "prompt": prompt, "chosen": resp[0], "rejected": resp[1]}
+
+    from dataclasses import asdict
+
+    return write_preference_shards(triples(), cfg.output, shard_rows=cfg.shard_rows, vocab_size=tok.get_vocab_size(),
+                                   eos_id=cfg.eos_id, tokenizer_path=cfg.tokenizer, config=asdict(cfg))
+
+
+def passage_pairs(texts: Sequence[str], tokenizer_path: str, *, prompt_tokens: int = 48, response_tokens: int = 32,
+                  eos_id: int = 0, seed: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+    """A realistic preference set from real passages: the passage's first `prompt_tokens` tokens are the
+    prompt, its true continuation is chosen, and the continuation of another passage (a mismatch) rejected.
+    Lengths vary: each passage's prompt and responses are cut at a random length up to the maxima."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_path)
+    rng = np.random.default_rng(seed)
+    need = prompt_tokens + response_tokens
+    docs = [ids for ids in (e.ids for e in tok.encode_batch([t[:20_000] for t in texts])) if len(ids) >= need]
+    if limit is not None:
+        docs = docs[:limit]
+    if len(docs) < 2:
+        raise ValueError(f"texts must hold at least 2 passages of >= {need} tokens, got {len(docs)}")
+    out = []
+    shift = rng.permutation(len(docs))
+    for i, ids in enumerate(docs):
+        p = int(rng.integers(prompt_tokens // 4, prompt_tokens + 1))
+        c = int(rng.integers(response_tokens // 4, response_tokens + 1))
+        other = docs[shift[i]] if shift[i] != i else docs[(i + 1) % len(docs)]
+        r = int(rng.integers(response_tokens // 4, response_tokens + 1))
+        out.append({"id": str(i), "domain": "preference", "prompt": ids[:p], "chosen": ids[p : p + c - 1] + [eos_id],
+                    "rejected": other[p : p + r - 1] + [eos_id]})
+    return out
+
+
+def default_preference_set(out: str | Path, tokenizer_path: str, *, n: int = 2000, seed: int = 0,
+                           log=print) -> str:
+    """The embedded default corpus (stdlib docstrings and code) as preference shards in `out`; returns it."""
+    from datapipe import embedded
+
+    if Path(out, "manifest.json").exists():
+        return str(out)
+    paths = embedded.prepare(0, log=log)
+    texts = []
+    for domain in ("prose", "code"):
+        with open(paths[domain]) as f:
+            texts += [json.loads(line)["text"] for line in f]
+    order = np.random.default_rng(seed).permutation(len(texts))
+    pairs = passage_pairs([texts[i] for i in order[: n * 2]], tokenizer_path, seed=seed, limit=n)
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(tokenizer_path).get_vocab_size()
+    write_preference_shards(iter(pairs), out, shard_rows=1024, vocab_size=vocab, eos_id=0,
+                            tokenizer_path=tokenizer_path, config={"default_preference_set": {"n": n, "seed": seed}})
+    log(f"built a default preference set of {len(pairs)} pairs (stdlib passages) -> {out}")
+    return str(out)
+
+
+def load_pairs(source: str | Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Every (prompt, chosen, rejected) token triple of a preference folder, in manifest order."""
+    manifest = shards.read_manifest(source)
+    if manifest.get("kind") != "preference":
+        raise ConfigError(f"data.source must be a preference folder (manifest kind 'preference'), got {str(source)!r} "
+                          f"with kind {manifest.get('kind')!r}; curate one with `datapipe curate-preferences`")
+    out = []
+    for s in manifest["shards"]:
+        t = shards.open_shard(str(source), s["path"])
+        cols = [t.column(c).to_pylist() for c in ("prompt_tokens", "chosen_tokens", "rejected_tokens")]
+        out += [tuple(np.asarray(x, dtype=np.int64) for x in trip) for trip in zip(*cols)]
+    return out
+
+
+# ------------------------------------------------------------------------------------------- packing
+
+
+def pack_items(lengths: Sequence[int], seq_len: int) -> tuple[list[list[int]], list[int]]:
+    """Best-fit decreasing of items (by total length) into rows of seq_len: (rows of item indices, dropped)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows: list[list[int]] = []
+    room: list[int] = []
+    dropped = []
+    for i in order:
+        n = lengths[i]
+        if n > seq_len:
+            dropped.append(i)
+            continue
+        best = -1
+        for r, free in enumerate(room):  # fewest free slots that still fit
+            if free >= n and (best < 0 or free < room[best]):
+                best = r
+        if best < 0:
+            rows.append([i])
+            room.append(seq_len - n)
+        else:
+            rows[best].append(i)
+            room[best] -= n
+    return [sorted(r) for r in rows], dropped
+
+
+def build_rows(rows: Sequence[Sequence[tuple[np.ndarray, list[np.ndarray], list[int]]]], seq_len: int,
+               pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Tensors for rows of items; an item is (prompt, responses, response ids): see the module docstring.
+
+    Returns input_ids, position_ids, pred_index, resp_id (B, S) and attn_mask (B, S, S) with
+    True where attention is allowed.
+    """
+    B = len(rows)
+    ids = np.full((B, seq_len), pad_id, dtype=np.int64)
+    pos = np.zeros((B, seq_len), dtype=np.int64)
+    pred = np.zeros((B, seq_len), dtype=np.int64)
+    resp = np.full((B, seq_len), -1, dtype=np.int64)
+    item = np.full((B, seq_len), -1, dtype=np.int64)
+    part = np.zeros((B, seq_len), dtype=np.int64)
+    for b, row in enumerate(rows):
+        at = 0
+        for k, (prompt, responses, rids) in enumerate(row):
+            P = len(prompt)
+            ids[b, at : at + P] = prompt
+            pos[b, at : at + P] = np.arange(P)
+            item[b, at : at + P] = k
+            last_prompt = at + P - 1
+            at += P
+            for j, (r, rid) in enumerate(zip(responses, rids)):
+                n = len(r)
+                ids[b, at : at + n] = r
+                pos[b, at : at + n] = P + np.arange(n)
+                item[b, at : at + n] = k
+                part[b, at : at + n] = 1 + j
+                resp[b, at : at + n] = rid
+                pred[b, at : at + n] = np.arange(at - 1, at + n - 1)
+                pred[b, at] = last_prompt  # a response's first token is predicted from the prompt's end
+                at += n
+        if at > seq_len:
+            raise ValueError(f"a row holds {at} tokens, more than seq_len={seq_len}")
+        item[b, at:] = -2 - np.arange(seq_len - at)  # each padding token its own item: it sees only itself
+    it, pt = torch.from_numpy(item), torch.from_numpy(part)
+    idx = torch.arange(seq_len)
+    causal = idx[None, :, None] >= idx[None, None, :]
+    same = it[:, :, None] == it[:, None, :]
+    visible = (pt[:, None, :] == 0) | (pt[:, None, :] == pt[:, :, None])  # the key is prompt or the query's own part
+    mask = causal & same & visible
+    return {"input_ids": torch.from_numpy(ids), "position_ids": torch.from_numpy(pos), "pred_index": torch.from_numpy(pred),
+            "resp_id": torch.from_numpy(resp), "attn_mask": mask}
+
+
+def packed_batches(pairs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], order: Sequence[int], seq_len: int,
+                   rows_per_batch: int, *, packed: bool = True, chunk: int = 256) -> Iterator[tuple[dict[str, torch.Tensor], int]]:
+    """(batch, pairs in it) over `order`: packed (pairs best-fit into rows) or padded (two rows per pair,
+    padded to the batch's longest). Pairs are taken `chunk` at a time; a pair that cannot fit is dropped."""
+    order = list(order)
+    for c0 in range(0, len(order), chunk):
+        part = order[c0 : c0 + chunk]
+        if packed:
+            lens = [sum(len(x) for x in pairs[i]) for i in part]
+            rows, _ = pack_items(lens, seq_len)
+            rows = [[part[k] for k in r] for r in rows]
+            for b0 in range(0, len(rows), rows_per_batch):
+                group = rows[b0 : b0 + rows_per_batch]
+                items, n = [], 0
+                for r in group:
+                    row = []
+                    for i in r:
+                        p, c, rj = pairs[i]
+                        row.append((p, [c, rj], [2 * n, 2 * n + 1]))
+                        n += 1
+                    items.append(row)
+                yield build_rows(items, seq_len), n
+        else:
+            keep = [i for i in part if len(pairs[i][0]) + max(len(pairs[i][1]), len(pairs[i][2])) <= seq_len]
+            per = max(1, rows_per_batch // 2)
+            for b0 in range(0, len(keep), per):
+                group = keep[b0 : b0 + per]
+                items = []
+                for n, i in enumerate(group):
+                    p, c, rj = pairs[i]
+                    items += [[(p, [c], [2 * n])], [(p, [rj], [2 * n + 1])]]
+                longest = max(len(pairs[i][0]) + max(len(pairs[i][1]), len(pairs[i][2])) for i in group)
+                yield build_rows(items, longest), len(group)
+
+
+def response_logps(logits: torch.Tensor, batch: Mapping[str, torch.Tensor], n_pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probabilities of each pair's chosen and rejected response: two tensors of shape (n_pairs,)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    rows = torch.arange(logp.shape[0], device=logp.device)[:, None]
+    tok = logp[rows, batch["pred_index"], batch["input_ids"]]  # token i's log-prob at its predicting position
+    rid = batch["resp_id"]
+    mask = rid >= 0
+    sums = torch.zeros(2 * n_pairs, dtype=tok.dtype, device=tok.device).index_add_(0, rid[mask], tok[mask])
+    return sums[0::2], sums[1::2]
+
+
+def dpo_loss(pc: torch.Tensor, pr: torch.Tensor, rc: torch.Tensor, rr: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-pair DPO loss -log σ(β((π_c - ref_c) - (π_r - ref_r))) and the reward margins."""
+    margin = beta * ((pc - rc) - (pr - rr))
+    return -torch.nn.functional.logsigmoid(margin), margin.detach()
