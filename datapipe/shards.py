@@ -187,3 +187,31 @@ def verify_shard(source: str | Path, info: dict[str, Any]) -> None:
     actual = file_sha256(Path(source) / info["path"])
     if actual != info["sha256"]:
         raise ValueError(f"{info['path']}: checksum {actual} differs from the manifest's {info['sha256']}")
+
+
+def link_subset(source: str | Path, keep: list[int], folder: str | Path, *, note: dict[str, Any] | None = None) -> str:
+    """A curated folder holding only shards `keep` of the local output folder `source`: a manifest
+    (totals recomputed) and symbolic links to the shard files and the tokenizer. Used to hold shards
+    out for evaluation without copying them. Returns the folder."""
+    source, folder = Path(str(source).removeprefix("file://")).resolve(), Path(folder)
+    manifest = read_manifest(source)
+    part = [manifest["shards"][i] for i in keep]
+    domains: dict[str, dict[str, int]] = {}
+    for s in part:
+        for d, c in s.get("domains", {}).items():
+            acc = domains.setdefault(d, {"docs": 0, "tokens": 0})
+            acc["docs"] += int(c.get("docs", 0))
+            acc["tokens"] += int(c.get("tokens", 0))
+    for rel in [s["path"] for s in part] + [manifest.get("tokenizer", {}).get("path") or ""]:
+        if rel and (source / rel).exists():
+            link = folder / rel
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(source / rel)
+    subset = {**manifest, "shards": part, "num_shards": len(part), "domains": dict(sorted(domains.items())),
+              "total_docs": sum(int(s["rows"]) for s in part), "total_tokens": sum(int(s["tokens"]) for s in part),
+              "derived_from": {"source": str(source), **(note or {})}}
+    atomic_write_json(folder / MANIFEST_NAME, subset)
+    return str(folder)
+

@@ -234,29 +234,9 @@ def split_holdout(source: str, n: int, run_dir: Path) -> tuple[str, str]:
         raise ConfigError(f"data.holdout_shards works on local sources only, got source {source!r}; set data.eval_source")
     if n >= len(infos):
         raise ConfigError(f"data.holdout_shards must be less than the source's {len(infos)} shards, got {n!r}")
-    src = Path(source.removeprefix("file://")).resolve()
-    out = []
-    for name, part in (("train", infos[:-n]), ("eval", infos[-n:])):
-        folder = run_dir / "data" / name
-        domains: dict[str, dict[str, int]] = {}
-        for s in part:
-            for d, c in s.get("domains", {}).items():
-                acc = domains.setdefault(d, {"docs": 0, "tokens": 0})
-                acc["docs"] += int(c.get("docs", 0))
-                acc["tokens"] += int(c.get("tokens", 0))
-        for rel in [s["path"] for s in part] + [manifest.get("tokenizer", {}).get("path") or ""]:
-            if not rel or not (src / rel).exists():
-                continue
-            link = folder / rel
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(src / rel)
-        derived = {**manifest, "shards": part, "num_shards": len(part), "domains": domains,
-                   "total_docs": sum(int(s["rows"]) for s in part), "total_tokens": sum(int(s["tokens"]) for s in part),
-                   "derived_from": {"source": str(src), "holdout_shards": n, "part": name}}
-        shards.atomic_write_json(folder / "manifest.json", derived)
-        out.append(str(folder))
+    keep = {"train": list(range(len(infos) - n)), "eval": list(range(len(infos) - n, len(infos)))}
+    out = [shards.link_subset(source, keep[name], run_dir / "data" / name, note={"holdout_shards": n, "part": name})
+           for name in ("train", "eval")]
     return out[0], out[1]
 
 

@@ -16,8 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +24,7 @@ import orjson
 import yaml
 import pyarrow as pa
 
-from scripts.corpus import load_docs
+from scripts.corpus import curate_in_fresh_process, load_docs
 
 from datapipe.config import CurateConfig
 from datapipe.configbase import from_dict
@@ -74,17 +72,7 @@ def run_pipeline(jsonl: Path, out: Path, workers: int, tokenizer: Path | None) -
         "output": {"dir": str(out), "shard_bytes": 32 * 2**20, "keep_work": True},
         "ray": {"num_cpus": workers},
     }
-    code = (
-        "import json,sys,time; from datapipe.config import CurateConfig; from datapipe.configbase import from_dict;"
-        "from datapipe.runner import curate; import datapipe.executors as ex;"
-        "cfg=from_dict(CurateConfig, json.loads(sys.argv[1])); e=ex.RayExecutor(num_cpus=cfg.ray.num_cpus, progress=False);"
-        "t=time.perf_counter(); r=curate(cfg, executor=e, progress=False, log=lambda _: None); dt=time.perf_counter()-t;"
-        "print(json.dumps({'seconds': dt, 'docs': r.manifest['total_docs'], 'tokens': r.manifest['total_tokens'],"
-        "'phases': r.stats['phase_seconds'], 'sha256': [s['sha256'] for s in r.manifest['shards']]}))"
-    )
-    # A fresh process per run: Ray starts with exactly `workers` CPUs, and timings do not share caches.
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], capture_output=True, text=True, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return curate_in_fresh_process(cfg)[0]
 
 
 def raw_encode_seconds(tokenizer_json: str, texts: list[str]) -> float:

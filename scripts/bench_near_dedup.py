@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import orjson
 
-from scripts.corpus import load_docs
+from scripts.corpus import curate_in_fresh_process, load_docs
 from datapipe.synthetic import cluster_pairs, precision_recall, true_pairs
 from stages.minhash import MinHashConfig, shingles
 
@@ -87,24 +86,13 @@ def datapipe_run(jsonl: Path, out: Path, workers: int) -> dict:
         "output": {"dir": str(out), "keep_work": False},
         "ray": {"num_cpus": workers},
     }
-    code = (
-        "import json,sys; from datapipe.config import CurateConfig; from datapipe.configbase import from_dict;"
-        "from datapipe.runner import curate; import datapipe.executors as ex;"
-        "cfg=from_dict(CurateConfig, json.loads(sys.argv[1])); e=ex.RayExecutor(num_cpus=cfg.ray.num_cpus, progress=False);"
-        "r=curate(cfg, executor=e, progress=False, log=lambda _: None);"
-        "print(json.dumps({'phases': r.stats['phase_seconds'], 'minhash': r.stats['global_stages']['minhash'],"
-        "'docs': r.manifest['total_docs'], 'sha256': [s['sha256'] for s in r.manifest['shards']]}))"
-    )
     with PeakRSS() as mem:
-        proc = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+        r, _ = curate_in_fresh_process(cfg)
     p = r["phases"]
     # the near-dedup stage: signatures + keys (seg0, which has no other stage here), the resolve
     # (edges, rounds, keep rule) and applying its drops (seg1)
     seconds = p["seg0"] + p["minhash_resolve"] + p["seg1"]
-    return {"seconds": round(seconds, 2), "phases": p, "summary": r["minhash"], "docs_kept": r["docs"],
+    return {"seconds": round(seconds, 2), "phases": p, "summary": r["global_stages"]["minhash"], "docs_kept": r["docs"],
             "peak_worker_rss_mb": round(mem.peak_kb / 1024, 1), "sha256": r["sha256"]}
 
 

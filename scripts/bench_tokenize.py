@@ -28,8 +28,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +36,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from scripts.corpus import load_docs
+from scripts.corpus import curate_in_fresh_process, load_docs
 import xxhash
 
 VOCAB = 32000
@@ -129,20 +127,8 @@ def run_pipeline(jsonl: Path, out: Path, workers: int, tokenizer: Path, encoder:
         "output": {"dir": str(out), "shard_bytes": 32 * 2**20},
         "ray": {"num_cpus": workers},
     }
-    code = (
-        "import json,sys,time; from datapipe.config import CurateConfig; from datapipe.configbase import from_dict;"
-        "from datapipe.runner import curate; import datapipe.executors as ex;"
-        "cfg=from_dict(CurateConfig, json.loads(sys.argv[1])); e=ex.RayExecutor(num_cpus=cfg.ray.num_cpus, progress=False);"
-        "t=time.perf_counter(); r=curate(cfg, executor=e, progress=False, log=lambda _: None); dt=time.perf_counter()-t;"
-        "print(json.dumps({'seconds': dt, 'docs': r.manifest['total_docs'], 'tokens': r.manifest['total_tokens'],"
-        "'phases': r.stats['phase_seconds'], 'sha256': [s['sha256'] for s in r.manifest['shards']]}))"
-    )
-    # A fresh process per run: Ray starts with exactly `workers` CPUs, and timings share no caches.
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"curate failed ({encoder}, {workers} workers):\n{proc.stderr[-4000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["warnings"] = [line for line in proc.stderr.splitlines() if "encoding with" in line or "fast encoder" in line][:5]
+    result, stderr = curate_in_fresh_process(cfg)
+    result["warnings"] = [line for line in stderr.splitlines() if "encoding with" in line or "fast encoder" in line][:5]
     return result
 
 

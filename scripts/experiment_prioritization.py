@@ -24,30 +24,6 @@ from datapipe.plots import read_metrics
 from datapipe.trainer import load_train_config, train
 
 
-def derive(source: Path, keep: list[int], folder: Path, tag: str) -> str:
-    """A curated folder holding only shards `keep` of `source` (manifest + symbolic links)."""
-    manifest = shards.read_manifest(str(source))
-    part = [manifest["shards"][i] for i in keep]
-    domains: dict[str, dict[str, int]] = {}
-    for s in part:
-        for d, c in s.get("domains", {}).items():
-            acc = domains.setdefault(d, {"docs": 0, "tokens": 0})
-            acc["docs"] += int(c.get("docs", 0))
-            acc["tokens"] += int(c.get("tokens", 0))
-    for rel in [s["path"] for s in part] + [manifest.get("tokenizer", {}).get("path") or ""]:
-        if rel and (source / rel).exists():
-            link = folder / rel
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to((source / rel).resolve())
-    shards.atomic_write_json(folder / "manifest.json", {
-        **manifest, "shards": part, "num_shards": len(part), "domains": domains,
-        "total_docs": sum(int(s["rows"]) for s in part), "total_tokens": sum(int(s["tokens"]) for s in part),
-        "derived_from": {"source": str(source), "part": tag}})
-    return str(folder)
-
-
 def prepare(corpus: str, folder: Path) -> None:
     """The experiment's curated folder from the shared corpus (see the usage line); about a minute."""
     import gzip
@@ -113,8 +89,8 @@ def main() -> None:
     manifest = shards.read_manifest(str(source))
     heldout = held_out(manifest)
     train_ix = [i for i in range(len(manifest["shards"])) if i not in heldout]
-    train_src = derive(source, train_ix, out / "data" / "train", "train")
-    eval_src = derive(source, heldout, out / "data" / "eval", "eval")
+    train_src = shards.link_subset(source, train_ix, out / "data" / "train", note={"part": "train"})
+    eval_src = shards.link_subset(source, heldout, out / "data" / "eval", note={"part": "eval"})
     print(f"train shards {train_ix}, held-out shards {heldout}")
 
     arms = {"uniform": ["data.prioritize.enabled=false"], "prioritized": ["data.prioritize.enabled=true"]}
