@@ -54,6 +54,7 @@ import copy
 import hashlib
 import math
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -671,6 +672,13 @@ class PackedLoader:
             prioritize=prio.Prioritize.from_value(prioritize),
         )
         self._predictor = prio.LossPredictor(self._cfg.prioritize) if self._cfg.prioritize else None
+        # Loss reports queue here and the predictor learns them in order, up to a point fixed by the
+        # batch count (`_learn_until`): then a prefetch thread running ahead of the trainer cannot
+        # change which documents are kept.
+        self._reports = threading.Condition()
+        self._n_reports = 0  # report_losses calls so far
+        self._applied = 0  # of them, learnt by the predictor
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []  # reported, not yet learnt
         self._reader = _Reader(self.source, layout, cache_shards)
         planner = _Planner(self._cfg, layout, self._reader)
         if int(self.manifest.get("total_docs", 0)) < world_size:
@@ -687,7 +695,10 @@ class PackedLoader:
             # prioritization: every `refresh` served batches the planner gets the live predictor, and the
             # batch source restarts from the current state (the planner is a pure function of its state)
             if pcfg and self._stats["batches"] % pcfg.refresh == 0:
-                self._planner_state = {**self._planner_state, "predictor": self._predictor.snapshot()}
+                self._learn_until(self._stats["batches"] - pcfg.lag)
+                with self._reports:
+                    snapshot = self._predictor.snapshot()
+                self._planner_state = {**self._planner_state, "predictor": snapshot}
             served = 0
             for batch in self._iter_source():
                 yield batch
@@ -698,6 +709,21 @@ class PackedLoader:
                 return
             if not served:
                 return
+
+    def _learn_until(self, n: int, timeout_s: float = 600.0) -> None:
+        """Teach the predictor exactly the first `n` loss reports, waiting for them to arrive."""
+        with self._reports:
+            if n <= self._applied:
+                return
+            if not self._reports.wait_for(lambda: self._n_reports >= n, timeout=timeout_s):
+                raise RuntimeError(
+                    f"prioritize: batch {self._stats['batches']} needs the first {n} loss reports, but "
+                    f"{self._n_reports} came in {timeout_s:.0f} s; call report_losses once per batch"
+                )
+            todo, self._pending = self._pending[: n - self._applied], self._pending[n - self._applied :]
+            for feats, means in todo:
+                self._predictor.update(feats, means)
+            self._applied = n
 
     def _iter_source(self) -> Iterator[dict[str, torch.Tensor]]:
         if self.num_workers == 0:
@@ -733,8 +759,13 @@ class PackedLoader:
             "planner": copy.deepcopy(self._planner_state),
             "stats": {**self._stats, "domain_tokens": dict(self._stats["domain_tokens"])},
             "losses": [[doc, v[0], int(v[1])] for doc, v in self._losses.items()],
-            **({"predictor": self._predictor.state_dict()} if self._predictor else {}),
+            **({"predictor": self._predictor_state()} if self._predictor else {}),
         }
+
+    def _predictor_state(self) -> dict[str, Any]:
+        with self._reports:
+            return {"model": self._predictor.state_dict(), "applied": self._applied, "reports": self._n_reports,
+                    "pending": [[f.tolist(), m.tolist()] for f, m in self._pending]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
@@ -755,8 +786,15 @@ class PackedLoader:
         self._losses = OrderedDict((int(doc), [float(v), int(n)]) for doc, v, n in state.get("losses", []))
         if self._predictor is not None:
             self._predictor = prio.LossPredictor(self._cfg.prioritize)
-            if "predictor" in state:
-                self._predictor.load_state_dict(state["predictor"])
+            saved = state.get("predictor")
+            with self._reports:
+                self._applied = self._n_reports = 0
+                self._pending = []
+                if saved:
+                    self._predictor.load_state_dict(saved["model"])
+                    self._applied, self._n_reports = int(saved["applied"]), int(saved["reports"])
+                    self._pending = [(np.array(f, dtype=np.float64), np.array(m, dtype=np.float64))
+                                     for f, m in saved["pending"]]
 
     # -- observability and feedback ---------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -804,7 +842,11 @@ class PackedLoader:
         uniq, inv = np.unique(ids, return_inverse=True)
         means = np.bincount(inv, weights=vals) / np.bincount(inv)
         if self._predictor is not None:
-            self._predictor.update(self._reader.features(uniq.tolist(), self._cfg.prioritize), means)
+            feats = np.asarray(self._reader.features(uniq.tolist(), self._cfg.prioritize), dtype=np.float64)
+            with self._reports:
+                self._pending.append((feats, means))
+                self._n_reports += 1
+                self._reports.notify_all()
         if not self.loss_memory:
             return
         for doc, loss in zip(uniq.tolist(), means.tolist()):

@@ -31,11 +31,12 @@ document again as a candidate). Until the predictor has `min_reports` documents,
 uniform random subset. Selection happens before packing: the packer only sees kept documents.
 
 Determinism and resume. The planner uses a *snapshot* of the predictor (a few floats in the planner
-state); the loader replaces it with the live predictor every `refresh` batches (counted in served
-batches, part of the state). The batch sequence is therefore a pure function of the state and of
-the losses reported before each refresh point, and a resumed loader continues bitwise (tested). With
-a prefetch thread (the trainer's), how many reports precede a refresh depends on timing, so two fresh
-runs can differ in which documents are kept, never in the invariants.
+state), renewed every `refresh` served batches. The snapshot taken at served batch b has learnt
+exactly the first b - `lag` loss reports: the loader queues reports and, at a refresh point, waits
+for the ones it needs and learns no others. So a prefetch thread running ahead of the trainer
+(by fewer than `lag` batches) cannot change which documents are kept. The batch sequence is a pure
+function of the seed and the reported losses; two runs agree and a resumed run continues bitwise,
+with or without prefetch (tested). The queued reports are part of the state.
 """
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ class Prioritize:
     min_reports: int = 64  # documents reported before predictions are used
     forget: float = 0.999  # RLS forgetting factor per reported document
     refresh: int = 10  # batches between predictor snapshots handed to the planner
+    lag: int = 8  # the snapshot taken at served batch b has learnt exactly the first b - lag loss reports
     ref_tokens: int = 1_000_000  # tokens of the unigram reference table
     rare_count: int = 2  # a token is rare when its reference count is at most this
 
     def __post_init__(self) -> None:
-        for name, low in (("pool", 1), ("min_reports", 0), ("refresh", 1), ("ref_tokens", 1), ("rare_count", 0)):
+        for name, low in (("pool", 1), ("min_reports", 0), ("refresh", 1), ("lag", 0), ("ref_tokens", 1), ("rare_count", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 raise ValueError(f"prioritize.{name} must be an integer ≥ {low}, got {value!r}")

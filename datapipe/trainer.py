@@ -92,6 +92,7 @@ class PrioritizeConfig:
     min_reports: int = note(64, help="documents with reported losses before predictions are used")
     forget: float = note(0.999, help="RLS forgetting factor per reported document")
     refresh: int = note(10, help="batches between predictor snapshots handed to the loader's planner")
+    lag: int = note(8, help="the snapshot at batch b has learnt exactly the losses of the first b - lag batches (> prefetch.depth)")
 
     def __post_init__(self) -> None:
         try:
@@ -100,7 +101,7 @@ class PrioritizeConfig:
             raise ConfigError(str(exc).replace("prioritize.", "")) from None
 
     def build(self) -> Prioritize | None:
-        fields = {k: getattr(self, k) for k in ("pool", "keep", "temperature", "floor", "min_reports", "forget", "refresh")}
+        fields = {k: getattr(self, k) for k in ("pool", "keep", "temperature", "floor", "min_reports", "forget", "refresh", "lag")}
         built = Prioritize(**fields)  # validates the fields even when disabled
         return built if self.enabled else None
 

@@ -106,18 +106,22 @@ def test_prioritize_errors_name_the_field():
         Prioritize.from_value({"pools": 3})
 
 
-def test_trainer_with_prioritization_resumes_exactly(tmp_path):
-    """Without the prefetch thread the reports reach the loader in a fixed order, so a run split at step 5
-    (a refresh point falls in between) equals a straight run bitwise."""
+@pytest.mark.parametrize("prefetch", ["false", "true"])
+def test_trainer_with_prioritization_resumes_exactly(tmp_path, prefetch):
+    """The predictor learns the loss reports up to a point fixed by the batch count (`lag`), so with or
+    without the prefetch thread running ahead, a run split at step 5 (refresh points fall on both sides)
+    equals a straight run bitwise, and two fresh runs agree."""
     from tests.datapipe.test_trainer import tiny_cfg, write_source
     from datapipe.trainer import train
 
     src = write_source(tmp_path / "src")
     sets = ["data.prioritize.enabled=true", "data.prioritize.pool=4", "data.prioritize.min_reports=4",
-            "data.prioritize.refresh=2", "prefetch.enabled=false"]
+            "data.prioritize.refresh=2", "data.prioritize.lag=3", f"prefetch.enabled={prefetch}"]
     straight = train(tiny_cfg(src, tmp_path / "a", *sets))
+    again = train(tiny_cfg(src, tmp_path / "c", *sets))
+    assert again["params_sha256"] == straight["params_sha256"]
     train(tiny_cfg(src, tmp_path / "b", "train.stop_at=5", *sets))
     rest = train(tiny_cfg(src, tmp_path / "b", *sets), resume=True)
     assert rest["params_sha256"] == straight["params_sha256"]
     ckpt = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
-    assert ckpt["loaders"][0]["predictor"]["n"] > 4 and ckpt["loaders"][0]["planner"]["predictor"] is not None
+    assert ckpt["loaders"][0]["predictor"]["model"]["n"] > 4 and ckpt["loaders"][0]["planner"]["predictor"] is not None
