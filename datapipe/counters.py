@@ -11,9 +11,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-FUNNEL_FIELDS = ("docs_in", "docs_out", "bytes_in", "bytes_out")
-
-
 class Counters:
     def __init__(self) -> None:
         # (stage, domain) -> [docs_in, docs_out, bytes_in, bytes_out]

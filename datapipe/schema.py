@@ -51,9 +51,5 @@ def unit_of(order: int) -> int:
     return order >> ROW_BITS
 
 
-def empty_docs() -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([], schema=DOC_SCHEMA)
-
-
 def empty_dropped() -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=DROPPED_SCHEMA)

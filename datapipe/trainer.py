@@ -31,6 +31,7 @@ prefetched ones) and RNG states, all plain tensors/dicts/lists: they load with `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -85,14 +86,14 @@ class ScheduleConfig:
 @dataclass(frozen=True, kw_only=True)
 class PrioritizeConfig:
     enabled: bool = note(False, help="loss-aware document selection (datapipe/prioritize.py): keep the documents predicted hardest")
-    pool: int = note(32, help="candidate documents per selection")
-    keep: float = note(0.5, help="fraction of each pool kept; the rest are skipped this pass")
-    temperature: float = note(0.3, help="softmax temperature over predicted losses, in nats (lower = greedier)")
-    floor: float = note(0.2, help="weight of the uniform distribution in the selection probabilities (nothing starves)")
-    min_reports: int = note(64, help="documents with reported losses before predictions are used")
-    forget: float = note(0.999, help="RLS forgetting factor per reported document")
-    refresh: int = note(10, help="batches between predictor snapshots handed to the loader's planner")
-    lag: int = note(8, help="the snapshot at batch b has learnt exactly the losses of the first b - lag batches (> prefetch.depth)")
+    pool: int = note(Prioritize.pool, help="candidate documents per selection")
+    keep: float = note(Prioritize.keep, help="fraction of each pool kept; the rest are skipped this pass")
+    temperature: float = note(Prioritize.temperature, help="softmax temperature over predicted losses, in nats (lower = greedier)")
+    floor: float = note(Prioritize.floor, help="weight of the uniform distribution in the selection probabilities (nothing starves)")
+    min_reports: int = note(Prioritize.min_reports, help="documents with reported losses before predictions are used")
+    forget: float = note(Prioritize.forget, help="RLS forgetting factor per reported document")
+    refresh: int = note(Prioritize.refresh, help="batches between predictor snapshots handed to the loader's planner")
+    lag: int = note(Prioritize.lag, help="the snapshot at batch b has learnt exactly the losses of the first b - lag batches (> prefetch.depth)")
 
     def __post_init__(self) -> None:
         try:
@@ -101,7 +102,7 @@ class PrioritizeConfig:
             raise ConfigError(str(exc).replace("prioritize.", "")) from None
 
     def build(self) -> Prioritize | None:
-        fields = {k: getattr(self, k) for k in ("pool", "keep", "temperature", "floor", "min_reports", "forget", "refresh", "lag")}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "enabled"}
         built = Prioritize(**fields)  # validates the fields even when disabled
         return built if self.enabled else None
 

@@ -198,9 +198,6 @@ def partition_of(values: np.ndarray, partitions: int) -> np.ndarray:
         return (_fmix(values.astype(_U64), 64) % _U64(partitions)).astype(np.uint32)
 
 
-BUCKET_FIELDS = ["partition", "band", "bucket", "order"]
-
-
 class MinHashStage:
     """The map side of near-dedup: signatures and bucket keys for each document of a batch."""
 
