@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from datapipe.configbase import ConfigError
+from datapipe.core.config import ConfigError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,18 +73,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from datapipe.trainer import load_train_config, train
+    from datapipe.train.config import load_train_config
+    from datapipe.train.loop import train
+
+    from datapipe.curate.preferences import default_preference_set
 
     cfg = load_train_config(args.config, args.overrides, data=args.data, output=args.output)
-    train(cfg, resume=args.resume)
+    train(cfg, resume=args.resume, default_preferences=default_preference_set)
     return 0
 
 
 def cmd_curate_preferences(args: argparse.Namespace) -> int:
     import yaml
 
-    from datapipe.configbase import apply_override, from_dict
-    from datapipe.preference import PreferenceConfig, curate_preferences
+    from datapipe.core.config import apply_override, from_dict
+    from datapipe.curate.preferences import PreferenceConfig, curate_preferences
 
     try:
         raw = yaml.safe_load(Path(args.config).read_text()) or {}
@@ -106,15 +109,15 @@ def cmd_curate_preferences(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from datapipe.plots import plot_run
+    from datapipe.inspect.plots import plot_run
 
     print(f"wrote {plot_run(args.run_dir)}")
     return 0
 
 
 def cmd_curate(args: argparse.Namespace) -> int:
-    from datapipe.config import load_config
-    from datapipe.runner import curate
+    from datapipe.curate.config import load_config
+    from datapipe.curate.runner import curate
 
     cfg = load_config(args.config, args.overrides, inputs=args.input, output=args.output, ray_address=args.ray_address)
     _report(curate(cfg, executor=_executor(args), progress=not args.no_progress))
@@ -125,13 +128,13 @@ def _executor(args: argparse.Namespace):
     """None lets the runner start Ray from the config; 'local' runs in this process."""
     if args.executor != "local":
         return None
-    from datapipe.executors import make_executor
+    from datapipe.curate.executors import make_executor
 
     return make_executor("local", None, num_cpus=None, max_retries=0, progress=not args.no_progress)
 
 
 def _report(result) -> None:
-    from datapipe.report import format_funnel
+    from datapipe.inspect.report import format_funnel
 
     print(format_funnel(result.stats))
     m = result.manifest
@@ -140,21 +143,23 @@ def _report(result) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from datapipe import embedded
-    from datapipe.config import load_config
+    from datapipe.curate import embedded
+    from datapipe.curate.config import load_config
 
     paths = embedded.prepare(args.man_pages)
-    recipe = Path(__file__).with_name("recipes") / "embedded.yaml"
+    recipe = Path(__file__).parent / "curate" / "recipes" / "embedded.yaml"
     inputs_override = [f"inputs=[{', '.join(_input_yaml(d, p) for d, p in paths.items())}]"]
     cfg = load_config(recipe, inputs_override + args.overrides, output=args.output, ray_address=args.ray_address)
-    from datapipe.runner import curate
+    from datapipe.curate.runner import curate
 
     result = curate(cfg, executor=_executor(args), progress=not args.no_progress)
     if args.train_steps <= 0:
         _report(result)
     else:  # train the tiny model on what was just curated, then show the full stats
-        from datapipe import shards, stats
-        from datapipe.trainer import load_train_config, train
+        from datapipe.core import shards
+        from datapipe.inspect import stats
+        from datapipe.train.config import load_train_config
+        from datapipe.train.loop import train
 
         recipe = Path(__file__).resolve().parents[1] / "configs" / "train-tiny.yaml"
         steps = args.train_steps
@@ -166,7 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  data=args.output, output=str(run_dir))
         print(f"\ntraining a tiny GPT for {steps} steps on {args.output} -> {tcfg.train.output}")
         train(tcfg)
-        from datapipe.plots import plot_run
+        from datapipe.inspect.plots import plot_run
 
         print(f"wrote {plot_run(tcfg.train.output)}\n")
         print(stats.render_text(stats.collect(args.output)))
@@ -178,8 +183,8 @@ def _input_yaml(domain: str, path: Path) -> str:
 
 
 def cmd_config_reference(_: argparse.Namespace) -> int:
-    from datapipe.config import CurateConfig
-    from datapipe.configbase import help_lines
+    from datapipe.curate.config import CurateConfig
+    from datapipe.core.config import help_lines
 
     print("\n".join(help_lines(CurateConfig)))
     return 0
@@ -188,7 +193,7 @@ def cmd_config_reference(_: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     import json
 
-    from datapipe import stats
+    from datapipe.inspect import stats
 
     if args.why is not None:
         info = stats.why(args.output, args.why)

@@ -26,9 +26,9 @@ import pyarrow as pa
 
 from scripts.corpus import curate_in_fresh_process, load_docs
 
-from datapipe.config import CurateConfig
-from datapipe.configbase import from_dict
-from datapipe.schema import DOC_SCHEMA
+from datapipe.curate.config import CurateConfig
+from datapipe.core.config import from_dict
+from datapipe.core.schema import DOC_SCHEMA
 from stages.base import FilterStage
 from stages.exact_dedup import ExactDedupConfig, ExactDedupStage
 from stages.normalize import NormalizeConfig, NormalizeStage

@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from datapipe.schema import DOC_SCHEMA
+from datapipe.core.schema import DOC_SCHEMA
 from stages import diversity
 from stages.langid import LangIdConfig, LangIdStage
 from stages.tokenize import TokenizerConfig, TokenizerTrainConfig, train_tokenizer

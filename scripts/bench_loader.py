@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import yaml
 
-from datapipe import shards
+from datapipe.core import shards
 from datapipe.loader import PackedLoader
 
 

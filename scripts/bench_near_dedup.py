@@ -25,7 +25,7 @@ from pathlib import Path
 import orjson
 
 from scripts.corpus import curate_in_fresh_process, load_docs
-from datapipe.synthetic import cluster_pairs, precision_recall, true_pairs
+from datapipe.testing.synthetic import cluster_pairs, precision_recall, true_pairs
 from stages.minhash import MinHashConfig, shingles
 
 MINHASH = {"enabled": True, "threshold": 0.8, "num_perm": 128, "ngram": 5}
@@ -97,10 +97,10 @@ def datapipe_run(jsonl: Path, out: Path, workers: int) -> dict:
 
 
 def license_clusters(docs: list[dict], tmp: Path) -> dict:
-    from datapipe.executors import LocalExecutor
-    from datapipe.config import CurateConfig
-    from datapipe.configbase import from_dict
-    from datapipe.runner import curate
+    from datapipe.curate.executors import LocalExecutor
+    from datapipe.curate.config import CurateConfig
+    from datapipe.core.config import from_dict
+    from datapipe.curate.runner import curate
     import pyarrow.parquet as pq
 
     lic = [d for d in docs if d["domain"] == "license"]

@@ -21,8 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datapipe.model import GPT, ModelConfig
-from datapipe.preference import dpo_loss, packed_batches, passage_pairs, response_logps
+from datapipe.train.model import GPT, ModelConfig
+from datapipe.curate.preferences import passage_pairs
+from datapipe.loader.preference_packing import packed_batches
+from datapipe.train.dpo import dpo_loss, response_logps
 
 TOKENIZER = str(Path(__file__).resolve().parents[1] / "tokenizers" / "quickstart" / "tokenizer.json")
 

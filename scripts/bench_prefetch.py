@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from datapipe.trainer import load_train_config, train
+from datapipe.train.config import load_train_config
+from datapipe.train.loop import train
 
 
 def run(data: str, out: Path, steps: int, delay: float, enabled: bool, extra: list[str]) -> dict:

@@ -27,8 +27,8 @@ def load_docs(corpus: str | Path = DEFAULT, limit: int | None = None) -> list[di
 
 
 _CURATE = (
-    "import json,sys,time; from datapipe.config import CurateConfig; from datapipe.configbase import from_dict;"
-    "from datapipe.runner import curate; import datapipe.executors as ex;"
+    "import json,sys,time; from datapipe.curate.config import CurateConfig; from datapipe.core.config import from_dict;"
+    "from datapipe.curate.runner import curate; import datapipe.curate.executors as ex;"
     "cfg=from_dict(CurateConfig, json.loads(sys.argv[1])); e=ex.RayExecutor(num_cpus=cfg.ray.num_cpus, progress=False);"
     "t=time.perf_counter(); r=curate(cfg, executor=e, progress=False, log=lambda _: None); dt=time.perf_counter()-t;"
     "print(json.dumps({'seconds': dt, 'docs': r.manifest['total_docs'], 'tokens': r.manifest['total_tokens'],"

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from datapipe import shards
-from datapipe.plots import read_metrics
-from datapipe.trainer import load_train_config, train
+from datapipe.core import shards
+from datapipe.inspect.plots import read_metrics
+from datapipe.train.config import load_train_config
+from datapipe.train.loop import train
 
 
 def prepare(corpus: str, folder: Path) -> None:

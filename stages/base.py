@@ -18,7 +18,7 @@ from typing import ClassVar, Protocol, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datapipe.schema import DROPPED_SCHEMA
+from datapipe.core.schema import DROPPED_SCHEMA
 
 
 @dataclass(frozen=True)

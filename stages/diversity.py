@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from datapipe.configbase import check, note
+from datapipe.core.config import check, note
 
 
 @dataclass(frozen=True, kw_only=True)

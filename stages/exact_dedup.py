@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from datapipe.configbase import check, note
+from datapipe.core.config import check, note
 
 KEY_SCHEMA = pa.schema(
     [("hash", pa.binary(16)), ("partition", pa.uint32()), ("order", pa.int64()), ("id", pa.string())]

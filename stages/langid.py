@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from datapipe.configbase import check, note
+from datapipe.core.config import check, note
 from stages.base import StageResult, split_by_reasons
 
 

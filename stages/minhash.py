@@ -38,7 +38,7 @@ from datasketch import MinHash
 from datasketch.lsh import _optimal_param
 from datasketch.minhash import _fmix
 
-from datapipe.configbase import check, note
+from datapipe.core.config import check, note
 
 _POLY = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier for combining unit hashes into a shingle hash
 _U64 = np.uint64

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 import xxhash
 
-from datapipe.configbase import ConfigError, check, note
+from datapipe.core.config import ConfigError, check, note
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,7 +10,7 @@ import unicodedata
 
 import pyarrow as pa
 
-from datapipe.configbase import note
+from datapipe.core.config import note
 from stages.base import StageResult, split_by_reasons
 
 @dataclass(frozen=True, kw_only=True)

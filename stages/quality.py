@@ -79,7 +79,7 @@ from itertools import accumulate, compress, count, repeat
 from operator import add, mul
 from typing import Any, ClassVar, Iterator
 
-from datapipe.configbase import ConfigError, check, from_dict, note
+from datapipe.core.config import ConfigError, check, from_dict, note
 from stages.base import DocumentFilter
 
 # A word (letters/digits/underscore, optionally joined by - ' ’ .) or a run of other symbols.

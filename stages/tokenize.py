@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from datapipe.configbase import ConfigError, check, note
+from datapipe.core.config import ConfigError, check, note
 from stages.fast_bpe import FastEncoder, Mismatch, compare, reference_tokenizer, try_compile
 
 log = logging.getLogger(__name__)

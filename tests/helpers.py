@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from datapipe.config import CurateConfig
-from datapipe.configbase import from_dict
+from datapipe.curate.config import CurateConfig
+from datapipe.core.config import from_dict
 
 ASSETS = Path(__file__).parent / "assets"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from datapipe import embedded
+from datapipe.curate import embedded
 from datapipe.cli import main
-from datapipe.shards import read_manifest
+from datapipe.core.shards import read_manifest
 
 
 def test_run_curates_the_embedded_corpus(tmp_path, monkeypatch, capsys):

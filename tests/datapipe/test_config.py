@@ -1,7 +1,7 @@
 import pytest
 
-from datapipe.config import CurateConfig, config_hash, diff_configs, load_config, result_affecting
-from datapipe.configbase import ConfigError, from_dict, help_lines
+from datapipe.curate.config import CurateConfig, config_hash, diff_configs, load_config, result_affecting
+from datapipe.core.config import ConfigError, from_dict, help_lines
 
 
 def write(tmp_path, text):

@@ -21,10 +21,10 @@ import pyarrow as pa
 import pytest
 import torch
 
-from datapipe import shards
+from datapipe.core import shards
 from datapipe.loader import PackedLoader
-from datapipe.packing import block_causal_mask
-from datapipe.schedule import Curriculum, MixtureSchedule, Phase
+from datapipe.loader.packing import block_causal_mask
+from datapipe.loader.schedule import Curriculum, MixtureSchedule, Phase
 
 STRIDE = 10_000
 EOS = 0
@@ -333,8 +333,8 @@ def test_resume_on_1000_shards_reads_only_the_shards_it_needs(tmp_path, monkeypa
 
 def test_curated_shards_boundaries_come_from_the_rows(tmp_path, slice_input):
     from helpers import small_config
-    from datapipe.executors import LocalExecutor
-    from datapipe.runner import curate
+    from datapipe.curate.executors import LocalExecutor
+    from datapipe.curate.runner import curate
 
     out = tmp_path / "out"
     curate(small_config(out, [slice_input]), executor=LocalExecutor(), progress=False, log=lambda _: None)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datapipe.configbase import ConfigError
-from datapipe.model import GPT, ModelConfig, token_losses
-from datapipe.packing import IGNORE_INDEX
+from datapipe.core.config import ConfigError
+from datapipe.train.model import GPT, ModelConfig, token_losses
+from datapipe.loader.packing import IGNORE_INDEX
 
 TOL = 1e-5  # fp32 on CPU: the packed and separate computations differ only by summation order
 

@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import ASSETS, small_config
-from datapipe.executors import LocalExecutor, RayExecutor
-from datapipe.runner import curate
-from datapipe.shards import read_manifest
-from datapipe.synthetic import MUTATIONS, cluster_pairs, mutate, precision_recall, true_pairs
+from datapipe.curate.executors import LocalExecutor, RayExecutor
+from datapipe.curate.runner import curate
+from datapipe.core.shards import read_manifest
+from datapipe.testing.synthetic import MUTATIONS, cluster_pairs, mutate, precision_recall, true_pairs
 from stages.minhash import MinHashConfig
 
 

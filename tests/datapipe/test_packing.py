@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from datapipe.packing import (
+from datapipe.loader.packing import (
     IGNORE_INDEX,
     BFDPacker,
     Piece,

@@ -13,10 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from datapipe import shards
-from datapipe.model import GPT, ModelConfig
-from datapipe.preference import (PreferenceConfig, build_rows, curate_preferences, dpo_loss, load_pairs, pack_items,
-                                 packed_batches, render_prompt, response_logps)
+from datapipe.core import shards
+from datapipe.train.model import GPT, ModelConfig
+from datapipe.curate.preferences import PreferenceConfig, curate_preferences, render_prompt
+from datapipe.loader.preference_packing import build_rows, load_pairs, pack_items, packed_batches
+from datapipe.train.dpo import dpo_loss, response_logps
 
 TOKENIZER = str(Path(__file__).resolve().parents[2] / "tokenizers" / "quickstart" / "tokenizer.json")
 
@@ -112,7 +113,7 @@ def test_curate_preferences_jsonl_chat_and_parquet(tmp_path):
 
 
 def test_dpo_gradient_is_the_mean_over_all_pairs_of_the_step_whatever_the_split():
-    from datapipe.dpo import backward_step
+    from datapipe.train.dpo import backward_step
 
     torch.manual_seed(1)
     cfg = ModelConfig(vocab_size=97, n_layer=1, n_head=2, d_model=32, max_seq_len=64, attention="sdpa")
@@ -131,7 +132,8 @@ def test_dpo_gradient_is_the_mean_over_all_pairs_of_the_step_whatever_the_split(
 
 
 def test_train_dpo_end_to_end_on_curated_pairs(tmp_path):
-    from datapipe.trainer import load_train_config, train
+    from datapipe.train.config import load_train_config
+    from datapipe.train.loop import train
 
     rng = np.random.default_rng(0)
     words = "the a data model train loss token shard packed prompt reply good bad".split()

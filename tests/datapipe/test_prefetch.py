@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from datapipe.prefetch import Prefetcher
+from datapipe.train.prefetch import Prefetcher
 
 
 class SlowSource:

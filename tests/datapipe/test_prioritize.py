@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from datapipe.loader import PackedLoader
-from datapipe.prioritize import FEATURES, LossPredictor, Prioritize, predict, select, selection_probs
+from datapipe.loader.prioritize import FEATURES, LossPredictor, Prioritize, predict, select, selection_probs
 from tests.datapipe.test_loader import check_batch, mixed_shards, write_source
 
 KW = dict(seq_len=64, batch_size=3, seed=3, epochs=None, lookahead=12, shuffle_window=20, max_open_bins=4)
@@ -112,7 +112,7 @@ def test_trainer_with_prioritization_resumes_exactly(tmp_path, prefetch):
     without the prefetch thread running ahead, a run split at step 5 (refresh points fall on both sides)
     equals a straight run bitwise, and two fresh runs agree."""
     from tests.datapipe.test_trainer import tiny_cfg, write_source
-    from datapipe.trainer import train
+    from datapipe.train.loop import train
 
     src = write_source(tmp_path / "src")
     sets = ["data.prioritize.enabled=true", "data.prioritize.pool=4", "data.prioritize.min_reports=4",

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from helpers import ASSETS, small_config
-from datapipe.executors import LocalExecutor, RayExecutor
-from datapipe.runner import curate
-from datapipe.schema import empty_dropped
-from datapipe.shards import read_manifest
+from datapipe.curate.executors import LocalExecutor, RayExecutor
+from datapipe.curate.runner import curate
+from datapipe.core.schema import empty_dropped
+from datapipe.core.shards import read_manifest
 from stages.base import StageResult
 
 

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from datapipe.config import InputConfig, ReadConfig
-from datapipe.readers import InputError, InputUnit, Quarantined, plan_units, read_unit
-from datapipe.schema import DOC_SCHEMA, order_key
+from datapipe.curate.config import InputConfig, ReadConfig
+from datapipe.curate.readers import InputError, InputUnit, Quarantined, plan_units, read_unit
+from datapipe.core.schema import DOC_SCHEMA, order_key
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 READ = ReadConfig()

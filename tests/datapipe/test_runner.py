@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import ASSETS, small_config
-from datapipe.configbase import ConfigError
-from datapipe.executors import LocalExecutor
-from datapipe.runner import RunConflict, curate
-from datapipe.shards import open_shard, read_manifest, verify_shard
+from datapipe.core.config import ConfigError
+from datapipe.curate.executors import LocalExecutor
+from datapipe.curate.runner import RunConflict, curate
+from datapipe.core.shards import open_shard, read_manifest, verify_shard
 from stages.base import StageResult
 
 
@@ -202,7 +202,7 @@ class CrashAfter:
         self.n -= 1
         if self.n < 0:
             raise _Interrupt("killed")
-        from datapipe.schema import empty_dropped
+        from datapipe.core.schema import empty_dropped
 
         return StageResult(batch, empty_dropped())
 

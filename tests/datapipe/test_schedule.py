@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from datapipe.schedule import Curriculum, DeficitSampler, MixtureSchedule, Phase
+from datapipe.loader.schedule import Curriculum, DeficitSampler, MixtureSchedule, Phase
 
 
 def close(a: dict, b: dict) -> bool:

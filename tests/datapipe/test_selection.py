@@ -7,9 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from helpers import ASSETS, small_config
-from datapipe.executors import LocalExecutor
-from datapipe.runner import curate
-from datapipe.shards import open_shard, read_manifest
+from datapipe.curate.executors import LocalExecutor
+from datapipe.curate.runner import curate
+from datapipe.core.shards import open_shard, read_manifest
 
 
 def _inputs(tmp_path):

@@ -12,11 +12,11 @@ import pyarrow.compute as pc
 import pytest
 
 from helpers import ASSETS, small_config
-from datapipe import stats
+from datapipe.inspect import stats
 from datapipe.cli import main
-from datapipe.executors import LocalExecutor
-from datapipe.runner import curate
-from datapipe.shards import atomic_write_json, build_manifest, read_manifest, read_table, write_manifest, write_shard
+from datapipe.curate.executors import LocalExecutor
+from datapipe.curate.runner import curate
+from datapipe.core.shards import atomic_write_json, build_manifest, read_manifest, read_table, write_manifest, write_shard
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

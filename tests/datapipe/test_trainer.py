@@ -14,11 +14,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from datapipe import shards
+from datapipe.core import shards
 from datapipe.cli import main
-from datapipe.configbase import ConfigError
-from datapipe.model import GPT
-from datapipe.trainer import TrainConfig, load_train_config, lr_factor, param_groups, train
+from datapipe.core.config import ConfigError
+from datapipe.train.model import GPT
+from datapipe.train.config import TrainConfig, load_train_config
+from datapipe.train.loop import train
+from datapipe.train.optim import lr_factor, param_groups
 
 VOCAB = 64
 
@@ -59,7 +61,7 @@ def tiny_cfg(source: Path, output: Path, *overrides: str) -> TrainConfig:
 
 
 def test_weight_decay_on_matrices_only():
-    from datapipe.model import ModelConfig
+    from datapipe.train.model import ModelConfig
 
     model = GPT(ModelConfig(vocab_size=VOCAB, n_layer=1, n_head=2, d_model=32))
     decay, no_decay = param_groups(model, 0.1)

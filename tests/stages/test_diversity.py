@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from helpers import ASSETS
-from datapipe.synthetic import mutate
+from datapipe.testing.synthetic import mutate
 from stages.diversity import (
     default_clusters,
     distinct_ngram_ratio,

@@ -1,6 +1,6 @@
 import pyarrow as pa
 
-from datapipe.schema import DOC_SCHEMA
+from datapipe.core.schema import DOC_SCHEMA
 from stages.exact_dedup import ExactDedupConfig, ExactDedupStage
 
 

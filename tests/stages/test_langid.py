@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from helpers import ASSETS
-from datapipe.configbase import ConfigError, from_dict
-from datapipe.schema import DOC_SCHEMA
+from datapipe.core.config import ConfigError, from_dict
+from datapipe.core.schema import DOC_SCHEMA
 from stages.langid import LangIdConfig, LangIdStage
 
 # Manual-page folders are locales; the model labels languages.

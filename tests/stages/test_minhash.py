@@ -12,7 +12,7 @@ import pytest
 from datasketch import MinHash, MinHashLSH
 
 from helpers import ASSETS
-from datapipe.configbase import ConfigError, from_dict
+from datapipe.core.config import ConfigError, from_dict
 from stages.minhash import (
     MinHashConfig,
     MinHasher,
@@ -121,7 +121,7 @@ def test_long_chain_converges():
 
 
 def _batch(texts):
-    from datapipe.schema import DOC_SCHEMA
+    from datapipe.core.schema import DOC_SCHEMA
 
     rows = [{"id": f"d{i}", "domain": "d", "text": t, "order": i} for i, t in enumerate(texts)]
     return pa.RecordBatch.from_pylist(rows, schema=DOC_SCHEMA)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from datapipe.configbase import ConfigError
+from datapipe.core.config import ConfigError
 from stages.mixture import MixtureConfig, copies, plan, realised, target_shares
 
 NATURAL = {"web": 8_000_000, "code": 1_500_000, "books": 400_000, "math": 100_000}

@@ -12,8 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from datapipe.configbase import ConfigError
-from datapipe.schema import DOC_SCHEMA
+from datapipe.core.config import ConfigError
+from datapipe.core.schema import DOC_SCHEMA
 from stages.base import FilterStage
 from stages.quality import (
     FILTERS,
@@ -410,7 +410,7 @@ def test_build_filters_errors_name_the_dotted_key(spec: dict, pattern: str) -> N
 
 
 def test_load_config_validates_filters(tmp_path: Path) -> None:
-    from datapipe.config import load_config
+    from datapipe.curate.config import load_config
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pytest
 from tokenizers import Tokenizer
 
-from datapipe.configbase import ConfigError, from_dict
-from datapipe.schema import DOC_SCHEMA
+from datapipe.core.config import ConfigError, from_dict
+from datapipe.core.schema import DOC_SCHEMA
 from helpers import ASSETS
 from stages.tokenize import TokenizeStage, TokenizerConfig, TokenizerTrainConfig, describe, train_tokenizer
 

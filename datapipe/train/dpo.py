@@ -27,19 +27,21 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import yaml
 
-from datapipe import shards
-from datapipe.configbase import ConfigError, to_dict
-from datapipe.model import GPT
-from datapipe.preference import default_preference_set, dpo_loss, load_pairs, packed_batches, response_logps
+from datapipe.core import shards
+from datapipe.core.config import ConfigError, to_dict
+from datapipe.train.checkpoint import save_checkpoint
+from datapipe.train.model import GPT
+from datapipe.train.optim import lr_factor, param_groups
+from datapipe.loader.preference_packing import load_pairs, packed_batches
 
-DEFAULT_TOKENIZER = str(Path(__file__).resolve().parents[1] / "tokenizers" / "quickstart" / "tokenizer.json")
 
 
 def _stream(pairs: list, idx: list[int], cfg: Any, seed: int, packed: bool) -> Iterator[tuple[dict, int]]:
@@ -75,7 +77,8 @@ def backward_step(model: torch.nn.Module, reference: torch.nn.Module, micro: lis
     return stats
 
 
-def train_dpo(cfg: Any, *, rank: int, world: int, device: torch.device, resume: bool = False) -> dict[str, Any]:
+def train_dpo(cfg: Any, *, rank: int, world: int, device: torch.device, resume: bool = False,
+              default_preferences: Callable[[str, int, Callable], Any] | None = None) -> dict[str, Any]:
     """Train the policy with DPO for cfg.train.steps steps; returns a summary (rank 0's view)."""
     if resume:
         raise ConfigError("--resume is not supported with train.objective=dpo; start a new run")
@@ -88,9 +91,12 @@ def train_dpo(cfg: Any, *, rank: int, world: int, device: torch.device, resume: 
     if not source or not Path(source, "manifest.json").exists():
         if source and "://" in source:
             raise ConfigError(f"data.source must be a local preference folder, got {source!r}")
+        if default_preferences is None:
+            raise ConfigError(f"data.source must be a preference folder holding manifest.json, got {source!r}; curate one "
+                              "with `datapipe curate-preferences` (`datapipe train` builds a default set when it is empty)")
         source = str(run_dir / "data" / "preferences")
         if main:
-            default_preference_set(source, DEFAULT_TOKENIZER, n=cfg.dpo.default_pairs, seed=0, log=say)
+            default_preferences(source, cfg.dpo.default_pairs, say)
         if world > 1:
             dist.barrier()
     pairs = load_pairs(source)
@@ -109,8 +115,6 @@ def train_dpo(cfg: Any, *, rank: int, world: int, device: torch.device, resume: 
     reference = copy.deepcopy(policy).eval()
     for p in reference.parameters():
         p.requires_grad_(False)
-    from datapipe.trainer import lr_factor, param_groups
-
     optimizer = torch.optim.AdamW(param_groups(policy, cfg.optim.weight_decay), lr=cfg.optim.lr,
                                   betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
@@ -171,8 +175,6 @@ def train_dpo(cfg: Any, *, rank: int, world: int, device: torch.device, resume: 
         if metrics:
             metrics.close()
     if main:
-        from datapipe.trainer import save_checkpoint
-
         save_checkpoint(run_dir / "checkpoint.pt", {"step": cfg.train.steps, "model": policy.state_dict(), "config": to_dict(cfg)})
     seconds = time.perf_counter() - t_start
     say(f"done: {cfg.train.steps} dpo steps in {seconds:.1f} s; metrics {run_dir / 'metrics.jsonl'}")
@@ -196,3 +198,19 @@ def evaluate_pairs(policy: GPT, reference: GPT, pairs: list, idx: list[int], cfg
     return {"eval_reward_margin": float(m.mean()), "eval_pref_accuracy": float((m > 0).float().mean()),
             "eval_loss": float(-torch.nn.functional.logsigmoid(m).mean())}
 
+
+def response_logps(logits: torch.Tensor, batch: Mapping[str, torch.Tensor], n_pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probabilities of each pair's chosen and rejected response: two tensors of shape (n_pairs,)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    rows = torch.arange(logp.shape[0], device=logp.device)[:, None]
+    tok = logp[rows, batch["pred_index"], batch["input_ids"]]  # token i's log-prob at its predicting position
+    rid = batch["resp_id"]
+    mask = rid >= 0
+    sums = torch.zeros(2 * n_pairs, dtype=tok.dtype, device=tok.device).index_add_(0, rid[mask], tok[mask])
+    return sums[0::2], sums[1::2]
+
+
+def dpo_loss(pc: torch.Tensor, pr: torch.Tensor, rc: torch.Tensor, rr: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-pair DPO loss -log σ(β((π_c - ref_c) - (π_r - ref_r))) and the reward margins."""
+    margin = beta * ((pc - rc) - (pr - rr))
+    return -torch.nn.functional.logsigmoid(margin), margin.detach()

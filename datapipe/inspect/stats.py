@@ -33,8 +33,8 @@ from typing import Any
 
 import polars as pl
 
-from datapipe.configbase import ConfigError
-from datapipe.shards import MANIFEST_NAME, SHARD_DIR, read_manifest
+from datapipe.core.config import ConfigError
+from datapipe.core.shards import MANIFEST_NAME, SHARD_DIR, read_manifest
 
 PERCENTILES = (5, 25, 50, 75, 95)
 BINS_PER_DECADE = 8  # length histogram: fixed log-spaced bins, so one pass needs no min/max first

@@ -52,9 +52,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from datapipe.config import InputConfig, ReadConfig
-from datapipe.configbase import ConfigError
-from datapipe.schema import DOC_SCHEMA, order_key
+from datapipe.curate.config import InputConfig, ReadConfig
+from datapipe.core.config import ConfigError
+from datapipe.core.schema import DOC_SCHEMA, order_key
 
 QUARANTINE_REASONS = (
     "invalid_utf8",

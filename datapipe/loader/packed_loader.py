@@ -64,10 +64,10 @@ import numpy as np
 import pyarrow.compute as pc
 import torch
 
-from datapipe import shards
-from datapipe import prioritize as prio
-from datapipe.packing import BFDPacker, Piece, Row, check_policy, compact_batch, expand_batch, split_document
-from datapipe.schedule import Curriculum, DeficitSampler, MixtureSchedule
+from datapipe.core import shards
+from datapipe.loader import prioritize as prio
+from datapipe.loader.packing import BFDPacker, Piece, Row, check_policy, compact_batch, expand_batch, split_document
+from datapipe.loader.schedule import Curriculum, DeficitSampler, MixtureSchedule
 
 STATE_VERSION = 1
 _TAG_SHARDS, _TAG_WINDOW, _TAG_PRIO = 1, 2, 3

@@ -1,4 +1,4 @@
-"""Preference data: curation into preference shards, preference packing, per-response log-probabilities.
+"""Preference data: curation of (prompt, chosen, rejected) records into preference shards.
 
     datapipe curate-preferences configs/preferences.yaml [--input F] [--output DIR] [--set key=value]
 
@@ -14,18 +14,7 @@ Responses get the tokenizer's EOS appended. Shards have the curated shard layout
 (`datapipe.shards`) with columns `id`, `domain`, `prompt_tokens`, `chosen_tokens`, `rejected_tokens`
 and `num_tokens` (prompt + chosen + rejected), and the manifest says `"kind": "preference"`.
 
-Preference packing. A pair is stored as one *item*: its prompt once, then the chosen, then the
-rejected response. Position ids restart at every item and both responses start right after the
-prompt (chosen and rejected tokens at the same offset get the same position). The attention mask
-lets a prompt token see earlier prompt tokens, and a response token see the prompt and earlier
-tokens of its own response, never the other response nor another item. Items are packed several
-per row by best-fit decreasing on their total length (an item longer than the row is dropped and
-counted). The first token of each response is predicted from the last prompt token, so the
-log-probability of response token i is read from the logits at `pred_index[i]` (i - 1 inside a
-response, the prompt's last position for its first token), and `resp_id` (2 * pair + 0 for
-chosen, + 1 for rejected, -1 elsewhere) sums them per response. Padded pairs (the usual DPO
-collator: prompt+chosen and prompt+rejected as two rows, padded to the longest) use the same
-builder with one response per item, which is how the benchmark compares them.
+Packing lives in datapipe/loader/preference_packing.py, the DPO loss in datapipe/train/dpo.py.
 """
 
 from __future__ import annotations
@@ -42,10 +31,9 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
-from datapipe import shards
-from datapipe.configbase import ConfigError, check, note
+from datapipe.core import shards
+from datapipe.core.config import ConfigError, check, note
 
 PROMPT, CHOSEN, REJECTED = 0, 1, 2
 
@@ -197,10 +185,13 @@ def passage_pairs(texts: Sequence[str], tokenizer_path: str, *, prompt_tokens: i
     return out
 
 
-def default_preference_set(out: str | Path, tokenizer_path: str, *, n: int = 2000, seed: int = 0,
-                           log=print) -> str:
+DEFAULT_TOKENIZER = str(Path(__file__).resolve().parents[2] / "tokenizers" / "quickstart" / "tokenizer.json")
+
+
+def default_preference_set(out: str | Path, n: int = 2000, log=print, *, tokenizer_path: str = DEFAULT_TOKENIZER,
+                           seed: int = 0) -> str:
     """The embedded default corpus (stdlib docstrings and code) as preference shards in `out`; returns it."""
-    from datapipe import embedded
+    from datapipe.curate import embedded
 
     if Path(out, "manifest.json").exists():
         return str(out)
@@ -218,142 +209,3 @@ def default_preference_set(out: str | Path, tokenizer_path: str, *, n: int = 200
                             tokenizer_path=tokenizer_path, config={"default_preference_set": {"n": n, "seed": seed}})
     log(f"built a default preference set of {len(pairs)} pairs (stdlib passages) -> {out}")
     return str(out)
-
-
-def load_pairs(source: str | Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Every (prompt, chosen, rejected) token triple of a preference folder, in manifest order."""
-    manifest = shards.read_manifest(source)
-    if manifest.get("kind") != "preference":
-        raise ConfigError(f"data.source must be a preference folder (manifest kind 'preference'), got {str(source)!r} "
-                          f"with kind {manifest.get('kind')!r}; curate one with `datapipe curate-preferences`")
-    out = []
-    for s in manifest["shards"]:
-        t = shards.open_shard(str(source), s["path"])
-        cols = [t.column(c).to_pylist() for c in ("prompt_tokens", "chosen_tokens", "rejected_tokens")]
-        out += [tuple(np.asarray(x, dtype=np.int64) for x in trip) for trip in zip(*cols)]
-    return out
-
-
-# ------------------------------------------------------------------------------------------- packing
-
-
-def pack_items(lengths: Sequence[int], seq_len: int) -> tuple[list[list[int]], list[int]]:
-    """Best-fit decreasing of items (by total length) into rows of seq_len: (rows of item indices, dropped)."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    rows: list[list[int]] = []
-    room: list[int] = []
-    dropped = []
-    for i in order:
-        n = lengths[i]
-        if n > seq_len:
-            dropped.append(i)
-            continue
-        best = -1
-        for r, free in enumerate(room):  # fewest free slots that still fit
-            if free >= n and (best < 0 or free < room[best]):
-                best = r
-        if best < 0:
-            rows.append([i])
-            room.append(seq_len - n)
-        else:
-            rows[best].append(i)
-            room[best] -= n
-    return [sorted(r) for r in rows], dropped
-
-
-def build_rows(rows: Sequence[Sequence[tuple[np.ndarray, list[np.ndarray], list[int]]]], seq_len: int,
-               pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Tensors for rows of items; an item is (prompt, responses, response ids): see the module docstring.
-
-    Returns input_ids, position_ids, pred_index, resp_id (B, S) and attn_mask (B, S, S) with
-    True where attention is allowed.
-    """
-    B = len(rows)
-    ids = np.full((B, seq_len), pad_id, dtype=np.int64)
-    pos = np.zeros((B, seq_len), dtype=np.int64)
-    pred = np.zeros((B, seq_len), dtype=np.int64)
-    resp = np.full((B, seq_len), -1, dtype=np.int64)
-    item = np.full((B, seq_len), -1, dtype=np.int64)
-    part = np.zeros((B, seq_len), dtype=np.int64)
-    for b, row in enumerate(rows):
-        at = 0
-        for k, (prompt, responses, rids) in enumerate(row):
-            P = len(prompt)
-            ids[b, at : at + P] = prompt
-            pos[b, at : at + P] = np.arange(P)
-            item[b, at : at + P] = k
-            last_prompt = at + P - 1
-            at += P
-            for j, (r, rid) in enumerate(zip(responses, rids)):
-                n = len(r)
-                ids[b, at : at + n] = r
-                pos[b, at : at + n] = P + np.arange(n)
-                item[b, at : at + n] = k
-                part[b, at : at + n] = 1 + j
-                resp[b, at : at + n] = rid
-                pred[b, at : at + n] = np.arange(at - 1, at + n - 1)
-                pred[b, at] = last_prompt  # a response's first token is predicted from the prompt's end
-                at += n
-        if at > seq_len:
-            raise ValueError(f"a row holds {at} tokens, more than seq_len={seq_len}")
-        item[b, at:] = -2 - np.arange(seq_len - at)  # each padding token its own item: it sees only itself
-    it, pt = torch.from_numpy(item), torch.from_numpy(part)
-    idx = torch.arange(seq_len)
-    causal = idx[None, :, None] >= idx[None, None, :]
-    same = it[:, :, None] == it[:, None, :]
-    visible = (pt[:, None, :] == 0) | (pt[:, None, :] == pt[:, :, None])  # the key is prompt or the query's own part
-    mask = causal & same & visible
-    return {"input_ids": torch.from_numpy(ids), "position_ids": torch.from_numpy(pos), "pred_index": torch.from_numpy(pred),
-            "resp_id": torch.from_numpy(resp), "attn_mask": mask}
-
-
-def packed_batches(pairs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], order: Sequence[int], seq_len: int,
-                   rows_per_batch: int, *, packed: bool = True, chunk: int = 256) -> Iterator[tuple[dict[str, torch.Tensor], int]]:
-    """(batch, pairs in it) over `order`: packed (pairs best-fit into rows) or padded (two rows per pair,
-    padded to the batch's longest). Pairs are taken `chunk` at a time; a pair that cannot fit is dropped."""
-    order = list(order)
-    for c0 in range(0, len(order), chunk):
-        part = order[c0 : c0 + chunk]
-        if packed:
-            lens = [sum(len(x) for x in pairs[i]) for i in part]
-            rows, _ = pack_items(lens, seq_len)
-            rows = [[part[k] for k in r] for r in rows]
-            for b0 in range(0, len(rows), rows_per_batch):
-                group = rows[b0 : b0 + rows_per_batch]
-                items, n = [], 0
-                for r in group:
-                    row = []
-                    for i in r:
-                        p, c, rj = pairs[i]
-                        row.append((p, [c, rj], [2 * n, 2 * n + 1]))
-                        n += 1
-                    items.append(row)
-                yield build_rows(items, seq_len), n
-        else:
-            keep = [i for i in part if len(pairs[i][0]) + max(len(pairs[i][1]), len(pairs[i][2])) <= seq_len]
-            per = max(1, rows_per_batch // 2)
-            for b0 in range(0, len(keep), per):
-                group = keep[b0 : b0 + per]
-                items = []
-                for n, i in enumerate(group):
-                    p, c, rj = pairs[i]
-                    items += [[(p, [c], [2 * n])], [(p, [rj], [2 * n + 1])]]
-                longest = max(len(pairs[i][0]) + max(len(pairs[i][1]), len(pairs[i][2])) for i in group)
-                yield build_rows(items, longest), len(group)
-
-
-def response_logps(logits: torch.Tensor, batch: Mapping[str, torch.Tensor], n_pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed log-probabilities of each pair's chosen and rejected response: two tensors of shape (n_pairs,)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    rows = torch.arange(logp.shape[0], device=logp.device)[:, None]
-    tok = logp[rows, batch["pred_index"], batch["input_ids"]]  # token i's log-prob at its predicting position
-    rid = batch["resp_id"]
-    mask = rid >= 0
-    sums = torch.zeros(2 * n_pairs, dtype=tok.dtype, device=tok.device).index_add_(0, rid[mask], tok[mask])
-    return sums[0::2], sums[1::2]
-
-
-def dpo_loss(pc: torch.Tensor, pr: torch.Tensor, rc: torch.Tensor, rr: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-pair DPO loss -log σ(β((π_c - ref_c) - (π_r - ref_r))) and the reward margins."""
-    margin = beta * ((pc - rc) - (pr - rr))
-    return -torch.nn.functional.logsigmoid(margin), margin.detach()

@@ -1,6 +1,6 @@
 """A small modern GPT: decoder-only transformer that never attends across packed documents.
 
-    from datapipe.model import GPT, ModelConfig
+    from datapipe.train.model import GPT, ModelConfig
     model = GPT(ModelConfig(vocab_size=8192, n_layer=4, n_head=4, d_model=256))
     logits = model(batch["input_ids"], position_ids=batch["position_ids"], doc_ids=batch["doc_ids"],
                    cu_seqlens=batch["cu_seqlens"])
@@ -32,8 +32,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from datapipe.configbase import check, note
-from datapipe.packing import IGNORE_INDEX, block_causal_mask
+from datapipe.core.config import check, note
+from datapipe.loader.packing import IGNORE_INDEX, block_causal_mask
 
 Attention = Literal["auto", "sdpa", "flex", "varlen"]
 

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import orjson
 
-from datapipe.shards import atomic_write_bytes
+from datapipe.core.shards import atomic_write_bytes
 
 MAN_ROOT = Path("/usr/share/man")
 _SECTION = re.compile(r"^man[1-9n][a-z]*$")

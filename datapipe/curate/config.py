@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 
-from datapipe.configbase import ConfigError, check, from_dict, note, read_recipe, to_dict
+from datapipe.core.config import ConfigError, check, from_dict, note, read_recipe, to_dict
 from stages.diversity import DiversityConfig
 from stages.exact_dedup import ExactDedupConfig
 from stages.langid import LangIdConfig

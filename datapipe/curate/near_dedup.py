@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datapipe.shards import atomic_write_json, atomic_write_table, read_table
+from datapipe.core.shards import atomic_write_json, atomic_write_table, read_table
 from stages.minhash import CLUSTER_SCHEMA, LOSER_SCHEMA, choose_kept, candidate_edges, labels, large_star, partition_of, small_star
 from stages.minhash import _fmix  # the same finalizer the signatures use, for the edge-set checksum
 

@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datapipe.counters import Counters
-from datapipe.schema import DROPPED_SCHEMA
-from datapipe.shards import atomic_write_table, read_table
+from datapipe.curate.counters import Counters
+from datapipe.core.schema import DROPPED_SCHEMA
+from datapipe.core.shards import atomic_write_table, read_table
 from stages import diversity, mixture
 
 ASSIGN_SCHEMA = pa.schema([("row", pa.int64()), ("domain", pa.string()), ("cluster", pa.int32()),

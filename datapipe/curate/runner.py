@@ -37,13 +37,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from datapipe.config import CurateConfig, config_hash, diff_configs, result_affecting
-from datapipe.configbase import ConfigError
-from datapipe.counters import Counters
-from datapipe.executors import Executor, make_executor
-from datapipe.readers import InputUnit, plan_units, read_unit
-from datapipe.schema import DOC_SCHEMA, DROPPED_SCHEMA, unit_of
-from datapipe.shards import (
+from datapipe.curate.config import CurateConfig, config_hash, diff_configs, result_affecting
+from datapipe.core.config import ConfigError
+from datapipe.curate.counters import Counters
+from datapipe.curate.executors import Executor, make_executor
+from datapipe.curate.readers import InputUnit, plan_units, read_unit
+from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, unit_of
+from datapipe.core.shards import (
     ShardInfo,
     atomic_write_bytes,
     atomic_write_json,
@@ -55,7 +55,8 @@ from datapipe.shards import (
     write_shard,
 )
 from stages.base import FilterStage, Stage
-from datapipe import near_dedup, selection
+from datapipe.curate import near_dedup
+from datapipe.curate import selection
 from stages.exact_dedup import LOSER_SCHEMA, ExactDedupStage
 from stages.langid import LangIdStage
 from stages.minhash import MinHashStage

@@ -1,7 +1,7 @@
 """Loss-aware batch prioritization (Predictive Batch Scheduling): sample documents the model finds hard.
 
     from datapipe.loader import PackedLoader
-    from datapipe.prioritize import Prioritize
+    from datapipe.loader.prioritize import Prioritize
     loader = PackedLoader("out/", seq_len=128, batch_size=16, prioritize=Prioritize(keep=0.5))
     for batch in loader:
         ...                                   # forward/backward, per-document mean losses

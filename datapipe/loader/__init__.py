@@ -1,0 +1,6 @@
+"""Shards → batches: the streaming PackedLoader and its parts (packing, schedules, prioritization,
+preference packing). Torch is needed here; Ray never is."""
+
+from datapipe.loader.packed_loader import PackedLoader
+
+__all__ = ["PackedLoader"]

@@ -1,0 +1,163 @@
+"""The training config tree (one strict loader for `datapipe train`): model, optim, schedule, data,
+train (the loop), prefetch, dpo."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from datapipe.core.config import ConfigError, check, from_dict, note, read_recipe
+from datapipe.loader.prioritize import Prioritize
+from datapipe.train.model import ModelConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    lr: float = note(3e-3, help="peak learning rate (after warmup)")
+    beta1: float = note(0.9, help="AdamW beta1")
+    beta2: float = note(0.95, help="AdamW beta2")
+    eps: float = note(1e-8, help="AdamW epsilon")
+    weight_decay: float = note(0.1, help="decoupled weight decay on matrices (embeddings included); none on norms/biases")
+    grad_clip: float = note(1.0, help="clip the global gradient norm to this (0 = no clipping)")
+
+    def __post_init__(self) -> None:
+        check(self.lr > 0, f"lr must be > 0, got {self.lr!r}")
+        check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"beta1 and beta2 must be in [0, 1), got {self.beta1!r}, {self.beta2!r}")
+        check(self.eps > 0, f"eps must be > 0, got {self.eps!r}")
+        check(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        check(self.grad_clip >= 0, f"grad_clip must be >= 0, got {self.grad_clip!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    warmup_frac: float = note(0.02, help="linear warmup over this fraction of train.steps (at least one step)")
+    decay: Literal["cosine", "linear"] = note("cosine", help="shape of the decay from the peak to the floor")
+    min_lr_frac: float = note(0.1, help="the floor, as a fraction of the peak lr")
+
+    def __post_init__(self) -> None:
+        check(0 <= self.warmup_frac < 1, f"warmup_frac must be in [0, 1), got {self.warmup_frac!r}")
+        check(0 <= self.min_lr_frac <= 1, f"min_lr_frac must be in [0, 1], got {self.min_lr_frac!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrioritizeConfig:
+    enabled: bool = note(False, help="loss-aware document selection (datapipe/prioritize.py): keep the documents predicted hardest")
+    pool: int = note(Prioritize.pool, help="candidate documents per selection")
+    keep: float = note(Prioritize.keep, help="fraction of each pool kept; the rest are skipped this pass")
+    temperature: float = note(Prioritize.temperature, help="softmax temperature over predicted losses, in nats (lower = greedier)")
+    floor: float = note(Prioritize.floor, help="weight of the uniform distribution in the selection probabilities (nothing starves)")
+    min_reports: int = note(Prioritize.min_reports, help="documents with reported losses before predictions are used")
+    forget: float = note(Prioritize.forget, help="RLS forgetting factor per reported document")
+    refresh: int = note(Prioritize.refresh, help="batches between predictor snapshots handed to the loader's planner")
+    lag: int = note(Prioritize.lag, help="the snapshot at batch b has learnt exactly the losses of the first b - lag batches (> prefetch.depth)")
+
+    def __post_init__(self) -> None:
+        try:
+            self.build()
+        except ValueError as exc:
+            raise ConfigError(str(exc).replace("prioritize.", "")) from None
+
+    def build(self) -> Prioritize | None:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "enabled"}
+        built = Prioritize(**fields)  # validates the fields even when disabled
+        return built if self.enabled else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    source: str = note("out/run", help="a curated output folder (holds manifest.json); --data replaces it")
+    seq_len: int = note(128, help="tokens per packed row")
+    batch_size: int = note(8, help="rows per micro-batch on each rank")
+    num_workers: int = note(0, help="loader worker processes (batches do not depend on it)")
+    eval_source: str | None = note(None, help="a curated folder of held-out data for evaluation")
+    holdout_shards: int = note(0, help="without eval_source: hold out the last N shards of source for evaluation (0 = no eval)")
+    eval_batches: int = note(4, help="batches per domain in each evaluation")
+    prioritize: PrioritizeConfig = note(PrioritizeConfig(), help="loss-aware batch prioritization (off by default)")
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "batch_size", "eval_batches"):
+            check(getattr(self, name) >= 1, f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        check(self.num_workers >= 0, f"num_workers must be >= 0, got {self.num_workers!r}")
+        check(self.holdout_shards >= 0, f"holdout_shards must be >= 0, got {self.holdout_shards!r}")
+        check(not (self.eval_source and self.holdout_shards),
+              f"set eval_source or holdout_shards, not both; got {self.eval_source!r} and {self.holdout_shards!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopConfig:
+    steps: int = note(300, help="optimizer steps")
+    grad_accum: int = note(1, help="micro-batches per optimizer step")
+    log_every: int = note(10, help="steps per log line and metrics.jsonl record")
+    eval_every: int = note(100, help="steps between evaluations (0 = only at the end); needs held-out data")
+    ckpt_every: int = note(100, help="steps between checkpoints (0 = only at the end)")
+    stop_at: int = note(0, help="stop after this step and checkpoint (0 = run all steps): splits a run across jobs, same schedule")
+    max_nonfinite: int = note(5, help="stop after this many non-finite losses/gradients in a row")
+    compile: bool = note(False, help="torch.compile the model")
+    seed: int = note(0, help="seed of the model init and of the data order")
+    output: str = note("runs/tiny", help="run folder: metrics.jsonl, checkpoint.pt, config.yaml; --output replaces it")
+    device: Literal["auto", "cpu", "cuda"] = note("auto", help="'auto' = cuda when available")
+    objective: Literal["lm", "dpo"] = note("lm", help="'lm': next-token loss on text shards; 'dpo': DPO on preference shards (datapipe/dpo.py)")
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "grad_accum", "log_every", "max_nonfinite"):
+            check(getattr(self, name) >= 1, f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        for name in ("eval_every", "ckpt_every", "seed", "stop_at"):
+            check(getattr(self, name) >= 0, f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefetchConfig:
+    enabled: bool = note(True, help="read batches on a background thread while the model computes")
+    depth: int = note(4, help="batches kept ready")
+    delay_s: float = note(0.0, help="sleep this long per batch read: a slow loader, for the benchmark")
+
+    def __post_init__(self) -> None:
+        check(self.depth >= 1, f"depth must be an integer >= 1, got {self.depth!r}")
+        check(self.delay_s >= 0, f"delay_s must be >= 0, got {self.delay_s!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPOConfig:
+    beta: float = note(0.1, help="DPO temperature β on the log-ratio margin")
+    packed: bool = note(True, help="preference packing (several pairs a row, prompt once); false: padded pairs, two rows each")
+    init_from: str | None = note(None, help="a checkpoint.pt whose model initialises the policy and the frozen reference")
+    default_pairs: int = note(2000, help="pairs of the default set built when data.source is empty or missing")
+    eval_pairs: int = note(128, help="pairs held out (the last ones) for preference accuracy")
+    chunk: int = note(256, help="pairs packed together (best-fit) at a time")
+
+    def __post_init__(self) -> None:
+        check(self.beta > 0, f"beta must be > 0, got {self.beta!r}")
+        for name in ("default_pairs", "chunk"):
+            check(getattr(self, name) >= 1, f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        check(self.eval_pairs >= 0, f"eval_pairs must be >= 0, got {self.eval_pairs!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    model: ModelConfig = note(ModelConfig(), help="the transformer")
+    optim: OptimConfig = note(OptimConfig(), help="AdamW and gradient clipping")
+    schedule: ScheduleConfig = note(ScheduleConfig(), help="learning-rate warmup and decay")
+    data: DataConfig = note(DataConfig(), help="shards, rows and held-out data")
+    train: LoopConfig = note(LoopConfig(), help="the loop: steps, intervals, output")
+    prefetch: PrefetchConfig = note(PrefetchConfig(), help="background batch prefetching")
+    dpo: DPOConfig = note(DPOConfig(), help="DPO settings (train.objective: dpo)")
+
+    def __post_init__(self) -> None:
+        check(self.model.max_seq_len >= self.data.seq_len,
+              f"model.max_seq_len must be >= data.seq_len={self.data.seq_len}, got {self.model.max_seq_len!r}")
+
+
+def load_train_config(path: str | Path | None, overrides: list[str] = (), *, data: str | None = None,
+                      output: str | None = None) -> TrainConfig:
+    """Read a YAML training recipe, apply `--set` overrides and the --data/--output flags, validate strictly."""
+    raw, source = read_recipe(path, overrides)
+    if data is not None:
+        raw.setdefault("data", {})["source"] = data
+    if output is not None:
+        raw.setdefault("train", {})["output"] = output
+    try:
+        return from_dict(TrainConfig, raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None

@@ -1,0 +1,44 @@
+"""The package's layers are a rule the build checks (import-linter), and the README's layout names every module."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    lint = Path(sys.executable).with_name("lint-imports")
+    return subprocess.run([str(lint), "--config", str(root / "pyproject.toml")], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_import_contracts_hold():
+    done = _lint(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "BROKEN" not in done.stdout and "KEPT" in done.stdout
+
+
+def test_a_planted_violating_import_breaks_the_contract(tmp_path):
+    for name in ("datapipe", "stages"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    schema = tmp_path / "datapipe" / "core" / "schema.py"
+    schema.write_text(schema.read_text() + "\nfrom datapipe.train import model  # planted: core must not import train\n")
+    done = _lint(tmp_path)
+    assert done.returncode != 0
+    assert re.search(r"core imports nothing else of ours\s+BROKEN", done.stdout), done.stdout
+
+
+def test_the_readme_layout_is_the_tree():
+    from scripts.layout import readme_section, render
+
+    section = readme_section((ROOT / "README.md").read_text())
+    assert section is not None, "README.md lost its layout markers"
+    assert section == render(), "README.md's layout section is stale: run `python -m scripts.layout --write`"
