@@ -4,16 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    cells = [header] + [[f"{c:,}" if isinstance(c, int) else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = []
-    for n, r in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+from datapipe.inspect.tables import table
 
 
 def format_funnel(stats: dict[str, Any]) -> str:
@@ -25,7 +16,7 @@ def format_funnel(stats: dict[str, Any]) -> str:
                 [entry["stage"], domain, c["docs_in"], c["docs_out"], c["docs_in"] - c["docs_out"],
                  f"{c['bytes_in'] / 1e6:.2f}", f"{c['bytes_out'] / 1e6:.2f}"]
             )
-    out = [_table(["stage", "domain", "docs in", "docs out", "dropped", "MB in", "MB out"], rows)]
+    out = [table(["stage", "domain", "docs in", "docs out", "dropped", "MB in", "MB out"], rows)]
     reasons = [
         [stage, domain, reason, n]
         for stage, by_domain in stats["dropped"].items()
@@ -33,9 +24,9 @@ def format_funnel(stats: dict[str, Any]) -> str:
         for reason, n in sorted(by_reason.items(), key=lambda kv: -kv[1])
     ]
     if reasons:
-        out.append(_table(["stage", "domain", "reason", "docs"], reasons))
+        out.append(table(["stage", "domain", "reason", "docs"], reasons))
     if stats["quarantined"]:
-        out.append(_table(["quarantined", "", "records"], [[r, "", n] for r, n in stats["quarantined"].items()]))
+        out.append(table(["quarantined", "", "records"], [[r, "", n] for r, n in stats["quarantined"].items()]))
     minhash = stats.get("global_stages", {}).get("minhash")
     if minhash:
         out.append(
@@ -44,5 +35,5 @@ def format_funnel(stats: dict[str, Any]) -> str:
         )
     kept = [[domain, "", k["docs"], k["tokens"]] for domain, k in stats["kept"].items()]
     kept.append(["total", "", sum(k["docs"] for k in stats["kept"].values()), sum(k["tokens"] for k in stats["kept"].values())])
-    out.append(_table(["written", "", "docs", "tokens"], kept))
+    out.append(table(["written", "", "docs", "tokens"], kept))
     return "\n\n".join(out)

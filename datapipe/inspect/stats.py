@@ -35,6 +35,7 @@ import polars as pl
 
 from datapipe.core.config import ConfigError
 from datapipe.core.shards import MANIFEST_NAME, SHARD_DIR, read_manifest
+from datapipe.inspect.tables import table
 
 PERCENTILES = (5, 25, 50, 75, 95)
 BINS_PER_DECADE = 8  # length histogram: fixed log-spaced bins, so one pass needs no min/max first
@@ -220,19 +221,6 @@ def _mixture(stats: dict[str, Any], manifest: dict | None) -> dict[str, Any] | N
 
 
 # ---------------------------------------------------------------- text
-
-
-def table(header: list[str], rows: list[list[Any]], *, left: int = 2) -> str:
-    """A plain aligned table: the first `left` columns left-aligned, the rest right-aligned;
-    ints get thousands separators, None prints as '-'."""
-    cells = [header] + [["-" if c is None else f"{c:,}" if isinstance(c, int) and not isinstance(c, bool) else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = []
-    for n, r in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def _n(count: int, noun: str) -> str:

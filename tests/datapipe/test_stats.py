@@ -16,7 +16,8 @@ from datapipe.inspect import stats
 from datapipe.cli import main
 from datapipe.curate.executors import LocalExecutor
 from datapipe.curate.runner import curate
-from datapipe.core.shards import atomic_write_json, build_manifest, read_manifest, read_table, write_manifest, write_shard
+from datapipe.testing.shards import write_fake_shards
+from datapipe.core.shards import atomic_write_json, read_manifest, read_table, write_manifest
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -198,18 +199,12 @@ def mixed_dir(tmp_path) -> Path:
     """Two shards with a `lang` column, a manifest and a stats.json holding a `mixture` entry."""
     out = tmp_path / "mixed"
     rng = np.random.default_rng(0)
-    infos = []
-    for index, (domain, langs, n) in enumerate([("web", ["en", "de", "en", None], 40), ("code", [None], 12)]):
+    specs = []
+    for domain, langs, n in [("web", ["en", "de", "en", None], 40), ("code", [None], 12)]:
         lengths = rng.integers(2, 3000, n)
-        table = pa.table({
-            "id": [f"{domain}/{i}" for i in range(n)],
-            "domain": [domain] * n,
-            "tokens": pa.array([list(range(k)) for k in lengths], pa.list_(pa.uint16())),
-            "num_tokens": pa.array(lengths, pa.int64()),
-            "lang": pa.array([langs[i % len(langs)] for i in range(n)], pa.string()),
-        })
-        infos.append(write_shard(out, index, table))
-    manifest = build_manifest(infos, tokenizer={"vocab_size": 4096, "dtype": "uint16"}, config={}, config_hash="abc")
+        specs.append([{"id": f"{domain}/{i}", "domain": domain, "tokens": list(range(k)), "lang": langs[i % len(langs)]}
+                      for i, k in enumerate(lengths)])
+    manifest = write_fake_shards(out, specs, vocab_size=4096, dtype="uint16")
     web, code = manifest["domains"]["web"]["tokens"], manifest["domains"]["code"]["tokens"]
     mixture = {"method": "temperature", "domains": {
         "web": {"natural_tokens": web * 3, "target_share": 0.7, "realised_tokens": web, "realised_share": web / (web + code), "epochs": 0.33, "capped": False},

@@ -9,12 +9,12 @@ import socket
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from datapipe.core import shards
+from datapipe.testing.shards import write_fake_shards
 from datapipe.cli import main
 from datapipe.core.config import ConfigError
 from datapipe.train.model import GPT
@@ -28,23 +28,17 @@ VOCAB = 64
 def write_source(out: Path, n_shards: int = 3, per_shard: int = 30) -> Path:
     """Tiny curated-like shards: two domains, documents of 10-90 tokens with a learnable pattern."""
     rng = np.random.default_rng(0)
-    infos, g = [], 0
+    specs, g = [], 0
     for s in range(n_shards):
-        cols = {"id": [], "domain": [], "tokens": [], "num_tokens": []}
+        shard = []
         for i in range(per_shard):
-            domain = "code" if (s + i) % 2 else "prose"
             n = int(rng.integers(10, 90))
             start = int(rng.integers(1, VOCAB))
             toks = [(start + 3 * k) % (VOCAB - 1) + 1 for k in range(n - 1)] + [0]
-            cols["id"].append(f"d{g}"); cols["domain"].append(domain)  # noqa: E702
-            cols["tokens"].append(toks); cols["num_tokens"].append(n)  # noqa: E702
+            shard.append({"id": f"d{g}", "domain": "code" if (s + i) % 2 else "prose", "tokens": toks})
             g += 1
-        table = pa.table({"id": pa.array(cols["id"]), "domain": pa.array(cols["domain"]),
-                          "tokens": pa.array(cols["tokens"], pa.list_(pa.uint16())),
-                          "num_tokens": pa.array(cols["num_tokens"], pa.int64())})
-        infos.append(shards.write_shard(out, s, table))
-    tok = {"eos_id": 0, "bos_id": None, "dtype": "uint16", "vocab_size": VOCAB, "path": None, "sha256": None}
-    shards.write_manifest(out, shards.build_manifest(infos, tokenizer=tok, config={}, config_hash="test"))
+        specs.append(shard)
+    write_fake_shards(out, specs, vocab_size=VOCAB, dtype="uint16")
     return out
 
 
