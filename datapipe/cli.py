@@ -2,49 +2,85 @@
 
     datapipe curate CONFIG [--input PATH ...] [--output DIR] [--set KEY=VALUE ...] [--ray-address ADDR]
     datapipe run [--output DIR] [--train-steps N]   # curate the embedded default corpus, train a tiny GPT, print stats
-    datapipe config-reference               # every config key with its type, default and note
+    datapipe config-reference [curate|train|preferences]   # every config key with its type, default and note
     datapipe stats OUTPUT_DIR [--plot DIR] [--html FILE] [--json] [--why ID]   # inspect a finished run
     datapipe train CONFIG [--data DIR] [--output DIR] [--set KEY=VALUE ...] [--resume]   # train a GPT on shards
+    datapipe curate-preferences CONFIG [--input PATH ...] [--output DIR] [--set KEY=VALUE ...]
     datapipe plot RUN_DIR                   # loss, lr, tokens/s and data-wait of a training run, to PNG
+
+Every command's config goes through the one strict loader (`datapipe.core.config.load`). A user's
+mistake (ConfigError, a path that cannot be read) prints one paragraph and exits 2; a run stopped on
+purpose (RunStopped) exits 1; Ctrl-C prints one line saying how to resume and exits 130. No traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from datapipe.core.config import ConfigError
+from datapipe import __version__
+from datapipe.core.config import ConfigError, RunStopped
+
+DESCRIPTION = """\
+datapipe turns raw text into training data for language models. It curates documents into
+tokenized Arrow shards on Ray (exact and near dedup, language id, quality filters, tokenization,
+diversity sampling and mixture reweighting), shows what every stage kept and dropped, and trains
+a small GPT (next-token or DPO) on the shards with a streaming, resumable, packing loader.
+
+Start with `datapipe run` (it needs no data), or `datapipe curate configs/quickstart.yaml`.
+Every command reads a YAML recipe; `datapipe config-reference [curate|train|preferences]` lists
+its keys, and `--set KEY=VALUE` overrides any of them."""
+
+SET_HELP = "override a config key (dotted; a number indexes a list); the value is YAML, e.g. --set {}; repeatable"
+EXECUTOR_HELP = "'ray' (default): Ray runs the tasks; 'local': every task runs in this process, one at a time (debugging)"
+RAY_HELP = "an existing Ray cluster ('auto' after `ray start`, or HOST:PORT); default: an embedded local Ray (config ray.address)"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="datapipe", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="datapipe", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"datapipe {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
 
-    c = sub.add_parser("curate", help="curate raw documents into tokenized Arrow shards")
-    c.add_argument("config", help="a YAML recipe, e.g. configs/quickstart.yaml")
-    c.add_argument("--input", action="append", default=None, metavar="PATH",
-                   help="a path, glob or fsspec URL; repeatable; replaces the config's inputs")
-    c.add_argument("--output", default=None, metavar="DIR", help="output folder (config output.dir)")
-    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override a config key, e.g. --set dedup.exact.enabled=false; repeatable")
-    c.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="an existing Ray cluster ('auto' after `ray start`); default: embedded local Ray")
-    c.add_argument("--executor", choices=["ray", "local"], default="ray",
-                   help="'local' runs every task in this process (debugging)")
-    c.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-    r = sub.add_parser("run", help="the main job on the embedded default corpus (stdlib code, docstrings, man pages)")
-    r.add_argument("--output", default="out/run", metavar="DIR", help="output folder (default: out/run)")
-    r.add_argument("--man-pages", type=int, default=1500, help="manual pages to render (default: 1500)")
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
-    r.add_argument("--ray-address", default=None, metavar="ADDR")
-    r.add_argument("--executor", choices=["ray", "local"], default="ray")
-    r.add_argument("--no-progress", action="store_true")
+    r = sub.add_parser("run", help="the main job: curate the embedded default corpus (stdlib code, docstrings, "
+                                   "man pages), train a tiny GPT on it, print the stats",
+                       description="Curate a corpus built from real text on this machine (the Python standard "
+                                   "library's code and docstrings, manual pages), train a tiny GPT on the shards "
+                                   "and print the stage funnel. Needs no data.")
+    r.add_argument("--output", default="out/run", metavar="DIR",
+                   help="output folder of the curation (default: out/run); the training run goes to DIR-train")
+    r.add_argument("--man-pages", type=int, default=1500, metavar="N", help="manual pages to render (default: 1500)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help=SET_HELP.format("tokenizer.train.vocab_size=4096") + " (curation keys)")
+    r.add_argument("--ray-address", default=None, metavar="ADDR", help=RAY_HELP)
+    r.add_argument("--executor", choices=["ray", "local"], default="ray", help=EXECUTOR_HELP)
+    r.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
     r.add_argument("--train-steps", type=int, default=150, metavar="N",
                    help="steps of the tiny model trained on the result (0 = curate only; default: 150)")
 
-    sub.add_parser("config-reference", help="print every config key with its type, default and note")
+
+    c = sub.add_parser("curate", help="curate raw documents into tokenized Arrow shards",
+                       description="Curate raw documents into tokenized Arrow shards with a manifest and statistics. "
+                                   "Rerunning the same command after a crash or Ctrl-C resumes: finished work is kept.")
+    c.add_argument("config", help="a YAML recipe, e.g. configs/quickstart.yaml (keys: datapipe config-reference curate)")
+    c.add_argument("--input", action="append", default=None, metavar="PATH",
+                   help="a path, glob or fsspec URL of raw documents; repeatable; replaces the config's inputs. "
+                        "Each takes the config's first input's options text_field, id_field, domain, glob, split, "
+                        "data_files and rows_per_unit, but not its path, format (the extension decides) or "
+                        "domain_field: a record's own 'domain' field names its domain (another field: "
+                        "--set inputs.0.domain_field=FIELD)")
+    c.add_argument("--output", default=None, metavar="DIR", help="output folder (config output.dir)")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help=SET_HELP.format("dedup.exact.enabled=false"))
+    c.add_argument("--ray-address", default=None, metavar="ADDR", help=RAY_HELP)
+    c.add_argument("--executor", choices=["ray", "local"], default="ray", help=EXECUTOR_HELP)
+    c.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
+
+    cr = sub.add_parser("config-reference", help="print every config key with its type, default and note",
+                        description="Print every key of a config with its type, default and a one-line note.")
+    cr.add_argument("which", nargs="?", choices=sorted(ROOTS), default="curate",
+                    help="whose config: curate (default; also `datapipe run`), train or preferences (curate-preferences)")
 
     s = sub.add_parser("stats", help="inspect a finished run: funnel, drop reasons, mixture, lengths; or why one document went")
     s.add_argument("output", metavar="OUTPUT_DIR", help="a curated output folder (holds stats.json and manifest.json)")
@@ -53,56 +89,50 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the figures as one JSON object instead of tables")
     s.add_argument("--why", default=None, metavar="ID", help="say why document ID was dropped (exit 1 when the id is unknown)")
 
-    t = sub.add_parser("train", help="train the bundled GPT on curated shards (torchrun for DDP)")
-    t.add_argument("config", help="a YAML training recipe, e.g. configs/train-tiny.yaml")
+    t = sub.add_parser("train", help="train the bundled GPT on curated shards (torchrun for DDP)",
+                       description="Train the bundled GPT on curated shards (train.objective lm) or preference shards "
+                                   "(dpo). After a crash or Ctrl-C, the same command with --resume continues from the "
+                                   "last checkpoint.")
+    t.add_argument("config", help="a YAML training recipe, e.g. configs/train-tiny.yaml (keys: datapipe config-reference train)")
     t.add_argument("--data", default=None, metavar="DIR", help="curated folder to train on (config data.source)")
     t.add_argument("--output", default=None, metavar="DIR", help="run folder (config train.output)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override a config key, e.g. --set train.steps=200; repeatable")
+                   help=SET_HELP.format("train.steps=200"))
     t.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
 
-    cp = sub.add_parser("curate-preferences", help="tokenize prompt/chosen/rejected records into preference shards")
-    cp.add_argument("config", help="a YAML recipe, e.g. configs/preferences.yaml (keys: datapipe/preference.py)")
-    cp.add_argument("--input", action="append", default=None, metavar="PATH", help="replaces the config's inputs; repeatable")
+    cp = sub.add_parser("curate-preferences", help="tokenize prompt/chosen/rejected records into preference shards",
+                        description="Tokenize prompt/chosen/rejected records (JSONL, Parquet, Hugging Face datasets) "
+                                    "into preference shards for DPO.")
+    cp.add_argument("config", help="a YAML recipe, e.g. configs/preferences.yaml (keys: datapipe config-reference preferences)")
+    cp.add_argument("--input", action="append", default=None, metavar="PATH",
+                    help="a file or glob of preference records (a dataset name with format hf); repeatable; "
+                         "replaces the config's inputs")
     cp.add_argument("--output", default=None, metavar="DIR", help="output folder (config output)")
-    cp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides")
+    cp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                    help=SET_HELP.format("max_prompt_tokens=128"))
 
     pl = sub.add_parser("plot", help="draw loss (train and eval), lr, tokens/s and data-wait of a run to PNG")
-    pl.add_argument("run_dir", metavar="RUN_DIR", help="a training run folder (holds metrics.jsonl)")
+    pl.add_argument("run_dir", metavar="RUN_DIR", help="a training run folder (holds metrics.jsonl); writes RUN_DIR/training.png")
     return p
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from datapipe.train.config import load_train_config
+    from datapipe.train.config import check_sources, load_train_config
     from datapipe.train.loop import train
 
     from datapipe.curate.preferences import default_preference_set
 
     cfg = load_train_config(args.config, args.overrides, data=args.data, output=args.output)
+    check_sources(cfg)
     train(cfg, resume=args.resume, default_preferences=default_preference_set)
     return 0
 
 
 def cmd_curate_preferences(args: argparse.Namespace) -> int:
-    import yaml
-
-    from datapipe.core.config import apply_override, from_dict
+    from datapipe.core.config import load
     from datapipe.curate.preferences import PreferenceConfig, curate_preferences
 
-    try:
-        raw = yaml.safe_load(Path(args.config).read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {args.config}") from None
-    for assignment in args.overrides:
-        apply_override(raw, assignment)
-    if args.input:
-        raw["inputs"] = args.input
-    if args.output:
-        raw["output"] = args.output
-    try:
-        cfg = from_dict(PreferenceConfig, raw)
-    except ConfigError as exc:
-        raise ConfigError(f"{args.config}: {exc}") from None
+    cfg = load(PreferenceConfig, args.config, args.overrides, {"inputs": args.input, "output": args.output})
     m = curate_preferences(cfg)
     print(f"{m['num_shards']} shards, {m['total_docs']:,} pairs, {m['total_tokens']:,} tokens -> {cfg.output}/manifest.json")
     return 0
@@ -136,7 +166,7 @@ def _executor(args: argparse.Namespace):
 def _report(result) -> None:
     from datapipe.inspect.report import format_funnel
 
-    print(format_funnel(result.stats))
+    print(format_funnel(result.stats, result.manifest))  # its written table adds up to the manifest's totals
     m = result.manifest
     print(f"\n{m['num_shards']} shards, {m['total_docs']:,} documents, {m['total_tokens']:,} tokens "
           f"-> {Path(result.out_dir) / 'manifest.json'} ({result.seconds:.1f} s)")
@@ -146,31 +176,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     from datapipe.curate import embedded
     from datapipe.curate.config import load_config
 
-    paths = embedded.prepare(args.man_pages)
     recipe = Path(__file__).parent / "curate" / "recipes" / "embedded.yaml"
-    inputs_override = [f"inputs=[{', '.join(_input_yaml(d, p) for d, p in paths.items())}]"]
-    cfg = load_config(recipe, inputs_override + args.overrides, output=args.output, ray_address=args.ray_address)
+
+    def run_config(paths: dict[str, Path]):
+        inputs_override = f"inputs=[{', '.join(_input_yaml(d, p) for d, p in paths.items())}]"
+        return load_config(recipe, [inputs_override, *args.overrides], output=args.output, ray_address=args.ray_address)
+
+    if args.man_pages < 0:
+        raise ConfigError(f"--man-pages must be >= 0, got {args.man_pages}")
+    run_config({"code": Path("code.jsonl")})  # --set checked before the corpus is built (minutes, the first time)
+    cfg = run_config(embedded.prepare(args.man_pages))
     from datapipe.curate.runner import curate
 
     result = curate(cfg, executor=_executor(args), progress=not args.no_progress)
     if args.train_steps <= 0:
         _report(result)
     else:  # train the tiny model on what was just curated, then show the full stats
-        from datapipe.core import shards
         from datapipe.inspect import stats
         from datapipe.train.config import load_train_config
         from datapipe.train.loop import train
 
         recipe = Path(__file__).resolve().parents[1] / "configs" / "train-tiny.yaml"
         steps = args.train_steps
-        holdout = 1 if shards.read_manifest(args.output)["num_shards"] >= 2 else 0  # the last shard, for eval
         run_dir = Path(args.output).with_name(Path(args.output).name + "-train")
         tcfg = load_train_config(recipe if recipe.exists() else None,
                                  [f"train.steps={steps}", f"train.eval_every={max(steps // 2, 1)}",
-                                  f"train.ckpt_every={steps}", f"data.holdout_shards={holdout}"],
+                                  f"train.ckpt_every={steps}", "data.holdout_shards=0"],  # eval: the run's eval split
                                  data=args.output, output=str(run_dir))
         print(f"\ntraining a tiny GPT for {steps} steps on {args.output} -> {tcfg.train.output}")
-        train(tcfg)
+        train(tcfg, resume=(run_dir / "checkpoint.pt").exists())  # a rerun continues (or finds done) the run
         from datapipe.inspect.plots import plot_run
 
         print(f"wrote {plot_run(tcfg.train.output)}\n")
@@ -182,11 +216,32 @@ def _input_yaml(domain: str, path: Path) -> str:
     return "{path: '%s', format: jsonl, domain: %s, domain_field: null}" % (str(path).replace("'", "''"), domain)
 
 
-def cmd_config_reference(_: argparse.Namespace) -> int:
+def _curate_root() -> type:
     from datapipe.curate.config import CurateConfig
+
+    return CurateConfig
+
+
+def _train_root() -> type:
+    from datapipe.train.config import TrainConfig
+
+    return TrainConfig
+
+
+def _preferences_root() -> type:
+    from datapipe.curate.preferences import PreferenceConfig
+
+    return PreferenceConfig
+
+
+# The config root of each command, by the name `config-reference` takes (imported lazily: torch is slow to load).
+ROOTS = {"curate": _curate_root, "train": _train_root, "preferences": _preferences_root}
+
+
+def cmd_config_reference(args: argparse.Namespace) -> int:
     from datapipe.core.config import help_lines
 
-    print("\n".join(help_lines(CurateConfig)))
+    print("\n".join(help_lines(ROOTS[args.which]())))
     return 0
 
 
@@ -214,15 +269,48 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+HANDLERS = {"curate": cmd_curate, "run": cmd_run, "config-reference": cmd_config_reference, "stats": cmd_stats,
+            "train": cmd_train, "plot": cmd_plot, "curate-preferences": cmd_curate_preferences}
+
+# What Ctrl-C leaves behind, per command: how to carry on.
+AFTER_CTRL_C = {
+    "curate": "rerun the same command to resume: finished work is kept",
+    "run": "rerun the same command to resume: finished curation work is kept (the tiny model trains again)",
+    "train": "rerun the same command with --resume to continue from the last checkpoint",
+    "curate-preferences": "rerun the same command to curate the preference records again",
+}
+
+
+def _say(message: str) -> None:
+    """One paragraph on stderr: blank lines removed."""
+    print("\n".join(line for line in f"datapipe: error: {message}".splitlines() if line.strip()), file=sys.stderr)
+
+
+def _os_error(exc: OSError) -> str:
+    if exc.strerror and exc.filename is not None:  # '[Errno 2] No such file...' reads worse than this
+        return f"{exc.strerror}: {exc.filename!r}" + (f" -> {exc.filename2!r}" if exc.filename2 else "")
+    return str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"curate": cmd_curate, "run": cmd_run, "config-reference": cmd_config_reference,
-               "stats": cmd_stats, "train": cmd_train, "plot": cmd_plot,
-               "curate-preferences": cmd_curate_preferences}[args.command]
     try:
-        return handler(args)
-    except (ConfigError, FileNotFoundError) as exc:  # bad input: a clear message, no traceback
-        print(f"datapipe: error: {exc}", file=sys.stderr)
+        return HANDLERS[args.command](args)
+    except ConfigError as exc:  # a user's mistake: say what and where, no traceback
+        _say(str(exc))
+        return 2
+    except RunStopped as exc:
+        _say(str(exc))
+        return 1
+    except KeyboardInterrupt:
+        after = AFTER_CTRL_C.get(args.command)
+        print(f"datapipe {args.command}: stopped (Ctrl-C)" + (f"; {after}" if after else ""), file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `datapipe config-reference | head`: the reader left; say nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as exc:  # a path that cannot be read or written: a missing file, a file where a folder goes
+        _say(_os_error(exc))
         return 2
 
 

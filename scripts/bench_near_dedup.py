@@ -1,183 +1,366 @@
-"""Benchmark near-dedup (MinHash-LSH) on the shared corpus; prints one JSON object.
+"""Benchmark near-dedup (MinHash-LSH): quality against brute force, and speed; prints one JSON object.
 
-usage: python -m scripts.bench_near_dedup [--corpus ../shared/data/corpus.jsonl.gz] [--fractions 0.1,0.25,0.5,1]
+usage: python -m scripts.bench_near_dedup [--corpus ../shared/data/corpus.jsonl.gz]
+           [--datatrove-python /tmp/dt-venv/bin/python] [--baseline-tree DIR] [--rounds 3]
 
-Side by side, on the same documents:
-- datapipe's whole near-dedup stage (signatures, bucket shuffle, connected components, keep rule,
-  applying the drops) on an embedded Ray with 1 worker and with 2, against the loop most users write:
-  datasketch `MinHash` + `MinHashLSH` query-then-insert per document in one process. Documents/s per
-  core, and the ratio.
-- how time and peak memory per worker grow from a fraction of the corpus to all of it;
-- on the license texts (many natural near-duplicates): clusters found by datapipe vs connected
-  components of brute-force exact Jaccard >= 0.8 on the same shingles, and pair precision/recall.
+datatrove runs in a virtual environment of its own (it is not a dependency of datapipe):
+    python -m venv /tmp/dt-venv && /tmp/dt-venv/bin/pip install datatrove spacy tokenizers orjson regex "xxhash<4"
+(datatrove 0.10.1 hashes `str` shingles, which xxhash 4 refuses; spacy is its English word tokenizer.)
+
+**Quality**, on a set built from the corpus: ORIGINALS documents (man pages and code of 300-2,000
+words, seeded choice), each with two planted copies edited to an exact Jaccard level in 0.70-0.95
+(line insertions, word swaps, a boilerplate header or truncation: `datapipe.testing.synthetic.plant`),
+plus every license text (natural near-duplicates), shuffled. The truth is brute-force exact Jaccard of
+the word 5-gram sets >= 0.8 over all pairs, clustered by connected components. For each method:
+precision and recall of the pairs it puts in one cluster (against the pairs of one true cluster), of
+the documents it removes (keeping the first document of each cluster, for every method alike), and
+the share of planted pairs put together, by level. Methods, at threshold 0.8 on word 5-grams:
+- datapipe, the default `dedup.minhash`; beside it `candidate_recall` 0.9 and 0.999, no exact
+  check (`exact_margin: 0`) and `bucket_window: 1`; and with `--baseline-tree` that tree's default
+  (the previous commit's: 9 x 13 bands, star edges verified by the estimate alone);
+- datasketch `MinHashLSH` (128 permutations; every document inserted, then queried; components of the
+  candidate pairs, as datasketch leaves them unverified);
+- datatrove's MinHash (14 x 8, its own text normalisation and tokenizer; signatures, buckets,
+  clusters), run with `--datatrove-python` (a separate virtual environment with datatrove and spacy).
+
+**Speed**: the near-dedup stage alone (the map half over 8 MB blocks of 2,000-document batches, the
+resolve, the drops) on the whole corpus, one fresh process per run. CPU seconds are user + system of
+the whole process (`RUSAGE_CHILDREN`, the tree: nothing here starts further processes), and of the
+stage itself (`process_time` around it). The runs alternate, A B C [D] then again, `--rounds` times:
+- A datasketch at its best: `MinHash(128).update_batch(shingles)` (SHA-1, its default hash) and
+  `MinHashLSH` query-then-insert;
+- B datapipe with `hash: sha1` (the same shingles, the same hash: like for like);
+- C datapipe's default (`hash: xxh3`);
+- D (with `--baseline-tree`) C's config on another source tree, e.g. the previous commit's:
+  `git archive <commit> | tar -x -C /tmp/datapipe-old`. Its default config is its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
+import resource
 import subprocess
+import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-from scripts.corpus import curate_in_fresh_process, load_docs
-from datapipe.testing.synthetic import cluster_pairs, precision_recall, true_pairs
+from scripts.corpus import load_docs
+from datapipe.testing.synthetic import EDITS, components, plant, removed_by_components, true_pairs
+from stages.minhash import MinHashConfig
+
+THRESHOLD = 0.8
+ORIGINALS = 300
+LEVELS = (0.70, 0.75, 0.78, 0.80, 0.82, 0.85, 0.90, 0.95)
+# datapipe settings measured beside the default on the quality set: the trade-off `dedup.minhash` exposes
+TRADE_OFFS = [("candidate_recall", 0.9), ("candidate_recall", 0.999), ("exact_margin", 0.0), ("bucket_window", 1)]
+REPO = Path(__file__).resolve().parent.parent
+
+# The near-dedup stage on its own, in a fresh process: argv = tree, input jsonl, work folder, config json.
+# Works with this tree's GlobalStage API and with the previous one (MinHashStage + near_dedup.resolve).
+_STAGE = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np, orjson, pyarrow as pa, pyarrow.compute as pc
+from pathlib import Path
+from datapipe.core.config import from_dict
+from datapipe.core.schema import DOC_SCHEMA
+from datapipe.core.shards import atomic_write_table, read_table
+from datapipe.curate.executors import LocalExecutor
+from stages.minhash import MinHashConfig, MinHashStage
+import datapipe.curate.near_dedup as nd
+docs = [orjson.loads(line) for line in open(sys.argv[2], "rb")]
+work, config = Path(sys.argv[3]), from_dict(MinHashConfig, json.loads(sys.argv[4]))
+table = pa.table({"id": [d["id"] for d in docs], "domain": [d["domain"] for d in docs],
+                  "text": pa.array([d["text"] for d in docs], pa.large_string()),
+                  "order": np.arange(len(docs), dtype=np.int64), "lang": pa.nulls(len(docs), pa.string()),
+                  "lang_score": pa.nulls(len(docs), pa.float32())}, schema=DOC_SCHEMA)
+del docs
+sizes = pc.binary_length(table.column("text")).to_numpy()
+cuts = np.searchsorted(np.cumsum(sizes), np.arange(8 << 20, int(sizes.sum()) + (8 << 20), 8 << 20), side="right")
+t0 = time.process_time()
+stage = nd.NearDedupStage(config) if hasattr(nd, "NearDedupStage") else MinHashStage(config)
+folder = work / "minhash"
+start = 0
+for b, end in enumerate(list(np.unique(np.r_[cuts, len(sizes)]))):
+    block = table.slice(start, int(end) - start); start = int(end)
+    if block.num_rows == 0:
+        continue
+    emitted = [stage.keys(batch) for batch in block.to_batches(max_chunksize=2000)]
+    for kind in emitted[0]:
+        keys = pa.concat_tables([e[kind] for e in emitted])
+        parts = keys.column("partition").to_numpy()
+        unique = np.unique(parts)
+        for p in unique:  # as the runner writes a global stage's keys
+            atomic_write_table(folder / kind / f"p{p:03d}" / f"b{b:05d}.arrow", keys if len(unique) == 1 else keys.filter(pa.array(parts == p)))
+map_cpu = time.process_time() - t0
+phases = {}
+def run_tasks(fn, shared, items, desc, _local=LocalExecutor()):  # CPU per resolve step ("minhash cc r3" -> "minhash cc")
+    t = time.process_time()
+    out = _local.run_tasks(fn, shared, items, desc)
+    step = desc.split(" r")[0]
+    phases[step] = phases.get(step, 0.0) + time.process_time() - t
+    return out
+summary = stage.resolve(run_tasks, folder, work) if hasattr(stage, "resolve") else nd.resolve(run_tasks, folder, stage, work)
+losers = pa.concat_tables([read_table(f) for f in sorted(folder.glob("losers-p*.arrow"))])
+kept = table.filter(pc.invert(pc.is_in(table.column("order"), value_set=losers.column("order"))))
+stage_cpu = time.process_time() - t0
+clusters = {r["id"]: r["cluster_id"] for r in __import__("pyarrow.parquet").parquet.read_table(work / "near_duplicates" / "clusters.parquet").to_pylist()}
+phases = {"map": map_cpu, **phases}
+print(json.dumps({"stage_cpu_seconds": stage_cpu, "phase_cpu_seconds": phases, "summary": summary, "kept": kept.num_rows, "clusters": clusters}))
+"""
+
+# datasketch at its best, in a fresh process: argv = tree, input jsonl, mode (stream | components).
+_DATASKETCH = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import orjson
+from datasketch import MinHash, MinHashLSH
 from stages.minhash import MinHashConfig, shingles
-
-MINHASH = {"enabled": True, "threshold": 0.8, "num_perm": 128, "ngram": 5}
-
-
-def datasketch_loop(docs: list[dict]) -> dict:
-    from datasketch import MinHash, MinHashLSH
-
-    cfg = MinHashConfig(**{k: v for k, v in MINHASH.items() if k != "enabled"}, hash="sha1")
-    lsh = MinHashLSH(threshold=0.8, num_perm=128)
-    removed = 0
-    t0 = time.process_time()
-    for d in docs:
+docs = [orjson.loads(line) for line in open(sys.argv[2], "rb")]
+cfg = MinHashConfig(threshold=0.8, num_perm=128, ngram=5)
+t0 = time.process_time()
+lsh = MinHashLSH(threshold=0.8, num_perm=128)
+removed, pairs = 0, []
+if sys.argv[3] == "stream":  # query-then-insert: what a one-pass dedup loop does
+    for i, d in enumerate(docs):
         m = MinHash(num_perm=128)
-        for s in shingles(d["text"], cfg):
-            m.update(s)
+        m.update_batch(shingles(d["text"], cfg))
         if lsh.query(m):
             removed += 1
         else:
-            lsh.insert(d["id"], m)
-    cpu = time.process_time() - t0
-    return {"cpu_seconds": round(cpu, 2), "docs_per_s_per_core": round(len(docs) / cpu, 1), "removed": removed}
+            lsh.insert(i, m)
+else:  # insert all, then query each: every candidate pair
+    sigs = []
+    for i, d in enumerate(docs):
+        m = MinHash(num_perm=128)
+        m.update_batch(shingles(d["text"], cfg))
+        lsh.insert(i, m)
+        sigs.append(m)
+    pairs = sorted({(min(i, j), max(i, j)) for i, m in enumerate(sigs) for j in lsh.query(m) if j != i})
+print(json.dumps({"stage_cpu_seconds": time.process_time() - t0, "removed": removed, "pairs": pairs}))
+"""
+
+# datatrove's MinHash pipeline, with its own interpreter: argv = input jsonl, work folder.
+_DATATROVE = r"""
+import json, struct, sys, time
+from pathlib import Path
+from datatrove.executor import LocalPipelineExecutor
+from datatrove.pipeline.readers import JsonlReader
+from datatrove.pipeline.dedup import MinhashDedupSignature, MinhashDedupBuckets, MinhashDedupCluster
+from datatrove.pipeline.dedup.minhash import MinhashConfig
+inp, work = sys.argv[1], Path(sys.argv[2])
+cfg = MinhashConfig()  # 5-grams, 14 buckets x 8 hashes, 64-bit xxhash
+t0 = time.process_time()
+LocalPipelineExecutor(pipeline=[JsonlReader(str(Path(inp).parent), glob_pattern=Path(inp).name),
+                                MinhashDedupSignature(output_folder=str(work / "sigs"), config=cfg)],
+                      tasks=1, logging_dir=str(work / "logs1"), skip_completed=False).run()
+LocalPipelineExecutor(pipeline=[MinhashDedupBuckets(input_folder=str(work / "sigs"), output_folder=str(work / "buckets"), config=cfg)],
+                      tasks=cfg.num_buckets, workers=1, logging_dir=str(work / "logs2"), skip_completed=False).run()
+LocalPipelineExecutor(pipeline=[MinhashDedupCluster(input_folder=str(work / "buckets"), output_folder=str(work / "out"), config=cfg, save_cluster_id=True)],
+                      tasks=1, logging_dir=str(work / "logs3"), skip_completed=False).run()
+raw = (work / "out" / "000000.clusters").read_bytes() if (work / "out" / "000000.clusters").exists() else b""
+pairs = struct.unpack(f"<{len(raw) // 4}I", raw)
+print(json.dumps({"seconds": time.process_time() - t0, "cluster_of": dict(zip(map(str, pairs[0::2]), pairs[1::2]))}))
+"""
 
 
-class PeakRSS:
-    """Samples the resident memory of Ray worker processes (named `ray::...`) every 0.2 s."""
-
-    def __init__(self) -> None:
-        self.peak_kb = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            out = subprocess.run(["ps", "-eo", "rss=,args="], capture_output=True, text=True).stdout
-            for line in out.splitlines():
-                rss, _, args = line.strip().partition(" ")
-                if args.startswith("ray::") and "Agent" not in args:
-                    self.peak_kb = max(self.peak_kb, int(rss))
-            time.sleep(0.2)
-
-    def __enter__(self) -> "PeakRSS":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+def _run(args: list[str]) -> tuple[dict[str, Any], float]:
+    """Run a fresh process in a neutral folder (the repository's `tokenizers/` folder would shadow
+    the package of that name); (its last stdout line as JSON, CPU seconds of it and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{args[:2]} failed:\n{proc.stderr[-4000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return json.loads(proc.stdout.strip().splitlines()[-1]), cpu
 
 
-def datapipe_run(jsonl: Path, out: Path, workers: int) -> dict:
-    cfg = {
-        "inputs": [{"path": str(jsonl), "domain_field": "domain"}],
-        "read": {"block_bytes": 4 * 2**20},
-        "normalize": {"enabled": False},
-        "dedup": {"exact": {"enabled": False}, "minhash": MINHASH},
-        "tokenizer": {"train": {"vocab_size": 300, "sample_bytes": 100_000}},
-        "output": {"dir": str(out), "keep_work": False},
-        "ray": {"num_cpus": workers},
-    }
-    with PeakRSS() as mem:
-        r, _ = curate_in_fresh_process(cfg)
-    p = r["phases"]
-    # the near-dedup stage: signatures + keys (seg0, which has no other stage here), the resolve
-    # (edges, rounds, keep rule) and applying its drops (seg1)
-    seconds = p["seg0"] + p["minhash_resolve"] + p["seg1"]
-    return {"seconds": round(seconds, 2), "phases": p, "summary": r["global_stages"]["minhash"], "docs_kept": r["docs"],
-            "peak_worker_rss_mb": round(mem.peak_kb / 1024, 1), "sha256": r["sha256"]}
+def run_datapipe(tree: Path, jsonl: Path, work: Path, config: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    return _run([sys.executable, "-c", _STAGE, str(tree), str(jsonl), str(work), json.dumps(config)])
 
 
-def license_clusters(docs: list[dict], tmp: Path) -> dict:
-    from datapipe.curate.executors import LocalExecutor
-    from datapipe.curate.config import CurateConfig
-    from datapipe.core.config import from_dict
-    from datapipe.curate.runner import curate
-    import pyarrow.parquet as pq
+def run_datasketch(jsonl: Path, mode: str) -> tuple[dict[str, Any], float]:
+    return _run([sys.executable, "-c", _DATASKETCH, str(REPO), str(jsonl), mode])
 
-    lic = [d for d in docs if d["domain"] == "license"]
-    path = tmp / "license.jsonl"
-    path.write_bytes(b"".join(orjson.dumps({"id": str(i), "text": d["text"]}) + b"\n" for i, d in enumerate(lic)))
-    cfg = from_dict(CurateConfig, {
-        "inputs": [{"path": str(path), "domain": "license"}],
-        "normalize": {"enabled": False},
-        "dedup": {"exact": {"enabled": False}, "minhash": MINHASH},
-        "tokenizer": {"train": {"vocab_size": 300, "sample_bytes": 100_000}},
-        "output": {"dir": str(tmp / "license-out")},
-    })
-    curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
-    rows = pq.read_table(tmp / "license-out" / "near_duplicates" / "clusters.parquet").to_pylist()
-    found = {int(r["id"]): r["cluster_id"] for r in rows}
-    mh = MinHashConfig(**{k: v for k, v in MINHASH.items() if k != "enabled"})
-    t0 = time.perf_counter()
-    truth = true_pairs([d["text"] for d in lic], mh, 0.8)
-    brute_seconds = time.perf_counter() - t0
-    # brute-force clusters: connected components of the true pairs
-    parent = list(range(len(lic)))
 
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
+# ---------------------------------------------------------------- quality
 
-    for i, j in truth:
-        parent[find(j)] = find(i)
-    brute_clusters = {find(i) for pair in truth for i in pair}
-    precision, recall = precision_recall(cluster_pairs(found), truth)
+
+def quality_set(docs: list[dict], seed: int = 0) -> tuple[list[dict], list[tuple[int, int, float, float, str]]]:
+    """(documents, planted pairs as (original index, copy index, level, exact Jaccard, edit kind))."""
+    rng = random.Random(seed)
+    cfg = MinHashConfig()
+    licenses = [d for d in docs if d["domain"] == "license"]
+    pool = [d for d in docs if d["domain"] != "license" and 300 <= len(d["text"].split()) <= 2000]
+    originals = rng.sample(pool, ORIGINALS)
+    filler = [line for d in rng.sample(pool, 200) for line in d["text"].split("\n") if len(line.split()) >= 4]
+    items: list[tuple[str, dict, tuple | None]] = []  # (key, doc, (original key, level, J, kind))
+    for i, d in enumerate(originals):
+        items.append((f"o{i}", d, None))
+        for c, (level, kind) in enumerate([(LEVELS[i % 8], EDITS[i % 4]), (LEVELS[(3 * i + 5) % 8], EDITS[(i + 1 + i // 8) % 4])]):
+            text, j = plant(d["text"], level, kind, rng, cfg, filler)
+            items.append((f"o{i}c{c}", {"id": f"o{i}c{c}", "domain": d["domain"], "text": text}, (f"o{i}", level, j, kind)))
+    items += [(f"l{i}", d, None) for i, d in enumerate(licenses)]
+    rng.shuffle(items)
+    index = {key: n for n, (key, _, _) in enumerate(items)}
+    out = [{"id": str(n), "domain": d["domain"], "text": d["text"]} for n, (_, d, _) in enumerate(items)]
+    planted = [(index[p[0]], index[key], p[1], p[2], p[3]) for key, _, p in items if p is not None]
+    return out, planted
+
+
+def _pairs_of(labels: list[int]) -> set[tuple[int, int]]:
+    groups: dict[int, list[int]] = {}
+    for doc, label in enumerate(labels):
+        groups.setdefault(label, []).append(doc)
+    return {(a, b) for members in groups.values() for i, a in enumerate(members) for b in members[i + 1 :]}
+
+
+def _pr(found: set, truth: set) -> dict[str, float]:
+    hit = len(found & truth)
+    return {"precision": round(hit / len(found), 4) if found else 1.0, "recall": round(hit / len(truth), 4) if truth else 1.0}
+
+
+def score(labels: list[int], truth_labels: list[int], planted: list[tuple], licenses: set[int]) -> dict[str, Any]:
+    """Pair and removed-document precision/recall of a clustering, the same for the pairs of two
+    license texts (natural near-duplicates), and planted pairs put together by level."""
+    pairs, truth = _pairs_of(labels), _pairs_of(truth_labels)
+    natural = {p for p in pairs if p[0] in licenses and p[1] in licenses}
+    natural_truth = {p for p in truth if p[0] in licenses and p[1] in licenses}
+    together: dict[str, list[int]] = {}
+    for a, b, level, _j, _kind in planted:
+        together.setdefault(f"{level:.2f}", [0, 0])
+        together[f"{level:.2f}"][0] += labels[a] == labels[b]
+        together[f"{level:.2f}"][1] += 1
     return {
-        "docs": len(lic),
-        "datapipe_clusters": len(set(found.values())),
-        "datapipe_docs_in_clusters": len(found),
-        "brute_force_clusters": len(brute_clusters),
-        "brute_force_docs_in_clusters": len({i for p in truth for i in p}),
-        "true_pairs": len(truth),
-        "pair_precision": round(precision, 4),
-        "pair_recall": round(recall, 4),
-        "brute_force_seconds": round(brute_seconds, 1),
+        "pairs": _pr(pairs, truth),
+        "license_pairs": _pr(natural, natural_truth),
+        "removed_docs": {**_pr(removed_by_components(labels), removed_by_components(truth_labels)),
+                         "removed": len(removed_by_components(labels))},
+        "planted_together_by_level": {k: round(v[0] / v[1], 3) for k, v in sorted(together.items())},
     }
+
+
+def _labels_from_ids(n: int, cluster_of: dict[str, Any]) -> list[int]:
+    """Cluster labels (smallest member) from {document index as str: cluster key}."""
+    first: dict[Any, int] = {}
+    for doc in sorted(int(d) for d in cluster_of):
+        first.setdefault(cluster_of[str(doc)], doc)
+    return [first[cluster_of[str(i)]] if str(i) in cluster_of else i for i in range(n)]
+
+
+def quality(docs: list[dict], tmp: Path, datatrove_python: str | None, baseline_tree: Path | None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    qdocs, planted = quality_set(docs)
+    build_seconds = time.perf_counter() - t0
+    jsonl = tmp / "quality" / "docs.jsonl"
+    jsonl.parent.mkdir(parents=True)
+    jsonl.write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in qdocs))
+    texts = [d["text"] for d in qdocs]
+    t0 = time.perf_counter()
+    truth = true_pairs(texts, MinHashConfig(), THRESHOLD)
+    truth_seconds = time.perf_counter() - t0
+    truth_labels = components(len(texts), truth)
+    result: dict[str, Any] = {
+        "docs": len(qdocs),
+        "planted_pairs": len(planted),
+        "planted_levels": {f"{lv:.2f}": sum(1 for p in planted if p[2] == lv) for lv in LEVELS},
+        "planted_exact_jaccard_range": [round(min(p[3] for p in planted), 4), round(max(p[3] for p in planted), 4)],
+        "license_texts": sum(1 for d in qdocs if d["domain"] == "license"),
+        "true_pairs": len(truth),
+        "true_clusters": len({truth_labels[i] for pair in truth for i in pair}),
+        "docs_in_true_clusters": len({i for pair in truth for i in pair}),
+        "pairs_in_true_clusters": len(_pairs_of(truth_labels)),
+        "build_seconds": round(build_seconds, 1),
+        "brute_force_seconds": round(truth_seconds, 1),
+    }
+    methods: dict[str, Any] = {}
+    licenses = {i for i, d in enumerate(qdocs) if d["domain"] == "license"}
+    runs = [("datapipe", REPO, {})] + [(f"datapipe_{k}_{v}", REPO, {k: v}) for k, v in TRADE_OFFS]
+    runs += [("baseline_tree_default", baseline_tree, {})] if baseline_tree else []
+    for name, tree, config in runs:
+        out, cpu = run_datapipe(tree, jsonl, tmp / "quality" / name, {"threshold": THRESHOLD, **config})
+        methods[name] = {**score(_labels_from_ids(len(texts), out["clusters"]), truth_labels, planted, licenses),
+                         "summary": out["summary"], "process_cpu_seconds": round(cpu, 1)}
+    out, cpu = run_datasketch(jsonl, "components")
+    labels = components(len(texts), [tuple(p) for p in out["pairs"]])
+    methods["datasketch_lsh"] = {**score(labels, truth_labels, planted, licenses), "candidate_pairs": len(out["pairs"]),
+                                 "process_cpu_seconds": round(cpu, 1)}
+    if datatrove_python:
+        out, cpu = _run([datatrove_python, "-c", _DATATROVE, str(jsonl), str(tmp / "quality" / "datatrove")])
+        methods["datatrove"] = {**score(_labels_from_ids(len(texts), out["cluster_of"]), truth_labels, planted, licenses),
+                                "process_cpu_seconds": round(cpu, 1)}
+    else:
+        methods["datatrove"] = "not run: give --datatrove-python (an interpreter with datatrove and spacy installed)"
+    result["methods"] = methods
+    return result
+
+
+# ---------------------------------------------------------------- speed
+
+
+def speed(docs: list[dict], tmp: Path, rounds: int, baseline_tree: Path | None) -> dict[str, Any]:
+    jsonl = tmp / "speed" / "all.jsonl"
+    jsonl.parent.mkdir(parents=True)
+    jsonl.write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in docs))
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for r in range(rounds):
+        plan: list[tuple[str, Any]] = [
+            ("A_datasketch_sha1_update_batch", lambda: run_datasketch(jsonl, "stream")),
+            ("B_datapipe_sha1", lambda: run_datapipe(REPO, jsonl, tmp / "speed" / f"b{r}", {"enabled": True, "hash": "sha1"})),
+            ("C_datapipe_default", lambda: run_datapipe(REPO, jsonl, tmp / "speed" / f"c{r}", {"enabled": True})),
+        ]
+        if baseline_tree is not None:
+            plan.append(("D_baseline_tree_default", lambda: run_datapipe(baseline_tree, jsonl, tmp / "speed" / f"d{r}", {"enabled": True})))
+        for name, fn in plan:
+            out, cpu = fn()
+            phases = {k: round(v, 2) for k, v in out.get("phase_cpu_seconds", {}).items()}
+            runs.setdefault(name, []).append({"process_cpu_seconds": round(cpu, 2),
+                                              "stage_cpu_seconds": round(out["stage_cpu_seconds"], 2),
+                                              **({"phase_cpu_seconds": phases} if phases else {}),
+                                              "removed": out.get("removed", len(docs) - out.get("kept", len(docs)))})
+    table = {}
+    for name, rs in runs.items():
+        cpu = [x["process_cpu_seconds"] for x in rs]
+        stage = [x["stage_cpu_seconds"] for x in rs]
+        table[name] = {"runs": rs, "process_cpu_mean": round(sum(cpu) / len(cpu), 2), "process_cpu_spread": [min(cpu), max(cpu)],
+                       "stage_cpu_mean": round(sum(stage) / len(stage), 2), "stage_cpu_spread": [min(stage), max(stage)],
+                       "docs_per_stage_cpu_second": round(len(docs) / (sum(stage) / len(stage)), 1)}
+    a, b, c = (table[k]["stage_cpu_mean"] for k in ("A_datasketch_sha1_update_batch", "B_datapipe_sha1", "C_datapipe_default"))
+    ratios = {"like_for_like_sha1_vs_datasketch": round(a / b, 2), "default_vs_datasketch": round(a / c, 2)}
+    pa_, pb, pc_ = (table[k]["process_cpu_mean"] for k in ("A_datasketch_sha1_update_batch", "B_datapipe_sha1", "C_datapipe_default"))
+    ratios.update({"like_for_like_process_cpu": round(pa_ / pb, 2), "default_process_cpu": round(pa_ / pc_, 2)})
+    if baseline_tree is not None:
+        d = table["D_baseline_tree_default"]["stage_cpu_mean"]
+        ratios["default_throughput_vs_baseline_tree"] = round(d / c, 2)
+    return {"docs": len(docs), "rounds": rounds, "order": "A B C [D] per round", "runs": table, "ratios": ratios}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--corpus", default="../shared/data/corpus.jsonl.gz")
-    p.add_argument("--fractions", default="0.1,0.25,0.5,1")
+    p.add_argument("--datatrove-python", default=None, help="an interpreter with datatrove and spacy installed")
+    p.add_argument("--baseline-tree", type=Path, default=None, help="another source tree to time the default stage of")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--skip", choices=["quality", "speed"], default=None)
     args = p.parse_args()
+    t0 = time.perf_counter()
     docs = load_docs(args.corpus)
-    results: dict = {"docs": len(docs)}
+    results: dict[str, Any] = {"corpus_docs": len(docs), "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="bench-near-") as t:
         tmp = Path(t)
-        jsonl = tmp / "all.jsonl"
-        jsonl.write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in docs))
-        baseline = datasketch_loop(docs)
-        one = datapipe_run(jsonl, tmp / "w1", 1)
-        two = datapipe_run(jsonl, tmp / "w2", 2)
-        per_core = len(docs) / one["seconds"]
-        results["whole_corpus"] = {
-            "datasketch_loop_1_core": baseline,
-            "datapipe_1_worker": {k: v for k, v in one.items() if k != "sha256"},
-            "datapipe_2_workers": {k: v for k, v in two.items() if k != "sha256"},
-            "datapipe_docs_per_s_per_core": round(per_core, 1),
-            "speedup_per_core_vs_datasketch": round(per_core / baseline["docs_per_s_per_core"], 2),
-            "same_shards_1_and_2_workers": one["sha256"] == two["sha256"],
-        }
-        growth = []
-        for frac in [float(x) for x in args.fractions.split(",")]:
-            part = tmp / f"part-{frac}.jsonl"
-            part.write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in docs[: int(len(docs) * frac)]))
-            r = datapipe_run(part, tmp / f"frac-{frac}", 1)
-            growth.append({"fraction": frac, "docs": int(len(docs) * frac), "seconds": r["seconds"],
-                           "peak_worker_rss_mb": r["peak_worker_rss_mb"]})
-        results["growth_1_worker"] = growth
-        results["license_texts"] = license_clusters(docs, tmp)
+        if args.skip != "quality":
+            results["quality"] = quality(docs, tmp, args.datatrove_python, args.baseline_tree)
+        if args.skip != "speed":
+            results["speed"] = speed(docs, tmp, args.rounds, args.baseline_tree)
+    results["wall_seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(results, indent=1))
 
 

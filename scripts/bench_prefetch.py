@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -40,8 +41,8 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], dest="overrides", help="extra config overrides")
     args = p.parse_args()
     out = Path(args.out)
-    for d in ("on", "off"):  # fresh metrics for each arm
-        (out / d / "metrics.jsonl").unlink(missing_ok=True)
+    for d in ("on", "off"):  # a fresh run folder for each arm (the trainer refuses to reuse one)
+        shutil.rmtree(out / d, ignore_errors=True)
     rows = [run(args.data, out, args.steps, args.delay_s, enabled, args.overrides) for enabled in (False, True)]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
     print(f"\n{device}; loader delay {args.delay_s * 1000:.0f} ms/batch; {args.steps} steps; "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -102,8 +103,7 @@ def main() -> None:
     for seed in args.seeds:
         for arm in results:
             run_dir = out / f"{arm}-seed{seed}"
-            if (run_dir / "metrics.jsonl").exists():
-                (run_dir / "metrics.jsonl").unlink()
+            shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run folder per arm (the trainer refuses to reuse one)
             overrides = [f"train.steps={args.steps}", f"train.seed={seed}", f"train.eval_every={args.eval_every}",
                          f"train.log_every={args.eval_every}", "train.ckpt_every=0", "data.holdout_shards=0",
                          f"data.eval_source={eval_src}", f"data.eval_batches={args.eval_batches}", "train.device=cpu",

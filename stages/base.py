@@ -1,8 +1,15 @@
-"""The contract every curation stage keeps.
+"""The contracts every curation stage keeps: map stages and global stages.
 
-A stage is a small class with a frozen, typed config and a pure function over a batch of documents
-(`datapipe.schema.DOC_SCHEMA` in, `StageResult` out). Stages never import Ray, torch, the loader or
-the trainer: the runner in `datapipe.runner` maps them onto Ray (or a plain loop in tests).
+A **map stage** (`Stage`) is a small class with a frozen, typed config and a pure function over a
+batch of documents (`datapipe.core.schema.DOC_SCHEMA` in, `StageResult` out). Stages never import
+Ray, torch, the loader or the trainer: the runner in `datapipe.curate.runner` maps them onto Ray (or
+a plain loop in tests).
+
+A **global stage** (`GlobalStage`: exact dedup, near dedup) decides over every document at once, in
+two halves the runner drives the same way for every such stage: a map half (`keys`) that emits
+hash-partitioned keys per document inside the block tasks, and a resolve half (`resolve`) that runs
+after all blocks, with the executor's `run_tasks`, and names the losing documents. The next segment
+drops them (see `GlobalStage`).
 
 A document filter is smaller still: `check(text) -> reason | None`. `FilterStage` applies the
 filters configured for each document's domain (or domain and language: keys `domain/lang`, `domain`,
@@ -12,13 +19,16 @@ reason is `"<filter name>:<check>"` (e.g. `gopher_quality:word_count`).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, Sequence
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from datapipe.core.schema import DROPPED_SCHEMA
+from datapipe.core.shards import read_table
 
 
 @dataclass(frozen=True)
@@ -28,9 +38,66 @@ class StageResult:
 
 
 class Stage(Protocol):
+    """A map stage: a pure function of one batch of documents."""
+
     name: str
 
     def __call__(self, batch: pa.RecordBatch) -> StageResult: ...
+
+
+# The documents a global stage decided against: global input `order`, the drop reason and the id of
+# the document kept in their place.
+LOSER_SCHEMA = pa.schema([("order", pa.int64()), ("reason", pa.string()), ("kept_id", pa.string())])
+
+RunTasks = Callable[[Callable[..., Any], Any, Sequence[tuple[Any, ...]], str], list[Any]]
+"""An executor's `run_tasks(fn, shared, items, desc)`: calls `fn(shared, *item)` once per item, as
+independent tasks (so `fn` is a module-level function and `shared` is picklable), and returns the
+results in item order."""
+
+
+class GlobalStage(ABC):
+    """A stage that decides over all documents of the run at once, in two halves.
+
+    - **map half**, `keys(batch)`: for each document of a batch, rows of keys, as tables by kind
+      (`{"keys": ...}`, `{"buckets": ..., "nodes": ...}`). Every table has a `partition` column
+      (uint32 in `[0, partitions)`). The runner calls it in each block task after the segment's map
+      stages, and writes the rows of partition p of kind k from block b to `folder/k/pNNN/b.arrow`,
+      `folder` being `work/<name>/`.
+    - **resolve half**, `resolve(run_tasks, folder, out_dir)`: called once, after every block's keys
+      are written. It decides which documents lose, running its own tasks through `run_tasks`, and
+      leaves them in `folder/losers-pNNN.arrow` (`LOSER_SCHEMA`; each document at most once over all
+      files). It may write reports into `out_dir` and returns a JSON-able summary, which the runner
+      puts in stats.json under `global_stages.<name>`. Each of its tasks writes its outputs
+      atomically and is skipped when they exist, so a killed run resumes to the same result.
+
+    The next segment drops the losers before its own stages, as drops of stage `name` with the
+    loser's reason and `kept_id`.
+    """
+
+    name: ClassVar[str]  # also the folder of its keys and losers under work/
+
+    @abstractmethod
+    def keys(self, batch: pa.RecordBatch) -> dict[str, pa.Table]:
+        """The map half: key tables by kind, each with a `partition` column."""
+
+    @abstractmethod
+    def resolve(self, run_tasks: RunTasks, folder: Path, out_dir: Path) -> dict[str, Any]:
+        """The resolve half: write `folder/losers-pNNN.arrow`; return a summary for the stats."""
+
+    @staticmethod
+    def losers(folder: Path) -> pa.Table:
+        """Every loser `resolve` wrote into `folder`."""
+        tables = [read_table(f) for f in sorted(folder.glob("losers-p*.arrow"))]
+        return pa.concat_tables(tables) if tables else LOSER_SCHEMA.empty_table()
+
+
+def read_partition(folder: Path, schema: pa.Schema | None = None) -> pa.Table | None:
+    """All rows of the `.arrow` files in one partition folder (e.g. `folder/keys/p003/`), in file
+    name order; None (or an empty table of `schema`) when there are none."""
+    files = sorted(folder.glob("*.arrow")) if folder.is_dir() else []
+    if not files:
+        return schema.empty_table() if schema is not None else None
+    return pa.concat_tables([read_table(f) for f in files])
 
 
 def split_by_reasons(

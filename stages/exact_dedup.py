@@ -1,26 +1,30 @@
 """Exact dedup: a 128-bit hash of the (normalized) text, resolved globally.
 
-The stage itself is pure: `keys(batch)` computes each document's hash and hash partition,
-`resolve(keys)` decides, for the keys of one partition (gathered from every input file, worker and
-node by the runner's shuffle), which documents lose: within each hash, the first document by global
-input `order` is kept and every other one is dropped with reason `exact_duplicate` and the kept id.
-The winner does not depend on how many workers or partitions were used.
+A global stage (`stages.base.GlobalStage`). Its map half, `keys(batch)`, computes each document's
+hash and hash partition. Its resolve half runs one task per partition: `partition_losers(keys)`
+decides, for the keys of one partition (gathered from every input file, worker and node by the
+runner's shuffle), which documents lose: within each hash, the first document by global input
+`order` is kept and every other one is dropped with reason `exact_duplicate` and the kept id. The
+winner does not depend on how many workers or partitions were used.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import xxhash
 
 from datapipe.core.config import check, note
+from datapipe.core.shards import atomic_write_table, read_table
+from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks, read_partition
 
 KEY_SCHEMA = pa.schema(
     [("hash", pa.binary(16)), ("partition", pa.uint32()), ("order", pa.int64()), ("id", pa.string())]
 )
-LOSER_SCHEMA = pa.schema([("order", pa.int64()), ("reason", pa.string()), ("kept_id", pa.string())])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,7 +36,7 @@ class ExactDedupConfig:
         check(self.partitions > 0, f"partitions must be > 0, got {self.partitions!r}")
 
 
-class ExactDedupStage:
+class ExactDedupStage(GlobalStage):
     name = "exact_dedup"
 
     def __init__(self, config: ExactDedupConfig) -> None:
@@ -49,8 +53,13 @@ class ExactDedupStage:
         )
         return {"keys": keys}
 
+    def resolve(self, run_tasks: RunTasks, folder: Path, out_dir: Path) -> dict[str, Any]:
+        """One task per partition: `folder/losers-pNNN.arrow` from `folder/keys/pNNN/`."""
+        items = [(p,) for p in range(self.config.partitions)]
+        return {"removed": sum(run_tasks(partition_task, str(folder), items, self.name))}
+
     @staticmethod
-    def resolve(keys: pa.Table) -> pa.Table:
+    def partition_losers(keys: pa.Table) -> pa.Table:
         """Losers among `keys` (all keys of one partition): every non-first document of each hash."""
         if keys.num_rows == 0:
             return LOSER_SCHEMA.empty_table()
@@ -72,3 +81,14 @@ class ExactDedupStage:
             ],
             schema=LOSER_SCHEMA,
         )
+
+
+def partition_task(folder: str, partition: int) -> int:
+    """The losers of one partition, written once to `folder/losers-pNNN.arrow`; their count."""
+    out = Path(folder) / f"losers-p{partition:03d}.arrow"
+    if out.exists():
+        return read_table(out).num_rows
+    keys = read_partition(Path(folder) / "keys" / f"p{partition:03d}")
+    losers = ExactDedupStage.partition_losers(keys) if keys is not None else LOSER_SCHEMA.empty_table()
+    atomic_write_table(out, losers)
+    return losers.num_rows

@@ -3,7 +3,10 @@
 The tokenizer definition (`tokenizer.json`) is the source of truth. Every document is encoded
 without the tokenizer's own post-processor and gets the end-of-document id appended (and a
 beginning-of-document id prepended when configured); both are validated against the vocabulary
-before any work starts. Ids are stored as uint16 when the vocabulary fits, else uint32.
+before any work starts. Ids are stored as uint16 when every id fits, else uint32: the bound is the
+largest id + 1 (`id_bound`), not `get_vocab_size()`, which counts tokens and is smaller than that when
+ids have gaps (an EOS added at id 100,000 to a 50,000-token vocabulary). The manifest records the
+bound as the vocabulary size, so a model sized from it has an embedding row for every id.
 
 Special-token text inside a document (e.g. the string "<|endoftext|>") is plain text: it never
 becomes the special id mid-document.
@@ -41,7 +44,7 @@ class TokenizerTrainConfig:
     vocab_size: int = note(32000, help="target vocabulary size, special tokens included")
     sample_bytes: int = note(20_000_000, help="bytes of kept text (a deterministic sample) to train on")
     min_frequency: int = note(2, help="minimum pair frequency for a merge")
-    save_dir: str | None = note(None, help="also save the trained tokenizer.json here (e.g. tokenizers/quickstart)")
+    save_dir: str | None = note(None, help="also copy the trained tokenizer.json here, outside the output folder (it is always OUT/tokenizer.json); best named on the command line with --set")
 
     def __post_init__(self) -> None:
         check(256 < self.vocab_size <= 2**32, f"vocab_size must be in (256, 2**32], got {self.vocab_size!r}")
@@ -89,7 +92,14 @@ def train_tokenizer(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
 
 
 def token_dtype(vocab_size: int) -> pa.DataType:
+    """uint16 when every id < `vocab_size` fits, else uint32."""
     return pa.uint16() if vocab_size <= 2**16 else pa.uint32()
+
+
+def id_bound(tokenizer: Tokenizer) -> int:
+    """The largest token id + 1 (added tokens included): what the token dtype and a model's embedding
+    must hold (`tokenizers` ids are u32, so uint32 always fits)."""
+    return max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,7 @@ class TokenizerInfo:
 
     path: str
     sha256: str
-    vocab_size: int
+    vocab_size: int  # the largest token id + 1 (`id_bound`): a model needs this many embedding rows
     eos_id: int
     bos_id: int | None
     dtype: str
@@ -123,7 +133,7 @@ def special_ids(tokenizer: Tokenizer, config: TokenizerConfig, where: str) -> tu
 def describe(tokenizer_json: str, path: str, config: TokenizerConfig) -> TokenizerInfo:
     tokenizer = Tokenizer.from_str(tokenizer_json)
     eos, bos = special_ids(tokenizer, config, path)
-    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    vocab = id_bound(tokenizer)  # the largest id + 1: with gaps in the ids, more than the token count
     return TokenizerInfo(
         path=path,
         sha256=hashlib.sha256(tokenizer_json.encode()).hexdigest(),
@@ -170,7 +180,7 @@ class TokenizeStage:
         self.config = config
         self.where = where
         self.eos_id, self.bos_id = special_ids(self.tokenizer, config, where)
-        self.dtype = token_dtype(self.tokenizer.get_vocab_size(with_added_tokens=True))
+        self.dtype = token_dtype(id_bound(self.tokenizer))
         self._np_dtype = np.uint16 if self.dtype == pa.uint16() else np.uint32
         # encode_batch_fast skips offsets we never use (tokenizers >= 0.20)
         self._encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)

@@ -22,6 +22,12 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def verified_shard_cache(tmp_path_factory):
+    """The loader remembers verified shards under $DATAPIPE_CACHE_DIR: keep the tests' markers out of ~/.cache."""
+    os.environ["DATAPIPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("datapipe-cache"))
+
+
 @pytest.fixture
 def slice_input() -> dict[str, Any]:
     return {"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}

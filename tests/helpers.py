@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from datapipe.curate.config import CurateConfig
+import numpy as np
+import torch
+
 from datapipe.core.config import from_dict
+from datapipe.curate.config import CurateConfig
+from datapipe.loader.packing import block_causal_mask
+from datapipe.testing.shards import write_fake_shards
+from datapipe.train.config import TrainConfig, load_train_config
 
 ASSETS = Path(__file__).parent / "assets"
 
@@ -27,3 +34,120 @@ def small_config(out_dir: Path | str, inputs: list[dict[str, Any]], **sections: 
         else:
             data[key] = value
     return from_dict(CurateConfig, data)
+
+
+def with_eos_at(tokenizer_json: str, eos_id: int, eos_token: str = "<|endoftext|>") -> str:
+    """The same tokenizer with its EOS moved to id `eos_id`, leaving a gap in the ids: a small
+    vocabulary whose largest id is far beyond its token count (as when a special token is added late)."""
+    data = json.loads(tokenizer_json)
+    data["model"]["vocab"][eos_token] = eos_id
+    for added in data["added_tokens"]:
+        if added["content"] == eos_token:
+            added["id"] = eos_id
+    return json.dumps(data)
+
+
+# ---------------------------------------------------------------- loader tests: every token names its document
+# Document g's token k is g * STRIDE + k + 1 and its last token is EOS (0), so a served batch can be checked token by token.
+
+STRIDE = 10_000
+EOS = 0
+
+
+
+def doc_tokens(g: int, n: int) -> list[int]:
+    return [g * STRIDE + k + 1 for k in range(n - 1)] + [EOS]
+
+
+def write_source(out: Path, shard_docs: list[list[tuple[str, int]]], *, scores: bool = False) -> dict[int, list[int]]:
+    """Shards of documents given as (domain, length) per shard; returns {global doc id: tokens}."""
+    docs, specs, g = {}, [], 0
+    for spec in shard_docs:
+        shard = []
+        for domain, n in spec:
+            docs[g] = doc_tokens(g, n)
+            doc = {"id": f"d{g}", "domain": domain, "tokens": docs[g]}
+            if scores:  # a difficulty score unrelated to length: the document id modulo 7
+                doc["score"] = float(g % 7)
+            shard.append(doc)
+            g += 1
+        specs.append(shard)
+    vocab = max(2**24, g * STRIDE)  # every token id below it (the loader checks)
+    write_fake_shards(out, specs, vocab_size=vocab, dtype="uint32", eos_id=EOS)
+    return docs
+
+
+def mixed_shards(seed: int = 0, n_shards: int = 6, per_shard: int = 40, high: int = 300) -> list[list[tuple[str, int]]]:
+    """Domain-clustered shards like curated ones (most hold one domain), long-tailed lengths."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in range(n_shards):
+        domains = ["web"] * 3 + ["code"] * 2 + ["book"]
+        base = domains[s % len(domains)]
+        spec = []
+        for _ in range(per_shard):
+            d = base if s != 2 or rng.random() < 0.5 else "book"
+            spec.append((d, int(min(rng.lognormal(4.0, 1.0) + 2, high))))
+        out.append(spec)
+    return out
+
+
+def check_batch(b: dict, docs: dict[int, list[int]], seq_len: int, batch_size: int) -> None:
+    """Every packing invariant, checked against the original documents."""
+    for key in ("input_ids", "labels", "position_ids", "doc_ids"):
+        assert b[key].shape == (batch_size, seq_len) and b[key].dtype == torch.int64
+    cu = b["cu_seqlens"].tolist()
+    assert b["cu_seqlens"].dtype == torch.int32 and cu[0] == 0 and cu[-1] == batch_size * seq_len
+    ids, labels = b["input_ids"].reshape(-1).tolist(), b["labels"].reshape(-1).tolist()
+    pos, doc = b["position_ids"].reshape(-1).tolist(), b["doc_ids"].reshape(-1).tolist()
+    for a, z in zip(cu[:-1], cu[1:]):
+        assert a // seq_len == (z - 1) // seq_len  # a segment never spans two rows
+        assert pos[a:z] == list(range(z - a))  # positions restart at every segment
+        assert len(set(doc[a:z])) == 1
+        g = doc[a]
+        if g < 0:  # padding: no loss
+            assert all(x == -100 for x in labels[a:z])
+            continue
+        toks = docs[g]
+        start = len(toks) - 1 if ids[a] == EOS else ids[a] - g * STRIDE - 1  # EOS only ends a document
+        assert ids[a:z] == toks[start : start + z - a]  # a contiguous range of one document
+        nxt = toks[start + 1 : start + z - a + 1]  # labels: the next token of the same document ...
+        want = nxt + [-100] * (z - a - len(nxt))  # ... and -100 where the document ends
+        assert labels[a:z] == want
+    # attention: each query sees exactly the earlier tokens of its own piece (the cu_seqlens span),
+    # built here from the spans and compared with the mask of the batch's segments
+    want = torch.zeros(batch_size, seq_len, seq_len, dtype=torch.bool)
+    for a, z in zip(cu[:-1], cu[1:]):
+        r, i = divmod(a, seq_len)
+        want[r, i : i + z - a, i : i + z - a] = torch.ones(z - a, z - a, dtype=torch.bool).tril()
+    assert torch.equal(block_causal_mask(b["segment_ids"]), want)
+
+
+# ---------------------------------------------------------------- trainer tests: tiny learnable shards
+
+VOCAB = 64
+
+
+
+def write_train_source(out: Path, n_shards: int = 3, per_shard: int = 30) -> Path:
+    """Tiny curated-like shards: two domains, documents of 10-90 tokens with a learnable pattern."""
+    rng = np.random.default_rng(0)
+    specs, g = [], 0
+    for s in range(n_shards):
+        shard = []
+        for i in range(per_shard):
+            n = int(rng.integers(10, 90))
+            start = int(rng.integers(1, VOCAB))
+            toks = [(start + 3 * k) % (VOCAB - 1) + 1 for k in range(n - 1)] + [0]
+            shard.append({"id": f"d{g}", "domain": "code" if (s + i) % 2 else "prose", "tokens": toks})
+            g += 1
+        specs.append(shard)
+    write_fake_shards(out, specs, vocab_size=VOCAB, dtype="uint16")
+    return out
+
+
+def tiny_cfg(source: Path, output: Path, *overrides: str) -> TrainConfig:
+    base = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.max_seq_len=64", "data.seq_len=64",
+            "data.batch_size=2", "data.holdout_shards=1", "data.eval_batches=1", "train.steps=10",
+            "train.log_every=2", "train.eval_every=5", "train.ckpt_every=5", "optim.lr=0.01", "prefetch.depth=2"]
+    return load_train_config(None, base + list(overrides), data=str(source), output=str(output))

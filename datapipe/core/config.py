@@ -1,18 +1,24 @@
 """Typed, strict configuration: one tree of frozen dataclasses; YAML is only how it is stored.
 
-`from_dict(cls, data)` builds a dataclass from plain data (as YAML gives it) and refuses unknown
-keys, wrong types and bad values with an error that names the dotted key, the value received and
-what is allowed. Field notes live in `field(metadata={"help": ...})` so the config reference in the
-README can be generated from the code.
+Every command's config (curate, curate-preferences, train) is a root dataclass loaded by the one
+loader, `load(Root, recipe, overrides, flags)`: read the YAML recipe, apply the `--set a.b=v`
+overrides, apply the command-line flags, build the tree strictly. `from_dict(cls, data)` refuses
+unknown keys, wrong types and bad values with a `ConfigError` that names the dotted key, the value
+received and what is allowed; the loader prefixes the recipe file. A dataclass may list renamed keys
+in a `RENAMED: ClassVar[dict[str, str]]` (old dotted key -> new); an old key is an error naming the
+new one. Field notes live in `note(help=...)` so `datapipe config-reference` is generated from the
+code.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -20,7 +26,13 @@ T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A config that cannot be used; the message names the dotted key."""
+    """A config or an input that cannot be used; the message names the dotted key (or the path) and the fix.
+    The CLI prints it as one paragraph, without a traceback, and exits 2."""
+
+
+class RunStopped(RuntimeError):
+    """A run that stopped on purpose for a reason the user must act on (e.g. the loss diverged); the message
+    says which. The CLI prints it without a traceback and exits 1."""
 
 
 def note(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> Any:
@@ -40,6 +52,23 @@ def _where(key: str) -> str:
     return f"'{key}'" if key else "the config root"
 
 
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _holds(data: Any, parts: list[str]) -> bool:
+    """Whether plain data holds the dotted key `parts` (mappings only)."""
+    for part in parts:
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+# YAML 1.1 (PyYAML) reads 1e-3 as a string; YAML 1.2 and every user read it as a number.
+_NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+
+
 def _convert(tp: Any, value: Any, key: str) -> Any:
     origin = get_origin(tp)
     if tp is Any:
@@ -51,7 +80,10 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{_where(key)} must be a mapping, got {value!r}")
         hints = get_type_hints(tp)
         fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
-        unknown = sorted(set(value) - set(fields))
+        for old, new in getattr(tp, "RENAMED", {}).items():
+            if _holds(value, old.split(".")):
+                raise ConfigError(f"config key '{_join(key, old)}' was renamed to '{_join(key, new)}'; use the new name")
+        unknown = sorted(set(value) - set(fields), key=str)
         if unknown:
             bad = f"{key}.{unknown[0]}" if key else str(unknown[0])
             raise ConfigError(f"unknown config key '{bad}'; allowed: {sorted(fields)}")
@@ -105,6 +137,8 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{_where(key)} must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+            return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{_where(key)} must be a number, got {value!r}")
         return float(value)
@@ -126,21 +160,53 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def set_key(data: dict, dotted: str, value: Any, what: str) -> None:
+    """Set the dotted key `a.b.c` of plain config data to `value`, creating missing mappings; a numeric part
+    indexes a list (`inputs.0.domain_field`). `what` names the setting in errors (e.g. '--set a.b')."""
+    parts = dotted.strip().split(".")
+    if not all(p.strip() for p in parts):
+        raise ConfigError(f"{what}: {dotted!r} is not a dotted key such as 'dedup.exact.enabled'")
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        where = ".".join(parts[:i]) or "the config root"
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"{what}: '{where}' is a list of {len(node)} item(s); {part!r} is not an index of it")
+            part = int(part)
+        elif not isinstance(node, dict):
+            raise ConfigError(f"{what}: '{where}' is not a mapping")
+        if last:
+            node[part] = value
+        else:
+            if isinstance(node, dict) and node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+
+
 def apply_override(data: dict, assignment: str) -> None:
     """Apply one `--set a.b.c=value` to plain config data; the value is parsed as YAML."""
     if "=" not in assignment:
         raise ConfigError(f"--set expects KEY=VALUE, got {assignment!r}")
     dotted, raw = assignment.split("=", 1)
-    parts = dotted.strip().split(".")
-    node = data
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"--set {dotted}: '{'.'.join(parts[: i + 1])}' is not a mapping")
-        node = child
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {dotted.strip()}: the value {raw!r} is not valid YAML: {_yaml_problem(exc)}; "
+                          "quote it to pass a string") from None
+    set_key(data, dotted, value, f"--set {dotted.strip()}")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML syntax error on one line: what is wrong and where (PyYAML's own text spans several lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        text = f"{exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
+        if exc.context:
+            text += f", {exc.context}"
+            text += f" from line {exc.context_mark.line + 1}" if exc.context_mark is not None else ""
+        return text
+    return " ".join(str(exc).split())
 
 
 def read_recipe(path: str | Path | None, overrides: Iterable[str] = ()) -> tuple[dict, str]:
@@ -151,16 +217,41 @@ def read_recipe(path: str | Path | None, overrides: Iterable[str] = ()) -> tuple
     if path is not None:
         source = str(path)
         try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
+            text = Path(path).read_text()
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{path} is a folder; the config must be a YAML file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read the config file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        try:
+            data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+            raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
+        data = {} if data is None else data
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the config must be a mapping, got {type(data).__name__}")
+            raise ConfigError(f"{path}: the config must be a mapping of keys to values, got {type(data).__name__}")
     for assignment in overrides:
         apply_override(data, assignment)
     return data, source
+
+
+def load(root: type[T], path: str | Path | None, overrides: Iterable[str] = (),
+         flags: Mapping[str, Any | Callable[[dict], Any]] | None = None) -> T:
+    """The one loader of every command's config: read the YAML recipe at `path` (None: start empty), apply the
+    `--set KEY=VALUE` overrides, then the command-line flags, and build `root` strictly.
+
+    `flags` maps a dotted key to a flag's value; None means the flag was not given. A callable value is called
+    with the recipe data (after the overrides) and returns the value (for flags that inherit from the recipe).
+    Every error is a ConfigError naming the dotted key, prefixed with the recipe file (or 'command line')."""
+    data, source = read_recipe(path, overrides)
+    try:
+        for dotted, value in (flags or {}).items():
+            if value is not None:
+                set_key(data, dotted, value(data) if callable(value) else value, f"the flag for {dotted}")
+        return from_dict(root, data)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def check(condition: bool, message: str) -> None:
@@ -170,8 +261,10 @@ def check(condition: bool, message: str) -> None:
 
 
 def help_lines(cls: type, prefix: str = "") -> typing.Iterator[str]:
-    """Lines `key: type = default  # note` for the config reference."""
+    """Lines `key: type = default  # note` for the config reference, then `# old was renamed to new` lines."""
     hints = get_type_hints(cls)
+    for old, new in getattr(cls, "RENAMED", {}).items():
+        yield f"# {prefix}{old} was renamed to {prefix}{new}"
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         tp = hints[f.name]

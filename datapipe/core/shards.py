@@ -8,7 +8,10 @@ A curated output folder holds:
   end-of-document id included; document boundaries are the rows.
 - `manifest.json`: format version, every shard (path, rows, tokens, bytes, sha256, per-domain
   counts), the tokenizer (path, sha256, vocab size, EOS id, dtype), the config snapshot and its
-  hash, and per-domain totals.
+  hash, and per-domain totals. Optional `splits`: {name: {path, num_shards, total_docs,
+  total_tokens, domains}} names held-out splits (`eval`), each a curated folder of its own at
+  `path` (relative to this folder) whose manifest says `"split": {"name", "of"}`. Readers that do
+  not know `splits` see the training shards only, as before.
 
 Every file is written under a temporary name in the same folder and renamed when complete, so a
 reader never sees half a file and a killed run leaves nothing it could mistake for finished work.
@@ -16,19 +19,24 @@ reader never sees half a file and a killed run leaves nothing it could mistake f
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from datapipe.core.config import ConfigError
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -47,26 +55,74 @@ def shard_schema(token_type: pa.DataType) -> pa.Schema:
     )
 
 
+TEMP_MARK = ".tmp-"  # a temporary file is named `.{name}.tmp-{pid}-{8 hex}`, next to its final name
+_TEMP_NAME = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
+
+
 def _temp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+class OutputError(ConfigError):
+    """An output file that cannot be written (disk full, read-only or forbidden folder): a problem
+    of the machine, not a bug, so the message names the path and what to do instead of a traceback."""
+
+
+# errno -> (what happened, what to do)
+_WRITE_ADVICE = {
+    errno.ENOSPC: ("no space left on the device", "free space there (or choose another output folder)"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free space there (or choose another output folder)"),
+    errno.EROFS: ("the file system is read-only", "choose a writable output folder"),
+    errno.EACCES: ("permission denied", "choose a folder you may write to, or fix its permissions"),
+    errno.EPERM: ("operation not permitted", "choose a folder you may write to, or fix its permissions"),
+}
+
+
+def _output_error(path: Path, exc: OSError) -> OutputError:
+    code = exc.errno
+    if code is None:  # pyarrow raises OSError("... [Errno 28] ...") without setting errno
+        found = re.search(r"\[Errno (\d+)\]", str(exc))
+        code = int(found.group(1)) if found else None
+    what, fix = _WRITE_ADVICE.get(code, (exc.strerror or str(exc), "check the output folder"))
+    return OutputError(
+        f"cannot write {path}: {what} ({type(exc).__name__}: {exc}). To go on, {fix}, then run the same "
+        "command again: the work already finished is kept, the run resumes where it stopped and its "
+        "output is the same as an uninterrupted run's."
+    )
+
+
+@contextlib.contextmanager
+def _replacing(path: Path, durable: bool) -> Iterator[Path]:
+    """Yield a temporary name next to `path` to write; on success (fsync it when `durable` and)
+    rename it to `path`. On any failure the temporary file is removed; an OSError becomes an
+    OutputError naming `path`."""
+    make_folder(path.parent)
+    tmp = _temp_name(path)
+    try:
+        yield tmp
+        if durable:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, OSError):
+            raise _output_error(path, exc) from exc
+        raise
 
 
 # Every write goes to a temporary name and is renamed when complete: a killed process never leaves
-# a half-written file under the real name. `durable=True` also fsyncs before the rename, so the file
-# survives a power loss too; that costs milliseconds per file, so only final outputs (shards,
-# manifest, stats) ask for it, not the many small intermediate files under work/.
+# a half-written file under the real name (a temporary left by a kill is removed by
+# `remove_temporaries` when the run starts again). `durable=True` also fsyncs before the rename,
+# so the file survives a power loss too; that costs milliseconds per file, so only final outputs
+# (shards, manifest, stats) ask for it, not the many small intermediate files under work/.
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = False) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_name(path)
-    with open(tmp, "wb") as f:
+    with _replacing(path, durable) as tmp, open(tmp, "wb") as f:
         f.write(data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def atomic_write_json(path: str | Path, obj: Any, *, durable: bool = False) -> None:
@@ -75,20 +131,37 @@ def atomic_write_json(path: str | Path, obj: Any, *, durable: bool = False) -> N
 
 def atomic_write_table(path: str | Path, table: pa.Table, *, format: str = "arrow", durable: bool = False) -> None:
     """Write an Arrow IPC file (or Parquet) atomically. Output is byte-for-byte deterministic."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_name(path)
-    if format == "arrow":
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-    elif format == "parquet":
-        pq.write_table(table, tmp)
-    else:
+    if format not in ("arrow", "parquet"):
         raise ValueError(f"format must be one of {{'arrow', 'parquet'}}, got {format!r}")
-    if durable:
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    path = Path(path)
+    with _replacing(path, durable) as tmp:
+        if format == "arrow":
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+        else:
+            pq.write_table(table, tmp)
+
+
+def make_folder(path: str | Path) -> None:
+    """mkdir -p, with an OutputError naming the folder when the machine refuses (read-only, full)."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _output_error(Path(path), exc) from exc
+
+
+def remove_temporaries(folder: str | Path) -> list[Path]:
+    """Delete the temporary files (`.NAME.tmp-PID-XXXXXXXX`) that killed or failed writers left
+    anywhere under `folder`; returns them. Call it only while no writer works in `folder`."""
+    removed = []
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            if TEMP_MARK in name and _TEMP_NAME.match(name):
+                path = Path(dirpath) / name
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed.append(path)
+    return sorted(removed)
 
 
 def read_table(path: str | Path) -> pa.Table:
@@ -170,6 +243,15 @@ def read_manifest(source: str | Path) -> dict[str, Any]:
     if version != FORMAT_VERSION:
         raise ValueError(f"{url}: format_version must be {FORMAT_VERSION}, got {version!r}")
     return manifest
+
+
+def split_source(source: str | Path, name: str = "eval", manifest: dict[str, Any] | None = None) -> str | None:
+    """The folder (local path or URL) of the split `name` that `source`'s manifest names; None when it
+    names none, or an empty one (curation warned about that)."""
+    entry = (manifest if manifest is not None else read_manifest(source)).get("splits", {}).get(name)
+    if not entry or not entry.get("total_docs"):
+        return None
+    return str(source).rstrip("/") + "/" + entry["path"]
 
 
 def open_shard(source: str | Path, rel_path: str) -> pa.Table:

@@ -2,7 +2,8 @@
 
     cfg = load_config("configs/quickstart.yaml", overrides=["dedup.exact.enabled=false"])
 
-Unknown keys and bad values raise `ConfigError` naming the dotted key (and the file).
+Unknown keys and bad values raise `ConfigError` naming the dotted key (and the file). The loader is
+the one every command uses (`datapipe.core.config.load`); this module adds the curate flags.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 
-from datapipe.core.config import ConfigError, check, from_dict, note, read_recipe, to_dict
+from datapipe.core.config import ConfigError, check, load, note, to_dict
+from datapipe.curate.eval_split import EvalSplitConfig
 from stages.diversity import DiversityConfig
 from stages.exact_dedup import ExactDedupConfig
 from stages.langid import LangIdConfig
@@ -93,11 +95,21 @@ class CurateConfig:
     tokenizer: TokenizerConfig = note(TokenizerConfig(), help="tokenizer (train or load) and special tokens")
     diversity: DiversityConfig = note(DiversityConfig(), help="diversity sampling per domain (on the tokenized documents)")
     mixture: MixtureConfig = note(MixtureConfig(), help="domain mixture reweighting (after diversity sampling)")
+    eval: EvalSplitConfig = note(EvalSplitConfig(), help="a held-out eval split (OUT/eval/), chosen before diversity sampling and the mixture")
     output: OutputConfig = note(OutputConfig(), help="where and how shards are written")
     ray: RayConfig = note(RayConfig(), help="where the work runs")
 
     def __post_init__(self) -> None:
-        check(len(self.inputs) > 0, "inputs must list at least one input")
+        check(len(self.inputs) > 0, "inputs must list at least one input (in the config, or with --input PATH)")
+        from stages.quality import build_filters
+
+        build_filters(self.filters)  # validates filter names and parameters, naming filters.<domain>.<name>
+
+
+# An input given with --input takes every option of the config's first input except these: its path, its
+# format (auto: the new path's extension decides) and its domain_field, which is the default 'domain' (a
+# record's own `domain` field names its domain, as for any input) unless `--set inputs.0.domain_field=F`.
+INPUT_FLAG_OWN = ("path", "format", "domain_field")
 
 
 def load_config(
@@ -108,35 +120,33 @@ def load_config(
     output: str | None = None,
     ray_address: str | None = None,
 ) -> CurateConfig:
-    """Read a YAML recipe (or start empty), apply `--set` overrides and CLI flags, validate strictly."""
-    data, source = read_recipe(path, overrides)
-    if inputs:
-        # --input replaces the config's inputs; options other than the path keep the first input's values
-        base = dict((data.get("inputs") or [{}])[0])
-        base.pop("path", None)
-        base.pop("format", None)
-        data["inputs"] = [{**base, "path": p} for p in inputs]
-    if output is not None:
-        data.setdefault("output", {})["dir"] = output
-    if ray_address is not None:
-        data.setdefault("ray", {})["address"] = ray_address
-    try:
-        cfg = from_dict(CurateConfig, data)
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    from stages.quality import build_filters  # validates filter names and parameters
+    """Read a YAML recipe (or start empty), apply `--set` overrides and CLI flags, validate strictly.
 
-    try:
-        build_filters(cfg.filters)
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    return cfg
+    `inputs` (--input) replaces the config's inputs; each takes the options of the config's first input but
+    INPUT_FLAG_OWN, and its domain_field too when an override set `inputs.0.domain_field`."""
+    overrides = list(overrides)
+
+    def flag_inputs(data: dict) -> list[dict[str, Any]]:
+        configured = data.get("inputs") or [{}]
+        if not isinstance(configured, list) or not isinstance(configured[0], dict):
+            raise ConfigError(f"'inputs' must be a list of inputs, got {configured!r} (a --set inputs.0.KEY=VALUE "
+                              "needs inputs in the config)")
+        first = configured[0]
+        own = [k for k in INPUT_FLAG_OWN if not (k == "domain_field" and _overridden(overrides, "inputs.0.domain_field"))]
+        return [{**{k: v for k, v in first.items() if k not in own}, "path": p} for p in inputs]
+
+    flags = {"inputs": flag_inputs if inputs else None, "output.dir": output, "ray.address": ray_address}
+    return load(CurateConfig, path, overrides, flags)
+
+
+def _overridden(overrides: list[str], dotted: str) -> bool:
+    return any(o.split("=", 1)[0].strip() == dotted for o in overrides)
 
 
 # Keys that change where or how fast the work runs, never what it produces.
 _EXECUTION_ONLY = {
     ("ray",), ("output", "dir"), ("output", "keep_work"), ("dedup", "exact", "partitions"),
-    ("dedup", "minhash", "partitions"), ("dedup", "minhash", "max_rounds"),
+    ("dedup", "minhash", "partitions"), ("dedup", "minhash", "max_rounds"), ("dedup", "minhash", "one_task_edges"),
     ("read", "batch_size"), ("read", "block_bytes"), ("tokenizer", "batch_size"),
     ("tokenizer", "encoder"), ("tokenizer", "verify_bytes"),  # the fast encoder gives the same ids
 }

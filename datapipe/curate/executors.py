@@ -9,12 +9,15 @@ retrying tasks whose worker process died.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from tqdm.auto import tqdm
+
+from datapipe.core.config import ConfigError
 
 
 class Executor(Protocol):
@@ -100,6 +103,20 @@ class LocalExecutor:
         pass
 
 
+@contextlib.contextmanager
+def _user_errors(ray: Any) -> Iterator[None]:
+    """Re-raise a user error (a ConfigError: a bad input, a full or read-only disk) that a task
+    raised as itself, so the CLI prints its one-paragraph message instead of Ray's wrapper with the
+    worker's traceback; any other failure stays as Ray reports it (a bug needs its traceback)."""
+    try:
+        yield
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise
+
+
 # Each Ray worker gets one core; keep native thread pools from oversubscribing it.
 _WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
@@ -134,11 +151,11 @@ class RayExecutor:
     def _gather(self, refs: list[Any], desc: str) -> list[Any]:
         ray = self.ray
         pending = list(refs)
-        with _bar(len(refs), desc, self.progress) as bar:
+        with _bar(len(refs), desc, self.progress) as bar, _user_errors(ray):
             while pending:
                 done, pending = ray.wait(pending, num_returns=min(len(pending), 16), timeout=0.5)
                 bar.update(len(done))
-        return ray.get(refs)
+            return ray.get(refs)
 
     def run_tasks(self, fn: Callable[..., Any], shared: Any, items: Sequence[tuple], desc: str) -> list[Any]:
         if not items:
@@ -165,7 +182,7 @@ class RayExecutor:
         pool = ActorPool(actors)
         results = []
         try:
-            with _bar(len(items), desc, self.progress) as bar:
+            with _bar(len(items), desc, self.progress) as bar, _user_errors(self.ray):
                 for result in pool.map(lambda actor, item: getattr(actor, method).remote(*item), items):
                     results.append(result)
                     bar.update(1)

@@ -10,7 +10,12 @@ rendered with this template (documented, deliberately simple):
     prompt messages   -> "<|{role}|>\\n{content}\\n" for each message, then "<|assistant|>\\n"
     response messages -> the contents of its assistant messages (all messages if none), joined by "\\n"
 
-Responses get the tokenizer's EOS appended. Shards have the curated shard layout and manifest
+Text is encoded as the main pipeline encodes documents (`stages.tokenize`): special-token text inside a
+record (e.g. "<|endoftext|>" in a prompt) stays text, never a special id. Responses get the id of
+`eos_token`, read from the tokenizer, appended. A record whose prompt encodes to no token is quarantined
+(reason `empty_prompt`, in OUT/quarantine/records.jsonl, counted in the manifest's `quarantined`):
+its responses would be predicted from no prompt position at all. Token ids are stored as uint16 when
+the largest id fits, and the manifest's vocabulary size is the largest id + 1. Shards have the curated shard layout and manifest
 (`datapipe.shards`) with columns `id`, `domain`, `prompt_tokens`, `chosen_tokens`, `rejected_tokens`
 and `num_tokens` (prompt + chosen + rejected), and the manifest says `"kind": "preference"`.
 
@@ -24,9 +29,9 @@ import gzip
 import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +39,8 @@ import pyarrow.parquet as pq
 
 from datapipe.core import shards
 from datapipe.core.config import ConfigError, check, note
+from stages.fast_bpe import reference_tokenizer
+from stages.tokenize import id_bound, token_dtype
 
 PROMPT, CHOSEN, REJECTED = 0, 1, 2
 
@@ -56,14 +63,16 @@ def render_response(value: str | Sequence[Mapping[str, str]]) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class PreferenceConfig:
-    inputs: list[str] = note(field(default_factory=list), help="paths or globs of preference records (or HF dataset names with format hf)")
-    format: Literal["auto", "jsonl", "parquet", "hf", "hf_disk"] = note("auto", help="auto: by file extension")
+    RENAMED: ClassVar[dict[str, str]] = {"eos_id": "eos_token"}  # the EOS is named by its token, its id read from the tokenizer
+
+    inputs: list[str] = note([], help="paths or globs of preference records (or HF dataset names with format hf); --input replaces them")
+    format: Literal["auto", "jsonl", "parquet", "hf", "hf_disk"] = note("auto", help="auto: by file extension (.parquet, else JSONL, .gz allowed)")
     split: str = note("train", help="the split of a Hugging Face dataset")
     prompt_field: str = note("prompt", help="field holding the prompt (string or list of messages)")
     chosen_field: str = note("chosen", help="field holding the chosen response (string or list of messages)")
     rejected_field: str = note("rejected", help="field holding the rejected response (string or list of messages)")
-    tokenizer: str = note("tokenizers/quickstart/tokenizer.json", help="a `tokenizers` tokenizer.json")
-    eos_id: int = note(0, help="token appended to every response")
+    tokenizer: str = note("tokenizers/quickstart/tokenizer.json", help="a `tokenizers` tokenizer.json (the one the text shards were curated with)")
+    eos_token: str = note("<|endoftext|>", help="token appended to every response; its id is read from the tokenizer")
     max_prompt_tokens: int = note(256, help="prompts are cut to their last this many tokens")
     max_response_tokens: int = note(256, help="responses are cut to their first this many tokens (EOS included)")
     shard_rows: int = note(4096, help="pairs per shard")
@@ -71,6 +80,7 @@ class PreferenceConfig:
     domain: str = note("preference", help="the domain written into every row")
 
     def __post_init__(self) -> None:
+        check(len(self.inputs) > 0, "inputs must name at least one file, glob or dataset (in the config, or with --input PATH)")
         for name in ("max_prompt_tokens", "max_response_tokens", "shard_rows"):
             check(getattr(self, name) >= 1, f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
 
@@ -93,9 +103,13 @@ def read_records(cfg: PreferenceConfig) -> Iterator[dict[str, Any]]:
                 yield from pq.read_table(path).to_pylist()
             elif kind == "jsonl":
                 with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
-                    for line in f:
+                    for number, line in enumerate(f, 1):
                         if line.strip():
-                            yield json.loads(line)
+                            try:
+                                yield json.loads(line)
+                            except json.JSONDecodeError as exc:
+                                raise ConfigError(f"{path} line {number}: not a JSON record ({exc.msg}); "
+                                                  "inputs must be JSONL, Parquet or (format hf/hf_disk) datasets") from None
             else:
                 raise ConfigError(f"format must be one of {{'auto', 'jsonl', 'parquet', 'hf', 'hf_disk'}}, got {fmt!r}")
 
@@ -112,10 +126,13 @@ def _table(rows: list[dict[str, Any]], dtype: pa.DataType) -> pa.Table:
 
 
 def write_preference_shards(triples: Iterator[dict[str, Any]], out: str | Path, *, shard_rows: int, vocab_size: int,
-                            eos_id: int, tokenizer_path: str | None, config: dict[str, Any]) -> dict[str, Any]:
-    """Write triples {id, domain, prompt, chosen, rejected (token lists)} as preference shards + manifest."""
+                            eos_id: int, tokenizer_path: str | None, config: dict[str, Any],
+                            quarantined: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Write triples {id, domain, prompt, chosen, rejected (token lists)} as preference shards + manifest.
+    `vocab_size` is the largest token id + 1. `quarantined` is filled while `triples` is consumed (records
+    set aside, each with a `reason`): written to OUT/quarantine/records.jsonl and counted in the manifest."""
     out = Path(out)
-    dtype = pa.uint16() if vocab_size <= 1 << 16 else pa.uint32()
+    dtype = token_dtype(vocab_size)
     infos, buf = [], []
     for t in triples:
         buf.append(t)
@@ -129,17 +146,28 @@ def write_preference_shards(triples: Iterator[dict[str, Any]], out: str | Path, 
     blob = json.dumps(config, sort_keys=True, default=str).encode()
     manifest = {**shards.build_manifest(infos, tokenizer=tok, config=config, config_hash=hashlib.sha256(blob).hexdigest()[:16]),
                 "kind": "preference"}
+    counts: dict[str, int] = {}
+    for q in quarantined or []:
+        counts[q["reason"]] = counts.get(q["reason"], 0) + 1
+    if quarantined:
+        shards.atomic_write_bytes(out / "quarantine" / "records.jsonl", b"".join(json.dumps(q).encode() + b"\n" for q in quarantined))
+    else:  # a rerun into the same folder leaves no stale list behind
+        (out / "quarantine" / "records.jsonl").unlink(missing_ok=True)
+    manifest["quarantined"] = dict(sorted(counts.items()))
     shards.write_manifest(out, manifest)
     return manifest
 
 
 def curate_preferences(cfg: PreferenceConfig) -> dict[str, Any]:
     """Render, tokenize and write every record of `cfg.inputs`; returns the manifest."""
-    from tokenizers import Tokenizer
+    _check_paths(cfg)
+    tok = reference_tokenizer(Path(cfg.tokenizer).read_text())  # special-token text in a record stays text
+    eos_id = _token_id(tok, cfg.eos_token, cfg.tokenizer)
+    vocab_size = id_bound(tok)  # the largest id + 1: decides the dtype, sizes a model's embedding
+    quarantined: list[dict[str, Any]] = []
 
-    if not cfg.inputs:
-        raise ConfigError("inputs must name at least one file, glob or dataset, got []")
-    tok = Tokenizer.from_file(cfg.tokenizer)
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False).ids
 
     def triples() -> Iterator[dict[str, Any]]:
         for i, rec in enumerate(read_records(cfg)):
@@ -147,28 +175,59 @@ def curate_preferences(cfg: PreferenceConfig) -> dict[str, Any]:
                 if name not in rec:
                     raise ConfigError(f"record {i} has no field {name!r}; its fields are {sorted(rec)!r} "
                                       "(set prompt_field/chosen_field/rejected_field)")
-            prompt = tok.encode(render_prompt(rec[cfg.prompt_field])).ids[-cfg.max_prompt_tokens:]
-            resp = [tok.encode(render_response(rec[f])).ids[: cfg.max_response_tokens - 1] + [cfg.eos_id]
+            prompt = encode(render_prompt(rec[cfg.prompt_field]))[-cfg.max_prompt_tokens:]
+            if not prompt:
+                quarantined.append({"record": i, "id": str(rec.get("id", i)), "reason": "empty_prompt",
+                                    "detail": f"field {cfg.prompt_field!r} encodes to no token"})
+                continue
+            resp = [encode(render_response(rec[f]))[: cfg.max_response_tokens - 1] + [eos_id]
                     for f in (cfg.chosen_field, cfg.rejected_field)]
             yield {"id": str(rec.get("id", i)), "domain": cfg.domain, "prompt": prompt, "chosen": resp[0], "rejected": resp[1]}
 
     from dataclasses import asdict
 
-    return write_preference_shards(triples(), cfg.output, shard_rows=cfg.shard_rows, vocab_size=tok.get_vocab_size(),
-                                   eos_id=cfg.eos_id, tokenizer_path=cfg.tokenizer, config=asdict(cfg))
+    return write_preference_shards(triples(), cfg.output, shard_rows=cfg.shard_rows, vocab_size=vocab_size,
+                                   eos_id=eos_id, tokenizer_path=cfg.tokenizer, config=asdict(cfg), quarantined=quarantined)
+
+
+def _token_id(tokenizer: Any, token: str, where: str) -> int:
+    """The id of `token` (the EOS); a token the vocabulary lacks is a config error."""
+    found = tokenizer.token_to_id(token)
+    if found is None:
+        raise ConfigError(f"eos_token {token!r} is not in the vocabulary of {where}; name a token it has")
+    return found
+
+
+def _check_paths(cfg: PreferenceConfig) -> None:
+    """The tokenizer and every local input exist, and the output is not another kind of run: before any work."""
+    if not Path(cfg.tokenizer).is_file():
+        raise ConfigError(f"tokenizer must be a tokenizer.json file, got {cfg.tokenizer!r}: no such file")
+    for i, spec in enumerate(cfg.inputs):
+        if cfg.format != "hf" and "://" not in spec and not glob.glob(spec):
+            raise ConfigError(f"inputs[{i}] {spec!r}: no such file, and no file matches it as a glob")
+    if Path(cfg.output, shards.MANIFEST_NAME).is_file():
+        try:
+            kind = shards.read_manifest(cfg.output).get("kind")
+        except ValueError:  # not JSON, or another format version
+            kind = None
+        if kind != "preference":  # rewriting a preference folder is a rerun; anything else is someone's data
+            raise ConfigError(f"output {cfg.output!r} holds another run (a curated folder that is not preference "
+                              "shards); write the preference shards to another folder (--output DIR)")
 
 
 def passage_pairs(texts: Sequence[str], tokenizer_path: str, *, prompt_tokens: int = 48, response_tokens: int = 32,
-                  eos_id: int = 0, seed: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+                  eos_id: int | None = None, seed: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
     """A realistic preference set from real passages: the passage's first `prompt_tokens` tokens are the
     prompt, its true continuation is chosen, and the continuation of another passage (a mismatch) rejected.
-    Lengths vary: each passage's prompt and responses are cut at a random length up to the maxima."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(tokenizer_path)
+    Lengths vary: each passage's prompt and responses are cut at a random length up to the maxima.
+    `eos_id` None: the tokenizer's id of <|endoftext|>."""
+    tok = reference_tokenizer(Path(tokenizer_path).read_text())  # special-token text in a passage stays text
+    if eos_id is None:
+        eos_id = _token_id(tok, "<|endoftext|>", tokenizer_path)
     rng = np.random.default_rng(seed)
     need = prompt_tokens + response_tokens
-    docs = [ids for ids in (e.ids for e in tok.encode_batch([t[:20_000] for t in texts])) if len(ids) >= need]
+    docs = [ids for ids in (e.ids for e in tok.encode_batch([t[:20_000] for t in texts], add_special_tokens=False))
+            if len(ids) >= need]
     if limit is not None:
         docs = docs[:limit]
     if len(docs) < 2:
@@ -202,10 +261,9 @@ def default_preference_set(out: str | Path, n: int = 2000, log=print, *, tokeniz
             texts += [json.loads(line)["text"] for line in f]
     order = np.random.default_rng(seed).permutation(len(texts))
     pairs = passage_pairs([texts[i] for i in order[: n * 2]], tokenizer_path, seed=seed, limit=n)
-    from tokenizers import Tokenizer
-
-    vocab = Tokenizer.from_file(tokenizer_path).get_vocab_size()
-    write_preference_shards(iter(pairs), out, shard_rows=1024, vocab_size=vocab, eos_id=0,
+    tok = reference_tokenizer(Path(tokenizer_path).read_text())
+    write_preference_shards(iter(pairs), out, shard_rows=1024, vocab_size=id_bound(tok),
+                            eos_id=_token_id(tok, "<|endoftext|>", tokenizer_path),
                             tokenizer_path=tokenizer_path, config={"default_preference_set": {"n": n, "seed": seed}})
     log(f"built a default preference set of {len(pairs)} pairs (stdlib passages) -> {out}")
     return str(out)

@@ -5,10 +5,19 @@ Reading has two steps so that the runner can spread the work:
 1. `plan_units(inputs)` expands every input (a path, a glob or any fsspec URL) into `InputUnit`s, in
    input order and sorted within an input, so the plan is the same on every run. It checks everything
    it can before any work starts and raises `InputError` naming the input: nothing matched, a file
-   that cannot be opened, an extension it cannot map to a format, a Hugging Face dataset that does
-   not load, a columnar file without a string text column.
+   that cannot be opened, an extension it cannot map to a format, a folder mixing formats, a JSON
+   file holding one JSON array (JSON Lines only), a Hugging Face dataset that does not load, a
+   columnar file without a string text column.
 2. `read_unit(unit, unit_index, inp, read)` streams one unit and yields `(batch, quarantined)`: a
    batch of at most `read.batch_size` documents and the records set aside while reading it.
+
+Folders (`format: auto`): a saved Hugging Face dataset is `hf_disk`; otherwise the folder is read
+by the format of its files' extensions (all `.jsonl[.gz|.zst|...]`, all `.parquet` or all `.arrow`),
+and as text (one document per file) when none has a data extension. Hidden files do not count; a
+folder whose files have several formats is refused, naming the extensions found.
+
+JSON arrays are refused (not read): reading one needs the whole file in memory (no streaming JSON
+parser among the dependencies), it has no line numbers for the quarantine, and it cannot be split.
 
 Units: one file for jsonl/parquet/arrow; `rows_per_unit` files of a folder for text; a range of
 `rows_per_unit` rows for hf/hf_disk.
@@ -25,25 +34,30 @@ Domain: the record's `domain_field` when that is a non-empty string, else the in
 
 Quarantine reasons (`QUARANTINE_REASONS`): invalid_utf8, malformed_json, not_an_object,
 missing_text, text_not_string, empty_text (empty or whitespace only), too_long (more UTF-8 bytes
-than `read.max_bytes_per_doc`).
+than `read.max_bytes_per_doc`), truncated_input (a compressed file cut or corrupt part-way: the
+lines before the damage are read, the rest of the file becomes this one record, with the line
+where reading stopped; a run is not stopped by one damaged file).
 
 A parquet/arrow/hf input whose text column is missing or not a string column is refused with
 `InputError` at plan time (its schema is cheap to read) rather than quarantining every row: that is
 almost always a wrong `text_field`. `read_unit` checks again and raises the same error. A column of
 type null (all values null) is accepted; its rows are quarantined as `missing_text`.
 
-Memory: JSONL is read in 1 MiB blocks split into lines, parquet by row batches, Arrow IPC one record
+Memory: JSONL is read in 1 MiB blocks split into lines (compressed ones decompressed 64 KiB of
+input at a time, so damage loses little that came before it), parquet by row batches, Arrow IPC one record
 batch at a time, text files up to `max_bytes_per_doc + 1` bytes, hf datasets (memory-mapped) by
 `batch_size` row slices.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
+import bz2
+import contextlib
+import lzma
 import posixpath
 import re
-from collections.abc import Iterable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -64,6 +78,7 @@ QUARANTINE_REASONS = (
     "text_not_string",
     "empty_text",
     "too_long",
+    "truncated_input",
 )
 RAW_CHARS = 2000  # a quarantined record keeps at most this much of its raw form
 
@@ -81,6 +96,8 @@ _COMPRESSIONS = (".gz", ".zst", ".bz2", ".xz", ".lzma")
 _HF_DISK_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 _MAGIC = re.compile(r"[*?\[]")
 _BLOCK = 1 << 20
+_STEP = 1 << 16  # compressed bytes per decompression step: what damage can take with it
+_HEAD = 1 << 16  # bytes of a JSONL file read at plan time to tell a JSON array
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -156,7 +173,7 @@ def _plan_input(i: int, inp: InputConfig, where: str) -> list[InputUnit]:
     elif fs.isdir(root):
         fmt = inp.format
         if fmt == "auto":
-            fmt = "hf_disk" if any(fs.exists(f"{root.rstrip('/')}/{m}") for m in _HF_DISK_MARKERS) else "text"
+            fmt = _folder_format(fs, root, inp, where)
         if fmt == "text":
             return _plan_text(i, inp, fs, root, where)
         if fmt == "hf_disk":
@@ -202,6 +219,42 @@ def _plan_text(i: int, inp: InputConfig, fs: Any, root: str, where: str) -> list
     ]
 
 
+def _folder_format(fs: Any, root: str, inp: InputConfig, where: str) -> str:
+    """The format of a folder given with `format: auto`: a saved Hugging Face dataset, else the one
+    format of its files' extensions (JSONL, Parquet, Arrow), else text when none of its files has a
+    data extension. A folder mixing them is refused, naming the extensions found."""
+    base = root.rstrip("/") + "/"
+    if any(fs.exists(base + m) for m in _HF_DISK_MARKERS):
+        return "hf_disk"
+    found = fs.glob(base + inp.glob, detail=True)
+    files = sorted(p for p, info in found.items() if info.get("type") == "file")
+    by_format: dict[str | None, set[str]] = {}
+    for p in files:
+        name = p.rsplit("/", 1)[-1]
+        if name.startswith("."):
+            continue  # hidden files (.DS_Store, editor swap files) say nothing about the data
+        by_format.setdefault(_format_of(p), set()).add(_extension_of(name))
+    formats = sorted(f for f in by_format if f is not None)
+    if not formats:
+        return "text"
+    if len(by_format) == 1:
+        return formats[0]
+    found_exts = sorted(e for exts in by_format.values() for e in exts)
+    raise InputError(
+        f"{where}: the folder mixes files of different formats (extensions {found_exts}); set 'format' "
+        f"(one of {formats + ['text'] if None in by_format else formats}) to read only the files of that "
+        "format, or give a glob such as 'folder/*.jsonl' as the path"
+    )
+
+
+def _extension_of(name: str) -> str:
+    """'.jsonl.gz' for 'a.jsonl.gz', '.txt' for 'a.txt', '' for 'README'."""
+    base, ext = posixpath.splitext(name.lower())
+    if ext in _COMPRESSIONS:
+        ext = posixpath.splitext(base)[1] + ext
+    return ext
+
+
 def _row_units(i: int, path: str, fmt: str, n_rows: int, per_unit: int) -> list[InputUnit]:
     return [InputUnit(i, path, fmt, start=s, stop=min(s + per_unit, n_rows)) for s in range(0, n_rows, per_unit)]
 
@@ -240,7 +293,18 @@ def _check_file(path: str, fmt: str, inp: InputConfig, where: str) -> None:
     try:
         if fmt == "jsonl":
             with fsspec.open(path, "rb", compression="infer") as f:
-                f.read(1)  # also checks the compression header
+                head = f.read(1)  # also checks the compression header
+                try:
+                    head += f.read(_HEAD - 1)
+                except Exception as exc:  # damage further in is quarantined while reading
+                    if not _is_decompression_error(exc):
+                        raise
+            if _is_json_array(head):
+                raise InputError(
+                    f"{name}: holds a JSON array, but datapipe reads JSON Lines (one JSON object per "
+                    "line), so every line would be quarantined as malformed_json. Use JSON Lines: "
+                    "convert it, e.g. with `jq -c '.[]' FILE > FILE.jsonl`"
+                )
             return
         with fsspec.open(path, "rb") as f:
             schema = pq.read_schema(f) if fmt == "parquet" else _open_ipc(f)[0]
@@ -249,6 +313,22 @@ def _check_file(path: str, fmt: str, inp: InputConfig, where: str) -> None:
     except Exception as exc:  # any decoder/IO failure means the same thing here: unreadable
         raise InputError(f"{name}: cannot be read as {fmt}: {type(exc).__name__}: {exc}") from exc
     _check_text_column(schema, inp, name)
+
+
+def _is_json_array(head: bytes) -> bool:
+    """Whether a file starting with `head` holds one JSON array (rather than JSON Lines): it starts
+    with '[' and its first line is not a whole JSON value, or is a list of objects (records)."""
+    text = head.lstrip(_BOM).lstrip()
+    if not text.startswith(b"["):
+        return False
+    first, newline, _ = text.partition(b"\n")
+    if not newline and len(head) >= _HEAD:
+        return True  # a first line longer than the head: an array written on one line
+    try:
+        value = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return True  # an array spread over several lines (pretty-printed)
+    return isinstance(value, list) and all(isinstance(v, dict) for v in value)
 
 
 def _check_text_column(schema: pa.Schema, inp: InputConfig, where: str) -> None:
@@ -370,10 +450,44 @@ def _raw_bytes(data: bytes) -> str:
     return data[: RAW_CHARS * 4].decode("utf-8", "replace")[:RAW_CHARS]
 
 
-def _iter_lines(f: Any) -> Iterator[bytes]:
-    """Lines (without '\\n') of a binary file, read in blocks: works on any file object."""
-    pending: list[bytes] = []
+def _decompressors() -> dict[str, Any]:
+    import zstandard
+
+    return {
+        ".gz": lambda: zlib.decompressobj(wbits=31),  # 31: a gzip member, header and CRC checked
+        ".bz2": bz2.BZ2Decompressor,
+        ".xz": lzma.LZMADecompressor,
+        ".lzma": lzma.LZMADecompressor,
+        ".zst": lambda: zstandard.ZstdDecompressor().decompressobj(),
+    }
+
+
+def _decompressed(raw: Any, make: Callable[[], Any]) -> Iterator[bytes]:
+    """Decompressed blocks of a stream of one or more members/frames, a small compressed step at a
+    time, so that when the stream turns out damaged every block before the damage has been handed
+    over (gzip.GzipFile.read drops what it decoded in the failing call). A stream cut inside a
+    member raises EOFError: zstandard's own stream reader would end silently there."""
+    member = None
+    while chunk := raw.read(_STEP):
+        while chunk:
+            if member is None or member.eof:
+                member = make()
+            if out := member.decompress(chunk):
+                yield out
+            chunk = member.unused_data if member.eof else b""
+    if member is not None and not member.eof:
+        raise EOFError("the file ends inside a compressed stream (truncated)")
+
+
+def _raw_chunks(f: Any) -> Iterator[bytes]:
     while chunk := f.read(_BLOCK):
+        yield chunk
+
+
+def _iter_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Lines (without '\\n') of a stream of byte blocks."""
+    pending: list[bytes] = []
+    for chunk in chunks:
         start = 0
         while (nl := chunk.find(b"\n", start)) >= 0:
             if pending:
@@ -389,13 +503,29 @@ def _iter_lines(f: Any) -> Iterator[bytes]:
         yield b"".join(pending)
 
 
-def _jsonl_items(unit: InputUnit, inp: InputConfig, read: ReadConfig) -> Iterator[_Item]:
+@contextlib.contextmanager
+def _line_stream(path: str) -> Iterator[Iterator[bytes]]:
+    """The lines of a JSONL file, decompressed by its extension."""
+    make = _decompressors().get(posixpath.splitext(path.lower())[1])
+    with fsspec.open(path, "rb") as raw:
+        yield _iter_lines(_raw_chunks(raw) if make is None else _decompressed(raw, make))
+
+
+def _is_decompression_error(exc: BaseException) -> bool:
+    """A corrupt or truncated compressed stream (not an I/O failure, which carries an errno)."""
     import zstandard
 
+    if isinstance(exc, (EOFError, zlib.error, lzma.LZMAError, zstandard.ZstdError)):
+        return True
+    return isinstance(exc, OSError) and exc.errno is None  # gzip.BadGzipFile, bz2 "Invalid data stream"
+
+
+def _jsonl_items(unit: InputUnit, inp: InputConfig, read: ReadConfig) -> Iterator[_Item]:
     path, lineno = unit.path, 0
+    compressed = path.lower().endswith(_COMPRESSIONS)
     try:
-        with fsspec.open(path, "rb", compression="infer") as f:
-            for lineno, line in enumerate(_iter_lines(f), start=1):
+        with _line_stream(path) as lines:
+            for lineno, line in enumerate(lines, start=1):
                 line = line.rstrip(b"\r")
                 if lineno == 1 and line.startswith(_BOM):  # orjson refuses a BOM; editors write one
                     line = line[len(_BOM) :]
@@ -426,8 +556,14 @@ def _jsonl_items(unit: InputUnit, inp: InputConfig, read: ReadConfig) -> Iterato
                 doc_id = _id_of(rec.get(inp.id_field) if inp.id_field else None, f"{path}:{lineno}")
                 domain = _domain_of(rec.get(inp.domain_field) if inp.domain_field else None, inp.domain)
                 yield (lineno - 1, doc_id, domain, text)
-    except (EOFError, gzip.BadGzipFile, zstandard.ZstdError) as exc:  # a corrupt or truncated stream
-        raise InputError(f"{path!r}: cannot decompress past line {lineno}: {exc}") from exc
+    except Exception as exc:
+        if not (compressed and _is_decompression_error(exc)):
+            raise
+        # A corrupt or cut file: keep the lines read so far and set the rest aside as one record,
+        # so one damaged file among many does not stop the run (the rest of it cannot be counted).
+        detail = (f"cannot decompress past line {lineno} ({type(exc).__name__}: {exc}); the rest of the "
+                  f"file is skipped (lines 1-{lineno} were read; a line cut by the damage counts with the rest)")
+        yield Quarantined(path, lineno + 1, None, "truncated_input", detail, "")
 
 
 def _columns_of(inp: InputConfig, names: Iterable[str]) -> list[str]:

@@ -4,14 +4,22 @@ Phases, each a set of independent tasks whose outputs are files in `OUT/work/`:
 
 1. read       one task per input unit (a file, or a slice of a dataset/folder): parse, quarantine
               what cannot be read, cut the documents into blocks of `read.block_bytes` of text;
+   unique ids one task per hash partition of the ids: a later document with a taken id `x` is
+              renamed `x#2`, ... in input order (`unique_ids.py`), applied as segment 0 reads;
 2. segments   one task per block: the map stages (normalize, filters, ...) up to the next global
-              stage, which emits keys into hash partitions (`work/<stage>/pNNN/`);
-   resolve    one task per partition: the global stage decides the losers over all its keys;
-              the next segment drops them first (so exact dedup is global across every file,
-              worker and node, and its winner is the first document in input order);
+              stage (`stages.base.GlobalStage`), whose map half emits keys into hash partitions
+              (`work/<stage>/<kind>/pNNN/`);
+   resolve    the global stage's resolve half, with its own tasks (exact dedup: one per partition;
+              near dedup: shuffles and connected-components rounds) decides the losers over all
+              its keys; the next segment drops them first (so exact dedup is global across every
+              file, worker and node, and its winner is the first document in input order);
 3. tokenizer  trained once on a deterministic sample of the kept text (or loaded);
 4. tokenize   one task per block, on actors that each hold a tokenizer;
-5. shards     rows cut into shards of `output.shard_bytes` in input order, one task per shard;
+   eval split (`eval.enabled`) held-out documents chosen by a seeded hash of their id, and their
+              exact and near copies dropped from training (`datapipe/curate/eval_split.py`);
+   select     diversity sampling and the mixture over the training documents (`selection.py`);
+5. shards     rows cut into shards of `output.shard_bytes` in input order, one task per shard
+              (and the eval split's into OUT/eval/shards/);
 6. manifest.json and stats.json, written last.
 
 Every task writes its outputs atomically, then a small `.json` record of its counters: a rerun
@@ -38,7 +46,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from datapipe.curate.config import CurateConfig, config_hash, diff_configs, result_affecting
-from datapipe.core.config import ConfigError
+from datapipe.core.config import ConfigError, RunStopped
 from datapipe.curate.counters import Counters
 from datapipe.curate.executors import Executor, make_executor
 from datapipe.curate.readers import InputUnit, plan_units, read_unit
@@ -49,20 +57,22 @@ from datapipe.core.shards import (
     atomic_write_json,
     atomic_write_table,
     build_manifest,
+    make_folder,
     read_table,
+    remove_temporaries,
     shard_schema,
     write_manifest,
     write_shard,
 )
-from stages.base import FilterStage, Stage
-from datapipe.curate import near_dedup
-from datapipe.curate import selection
-from stages.exact_dedup import LOSER_SCHEMA, ExactDedupStage
+from stages.base import LOSER_SCHEMA, FilterStage, GlobalStage, Stage
+from datapipe.curate.near_dedup import NearDedupStage
+from datapipe.curate import eval_split, selection, unique_ids
+from stages.exact_dedup import ExactDedupStage
 from stages.langid import LangIdStage
 from stages.minhash import MinHashStage
 from stages.normalize import NormalizeStage
 from stages.quality import build_filters
-from stages.tokenize import TokenizeStage, choose_encoder, describe, special_ids, token_dtype, train_tokenizer
+from stages.tokenize import TokenizeStage, choose_encoder, describe, token_dtype, train_tokenizer
 
 RUN_RECORD = "run.json"
 
@@ -77,7 +87,7 @@ class Segment:
 
     name: str
     stages: list[Stage]
-    global_stage: Any | None = None  # has .name, .keys(batch) -> Table, .resolve(Table) -> Table
+    global_stage: GlobalStage | None = None
 
 
 @dataclass
@@ -102,7 +112,7 @@ class CurateResult:
     resumed_tasks: int = 0
 
 
-def build_segments(cfg: CurateConfig, extra_stages: list[Stage] = ()) -> list[Segment]:
+def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage] = ()) -> list[Segment]:
     """The stage list in pipeline order, cut after each global stage. Later stages (language id,
     sampling, mixture) slot in here."""
     per_domain, default = build_filters(cfg.filters)
@@ -115,10 +125,10 @@ def build_segments(cfg: CurateConfig, extra_stages: list[Stage] = ()) -> list[Se
         pipeline.append(LangIdStage(cfg.langid))
     pipeline += [FilterStage(per_domain, default, keep_text=cfg.output.keep_dropped_text), *extra_stages]
     if cfg.dedup.minhash.enabled:
-        pipeline.append(MinHashStage(cfg.dedup.minhash))
+        pipeline.append(NearDedupStage(cfg.dedup.minhash))
     segments = [Segment("seg0", [])]
     for stage in pipeline:
-        if hasattr(stage, "keys"):  # a global stage closes its segment
+        if isinstance(stage, GlobalStage):  # a global stage closes its segment
             segments[-1].global_stage = stage
             segments.append(Segment(f"seg{len(segments)}", []))
         else:
@@ -185,14 +195,19 @@ def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any, record: Path) 
     def flush() -> None:
         nonlocal pending, pending_bytes, blocks
         table = pa.Table.from_batches(pending, schema=DOC_SCHEMA)
-        atomic_write_table(plan.work / "read" / f"{block_name(unit_index, blocks)}.arrow", table)
+        name = block_name(unit_index, blocks)
+        atomic_write_table(plan.work / "read" / f"{name}.arrow", table)
+        unique_ids.write_keys(plan.work, name, table)
         blocks += 1
         pending, pending_bytes = [], 0
 
+    damaged: list[dict[str, Any]] = []  # files cut or corrupt part-way (stats.json names them)
     for batch, quarantined in read_unit(unit, unit_index, inp, plan.cfg.read):
         counters.read[unit.input_index] += batch.num_rows + len(quarantined)
         for q in quarantined:
             counters.quarantined[(unit.input_index, q.reason)] += 1
+            if q.reason == "truncated_input":
+                damaged.append({"file": q.file, "input": unit.input_index, "last_good_line": q.line - 1, "detail": q.detail})
             quarantine_lines.append(orjson.dumps(dataclasses.asdict(q)) + b"\n")
         if batch.num_rows:
             counters.count_stage("read", batch, batch)
@@ -210,7 +225,7 @@ def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any, record: Path) 
         flush()
     if quarantine_lines:
         atomic_write_bytes(Path(plan.out_dir) / "quarantine" / f"u{unit_index:06d}.jsonl", b"".join(quarantine_lines))
-    result = {"blocks": blocks, "counters": counters.to_json()}
+    result = {"blocks": blocks, "counters": counters.to_json(), "damaged": damaged}
     atomic_write_json(record, result)
     return result
 
@@ -253,6 +268,8 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int, losers
     input_index = plan.units[unit_index].input_index
     source = plan.work / ("read" if seg_index == 0 else plan.segments[seg_index - 1].name) / f"{name}.arrow"
     table = read_table(source)
+    if seg_index == 0:  # ids made unique before any stage sees them (datapipe/curate/unique_ids.py)
+        table = unique_ids.apply(plan.work, unit_index, table)
     counters = Counters()
     dropped_parts: list[pa.RecordBatch] = []
     keep_text = plan.cfg.output.keep_dropped_text
@@ -277,15 +294,16 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int, losers
     for part in dropped_parts:
         counters.count_dropped(input_index, part)
     _write_dropped(plan, seg.name, name, dropped_parts)
-    if seg.global_stage is not None:
+    if seg.global_stage is not None:  # its map half: keys into work/<stage>/<kind>/pNNN/<block>.arrow
         emitted = [seg.global_stage.keys(b) for b in out.to_batches()]
         for kind in emitted[0] if emitted else []:
             keys = pa.concat_tables([e[kind] for e in emitted])
             parts = keys.column("partition").to_numpy()
-            for p in np.unique(parts):
+            unique = np.unique(parts)
+            for p in unique:
                 atomic_write_table(
                     plan.work / seg.global_stage.name / kind / f"p{p:03d}" / f"{name}.arrow",
-                    keys.filter(pa.array(parts == p)),
+                    keys if len(unique) == 1 else keys.filter(pa.array(parts == p)),
                 )
     atomic_write_table(plan.work / seg.name / f"{name}.arrow", out)
     result = {"rows": out.num_rows, "bytes": _text_bytes(out), "counters": counters.to_json()}
@@ -293,24 +311,9 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int, losers
     return result
 
 
-def resolve_task(plan: Plan, seg_index: int, partition: int) -> int:
-    stage = plan.segments[seg_index].global_stage
-    folder = plan.work / stage.name
-    out = folder / f"losers-p{partition:03d}.arrow"
-    if out.exists():
-        return read_table(out).num_rows
-    files = sorted((folder / "keys" / f"p{partition:03d}").glob("*.arrow"))
-    keys = pa.concat_tables([read_table(f) for f in files]) if files else None
-    losers = stage.resolve(keys) if keys is not None else LOSER_SCHEMA.empty_table()
-    atomic_write_table(out, losers)
-    return losers.num_rows
-
-
 def _losers_by_unit(plan: Plan, seg_index: int) -> dict[int, pa.Table]:
     stage = plan.segments[seg_index].global_stage
-    files = sorted((plan.work / stage.name).glob("losers-p*.arrow"))
-    tables = [read_table(f) for f in files]
-    losers = pa.concat_tables(tables) if tables else LOSER_SCHEMA.empty_table()
+    losers = stage.losers(plan.work / stage.name)
     if losers.num_rows == 0:
         return {}
     units = unit_of(losers.column("order").to_numpy())
@@ -436,6 +439,29 @@ def shard_task(plan: Plan, index: int, pieces: list[tuple[str, np.ndarray]]) -> 
     return result
 
 
+def eval_shard_task(plan: Plan, index: int, pieces: list[tuple[str, np.ndarray]]) -> dict[str, Any]:
+    """One shard of the eval split, into OUT/eval/shards/."""
+    record = plan.work / eval_split.EVAL_DIR / "shards" / f"shard-{index:05d}.json"
+    if (done := _done(record)) is not None:
+        return done
+    parts = [read_table(plan.work / "tokens" / f"{name}.arrow").take(pa.array(rows)) for name, rows in pieces]
+    info = write_shard(Path(plan.out_dir) / eval_split.EVAL_DIR, index, pa.concat_tables(parts))
+    result = dataclasses.asdict(info)
+    atomic_write_json(record, result)
+    return result
+
+
+def write_eval_manifest(plan: Plan, shards: list[ShardInfo], info: Any) -> dict[str, Any]:
+    """OUT/eval/manifest.json: a curated folder of its own (written before the main manifest)."""
+    tokenizer = dataclasses.asdict(info)
+    if tokenizer["path"] == "tokenizer.json":  # trained into OUT/: relative to the eval folder it is one up
+        tokenizer["path"] = "../tokenizer.json"
+    manifest = build_manifest(shards, tokenizer=tokenizer, config=result_affecting(plan.cfg), config_hash=config_hash(plan.cfg))
+    manifest["split"] = {"name": "eval", "of": ".."}
+    write_manifest(Path(plan.out_dir) / eval_split.EVAL_DIR, manifest)
+    return manifest
+
+
 # ---------------------------------------------------------------- the whole run
 
 
@@ -525,11 +551,49 @@ def build_stats(plan: Plan, total: Counters, seconds: float) -> dict[str, Any]:
     }
 
 
+class NothingSurvived(RunStopped):
+    """No document is left to write: every record was quarantined or dropped (or there were none).
+    The message names the funnel; stats.json is written so that `datapipe stats` can show why. The
+    CLI prints it without a traceback and exits 1."""
+
+
+def _nothing_survived(
+    plan: Plan, total: Counters, t0: float, damaged: list[dict[str, Any]], id_results: list[dict[str, Any]]
+) -> NothingSurvived:
+    """Write stats.json (no manifest: the run has no output) and say where the documents went."""
+    stats = build_stats(plan, total, time.perf_counter() - t0)
+    stats["damaged_inputs"] = damaged
+    stats["duplicate_ids"] = unique_ids.summary(id_results)
+    stats["nothing_survived"] = True
+    atomic_write_json(Path(plan.out_dir) / "stats.json", stats, durable=True)
+    if not plan.cfg.output.keep_work:
+        shutil.rmtree(plan.work, ignore_errors=True)
+    read = sum(row["read"] for row in stats["inputs"])
+    parts = [f"{read:,} records read from {len(plan.cfg.inputs)} input(s)"]
+    if stats["quarantined"]:
+        reasons = ", ".join(f"{r} {n:,}" for r, n in sorted(stats["quarantined"].items(), key=lambda kv: -kv[1]))
+        parts.append(f"{sum(stats['quarantined'].values()):,} quarantined while reading ({reasons})")
+    for stage, by_domain in stats["dropped"].items():
+        reasons: dict[str, int] = {}
+        for by_reason in by_domain.values():
+            for reason, n in by_reason.items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        top = ", ".join(f"{r} {n:,}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+        parts.append(f"{sum(reasons.values()):,} dropped by {stage} ({top})")
+    advice = ("the inputs are empty" if read == 0 else
+              "check the inputs (format, text_field) and the filters, then run again into a new output folder")
+    return NothingSurvived(
+        f"no document survived curation: {'; '.join(parts)}; 0 kept. {advice[0].upper() + advice[1:]}. "
+        f"stats.json is written: `datapipe stats {plan.out_dir}` shows the funnel and "
+        f"`datapipe stats {plan.out_dir} --why ID` where one record went."
+    )
+
+
 def curate(
     cfg: CurateConfig,
     *,
     executor: Executor | None = None,
-    extra_stages: list[Stage] = (),
+    extra_stages: list[Stage | GlobalStage] = (),
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> CurateResult:
@@ -541,9 +605,7 @@ def curate(
             tokenizer_text = Path(cfg.tokenizer.path).read_text()
         except OSError as exc:
             raise ConfigError(f"tokenizer.path: cannot read {cfg.tokenizer.path!r}: {exc}") from None
-        from tokenizers import Tokenizer
-
-        special_ids(Tokenizer.from_str(tokenizer_text), cfg.tokenizer, cfg.tokenizer.path)
+        describe(tokenizer_text, cfg.tokenizer.path, cfg.tokenizer)  # special ids in the vocabulary, ids fit uint32: fail now
         choose_encoder(tokenizer_text, cfg.tokenizer, cfg.tokenizer.path)  # `encoder: fast` that cannot be: fail now
     plan = Plan(
         cfg=cfg,
@@ -552,9 +614,13 @@ def curate(
         segments=build_segments(cfg, list(extra_stages)),
         cwd=os.getcwd(),
     )
-    Path(plan.out_dir).mkdir(parents=True, exist_ok=True)
+    make_folder(plan.out_dir)  # a read-only or full disk: an OutputError naming the folder
     finished = _check_output(plan)
+    # No writer works in this folder now: temporaries left by a killed or failed run are garbage.
+    remove_temporaries(plan.out_dir)
     if finished is not None:
+        if not cfg.output.keep_work:  # a run killed between its manifest and this clean-up
+            shutil.rmtree(plan.work, ignore_errors=True)
         log(f"{plan.out_dir}: already complete (config {finished['config_hash']}); nothing to do")
         stats = json.loads((Path(plan.out_dir) / "stats.json").read_text())
         return CurateResult(plan.out_dir, finished, stats, 0.0)
@@ -579,8 +645,13 @@ def curate(
         blocks = [(u, b) for u, r in enumerate(read_results) for b in range(r["blocks"])]
         for r in read_results:
             total.merge(Counters.from_json(r["counters"]))
+        damaged = [d for r in read_results for d in r.get("damaged", [])]
+        n_parts = cfg.dedup.exact.partitions  # the shuffle's width; the renames do not depend on it
+        id_partitions = [(p, n_parts) for p in range(n_parts)]
+        id_results = executor.run_tasks(unique_ids.resolve, plan.work, id_partitions, "unique ids")
+        lap("unique_ids")
 
-        kept_bytes = 0
+        kept_bytes = kept_docs = 0
         for s, seg in enumerate(plan.segments):
             losers = _losers_by_unit(plan, s - 1) if s > 0 and plan.segments[s - 1].global_stage else None
             items = [(s, u, b, None if losers is None else losers.get(u, LOSER_SCHEMA.empty_table())) for u, b in blocks]
@@ -588,17 +659,14 @@ def curate(
             for r in results:
                 total.merge(Counters.from_json(r["counters"]))
             kept_bytes = sum(r["bytes"] for r in results)
+            kept_docs = sum(r["rows"] for r in results)
             lap(seg.name)
-            if isinstance(seg.global_stage, ExactDedupStage):
-                parts = range(seg.global_stage.config.partitions)
-                executor.run_tasks(resolve_task, plan, [(s, p) for p in parts], seg.global_stage.name)
-            elif isinstance(seg.global_stage, MinHashStage):
-                global_summaries["minhash"] = near_dedup.resolve(
-                    executor.run_tasks, plan.work / "minhash", seg.global_stage, Path(plan.out_dir)
-                )
-            if seg.global_stage is not None:
-                lap(f"{seg.global_stage.name}_resolve")
+            if (stage := seg.global_stage) is not None:  # its resolve half, the same way for every global stage
+                global_summaries[stage.name] = stage.resolve(executor.run_tasks, plan.work / stage.name, Path(plan.out_dir))
+                lap(f"{stage.name}_resolve")
 
+        if kept_docs == 0:
+            raise _nothing_survived(plan, total, t0, damaged, id_results)
         tokenizer_path, where = prepare_tokenizer(plan, blocks, kept_bytes)
         info = describe(Path(tokenizer_path).read_text(), where, cfg.tokenizer)
         lap("tokenizer")
@@ -608,20 +676,36 @@ def curate(
         encoders = sorted({r.get("encoder", "tokenizers") for r in token_results})
         lap("tokenize")
 
+        block_inputs = [(block_name(u, b), plan.units[u].input_index) for u, b in blocks]
+        held_out = None
+        if cfg.eval.enabled:  # before selection: eval documents are never sampled away nor repeated
+            held = eval_split.split(
+                executor.run_tasks, plan.work, Path(plan.out_dir), block_inputs, plan.segments[-1].name, cfg.eval,
+                cfg.dedup.minhash, any(isinstance(seg.global_stage, MinHashStage) for seg in plan.segments), total,
+            )
+            held_out = held.not_for_training()
+            if not held.report["domains"]:
+                log(f"warning: the eval split is empty: eval.fraction {cfg.eval.fraction} chose no document; "
+                    "raise eval.fraction (the trainer will not evaluate on it)")
+            lap("eval_split")
         copies, selection_report = selection.select(
-            executor.run_tasks, plan.work, Path(plan.out_dir),
-            [(block_name(u, b), plan.units[u].input_index) for u, b in blocks],
-            cfg.diversity, cfg.mixture, total,
+            executor.run_tasks, plan.work, Path(plan.out_dir), block_inputs,
+            cfg.diversity, cfg.mixture, total, held_out,
         )
         lap("select")
         itemsize = token_dtype(info.vocab_size).byte_width
         shard_plan = plan_shards(plan, blocks, itemsize, copies)
         shard_results = executor.run_tasks(shard_task, plan, list(enumerate(shard_plan)), "shards")
+        if cfg.eval.enabled:
+            eval_plan = plan_shards(plan, blocks, itemsize, {b: m.astype(np.int64) for b, m in held.eval_rows.items()})
+            eval_results = executor.run_tasks(eval_shard_task, plan, list(enumerate(eval_plan)), "eval shards")
         lap("shards")
     finally:
         if own_executor:
             executor.shutdown()
 
+    if sum(r["rows"] for r in shard_results) == 0:  # the selection took the last documents
+        raise _nothing_survived(plan, total, t0, damaged, id_results)
     shards = [ShardInfo(**r) for r in shard_results]
     manifest = build_manifest(
         shards,
@@ -630,12 +714,20 @@ def curate(
         config_hash=config_hash(cfg),
     )
     manifest.update(selection_report)  # `mixture` (targets and realised shares), `diversity`
+    if cfg.eval.enabled:
+        eval_manifest = write_eval_manifest(plan, [ShardInfo(**r) for r in eval_results], info)
+        manifest["splits"] = {"eval": {**{k: eval_manifest[k] for k in ("num_shards", "total_docs", "total_tokens", "domains")},
+                                       "path": eval_split.EVAL_DIR}}
     seconds = time.perf_counter() - t0
     stats = build_stats(plan, total, seconds)
     stats["phase_seconds"] = phases
     stats["global_stages"] = global_summaries
+    stats["damaged_inputs"] = damaged
+    stats["duplicate_ids"] = unique_ids.summary(id_results)
     stats["tokenizer_encoders"] = encoders  # which encoder(s) the tokenize workers used
     stats.update(selection_report)
+    if cfg.eval.enabled:
+        stats["eval"] = held.report
     unbalanced = [row for row in stats["inputs"] if not row["balanced"]]
     if unbalanced:  # a bug, never bad input: say so loudly rather than write a wrong manifest
         raise RuntimeError(f"document accounting does not balance for {unbalanced}")

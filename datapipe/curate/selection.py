@@ -5,7 +5,8 @@ every block, how many times each row is written (0 = dropped, 2 = repeated once)
 of diversity sampling are fit once per domain on a seeded sample (in the driver); assigning every
 document to a cluster is one task per block; choosing the documents is per domain and needs only
 (cluster, rank, tokens) per document, so memory stays small. Everything is seeded and ordered by
-block, so the choice is the same on any number of workers.
+block, so the choice is the same on any number of workers. Rows held out of training (the eval split
+of `eval_split.py` and the copies of its documents) get 0 copies, and neither step sees them.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ def _token_file(work: Path, block: str) -> Path:
     return work / "tokens" / f"{block}.arrow"
 
 
-def fit_centroids(work: Path, blocks: list[str], config: diversity.DiversityConfig, doc_counts: dict[str, int]) -> dict[str, np.ndarray]:
-    """Per sampled domain: k-means centroids fit on at most `fit_docs` documents (seeded choice)."""
+def fit_centroids(work: Path, blocks: list[str], config: diversity.DiversityConfig, doc_counts: dict[str, int],
+                  held_out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Per sampled domain: k-means centroids fit on at most `fit_docs` documents (seeded choice),
+    never on `held_out` rows."""
     saved = work / "diversity" / "centroids.npz"
     if saved.exists():
         with np.load(saved) as f:
@@ -44,7 +47,7 @@ def fit_centroids(work: Path, blocks: list[str], config: diversity.DiversityConf
         rank = diversity.seeded_rank(ids, config.seed)
         tokens = table.column("tokens")
         for i, d in enumerate(domains):
-            if d in sample:
+            if d in sample and not (held_out and held_out[block][i]):
                 rate = config.fit_docs / max(doc_counts.get(d, 1), 1)
                 if rate >= 1.0 or int(rank[i]) < int(rate * 2**64):
                     sample[d].append(tokens[i].values.to_numpy())
@@ -94,28 +97,37 @@ def select(
     div_config: diversity.DiversityConfig,
     mix_config: mixture.MixtureConfig,
     counters: Counters,
+    held_out: dict[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
-    """Copies per row of every block (None when neither step is enabled) and a report for the
-    manifest and stats. `blocks` are (block name, input index) in order. Updates `counters`
-    (dropped documents leave `kept`)."""
-    if not (div_config.enabled or mix_config.enabled):
+    """Copies per row of every block (None when no step is enabled and nothing is held out) and a
+    report for the manifest and stats. `blocks` are (block name, input index) in order. Updates
+    `counters` (dropped documents leave `kept`). `held_out` (bool per row) marks rows that are not
+    training data (the eval split and its copies): they get 0 copies here, are neither sampled nor
+    counted in the mixture, and are recorded by whoever held them out."""
+    if not (div_config.enabled or mix_config.enabled or held_out):
         return None, {}
     names = [b for b, _ in blocks]
     meta = {b: read_table(_token_file(work, b)).select(["id", "domain", "num_tokens"]) for b in names}
     copies = {b: np.ones(t.num_rows, dtype=np.int64) for b, t in meta.items()}
+    if held_out:
+        for b in names:
+            copies[b][held_out[b]] = 0
     reasons: dict[str, list[tuple[np.ndarray, str, str]]] = {b: [] for b in names}
     report: dict[str, Any] = {}
 
     if div_config.enabled and div_config.domains:
         doc_counts: dict[str, int] = {}
-        for t in meta.values():
-            for d, n in zip(*np.unique(np.array(t.column("domain").to_pylist(), dtype=object), return_counts=True)):
+        for b, t in meta.items():
+            training = np.array(t.column("domain").to_pylist(), dtype=object)[copies[b] > 0]
+            for d, n in zip(*np.unique(training, return_counts=True)):
                 doc_counts[d] = doc_counts.get(d, 0) + int(n)
-        centroids = fit_centroids(work, names, div_config, doc_counts)
+        centroids = fit_centroids(work, names, div_config, doc_counts, held_out)
         files = run_tasks(assign_task, (str(work), div_config, centroids), [(b,) for b in names], "diversity")
         assigned = []
         for i, f in enumerate(files):
             part = read_table(Path(f))
+            if held_out:  # held-out rows are never sampled
+                part = part.filter(pa.array(~held_out[names[i]][part.column("row").to_numpy()]))
             assigned.append(part.append_column("block", pa.array(np.full(part.num_rows, i, dtype=np.int32))))
         table = pa.concat_tables(assigned) if assigned else ASSIGN_SCHEMA.empty_table()
         report["diversity"] = {}

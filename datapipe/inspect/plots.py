@@ -2,8 +2,26 @@
 
 from __future__ import annotations
 
+import io
 import json
+import math
 from pathlib import Path
+
+from datapipe.core.shards import atomic_write_bytes
+
+# (title, y label, [(metrics key, legend label)]): a panel is drawn when the run logged any of its keys, so an
+# LM run (tokens/s, data wait) and a DPO run (pairs/s, preference accuracy) each get the panels they have.
+PANELS = (
+    ("loss", "objective loss", [("loss", "train"), ("eval_loss", "eval")]),
+    ("learning rate", "", [("lr", "lr")]),
+    ("gradient norm (before clipping)", "", [("grad_norm", "grad norm")]),
+    ("throughput", "tokens/s", [("tokens_per_s", "tokens/s")]),
+    ("throughput", "pairs/s", [("pairs_per_s", "pairs/s")]),
+    ("fraction of step time waiting for data", "", [("data_wait_frac", "data wait")]),
+    ("preference accuracy", "share of pairs with margin > 0", [("pref_accuracy", "train"), ("eval_pref_accuracy", "eval")]),
+    ("reward margin", "β-scaled", [("reward_margin", "train"), ("eval_reward_margin", "eval")]),
+)
+DATA_WAIT_FLOOR = 0.05  # the data-wait panel's y axis shows at least 0..5% of the step time
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -13,31 +31,46 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _series(rows: list[dict], key: str) -> tuple[list, list]:
+    points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and "step" in r]
+    return [s for s, _ in points], [v for _, v in points]
+
+
 def plot_run(run_dir: str | Path) -> Path:
-    """Four panels: train and eval loss, learning rate, tokens/s, data-wait fraction. Returns the PNG path."""
+    """One panel per kind of number the run logged (loss, lr, throughput, ...). Returns the PNG path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     rows = read_metrics(run_dir)
-    train = [r for r in rows if "loss" in r]
-    evals = [r for r in rows if "eval_loss" in r]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    ax = axes[0][0]
-    ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
-    if evals:
-        ax.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval")
-    ax.set(title="loss", xlabel="step", ylabel="cross-entropy (nats/token)")
-    ax.legend()
-    for ax, key, title in ((axes[0][1], "lr", "learning rate"), (axes[1][0], "tokens_per_s", "tokens/s"),
-                           (axes[1][1], "data_wait_frac", "fraction of step time waiting for data")):
-        ax.plot([r["step"] for r in train], [r[key] for r in train])
-        ax.set(title=title, xlabel="step")
-    axes[1][1].set_ylim(0, max(1e-3, *[r["data_wait_frac"] for r in train]) * 1.1 if train else 1)
+    panels = [(title, ylabel, [(label, *_series(rows, key)) for key, label in lines])
+              for title, ylabel, lines in PANELS]
+    panels = [(t, y, [line for line in lines if line[1]]) for t, y, lines in panels]
+    panels = [p for p in panels if p[2]]
+    if not panels:
+        raise FileNotFoundError(f"{str(run_dir)!r}/metrics.jsonl holds no logged steps yet")
+    cols = 2
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(10, 3.5 * nrows), squeeze=False)
+    for ax, (title, ylabel, lines) in zip(axes.flat, panels):
+        for label, steps, values in lines:
+            ax.plot(steps, values, "o-" if label == "eval" else "-", label=label)
+        ax.set(title=title, xlabel="step", ylabel=ylabel)
+        if title == "fraction of step time waiting for data":
+            # never below DATA_WAIT_FLOOR: a wait of 0.1% would otherwise fill the panel and look dramatic
+            ax.set_ylim(0, max(DATA_WAIT_FLOOR, *lines[0][2]) * 1.1)
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        if len(lines) > 1:
+            ax.legend()
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
     fig.suptitle(str(run_dir))
     fig.tight_layout()
     out = Path(run_dir) / "training.png"
-    fig.savefig(out, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    atomic_write_bytes(out, png.getvalue())
     return out

@@ -10,9 +10,13 @@ One function gathers every figure, and the renderers only format them:
   languages) and a log-binned length histogram. The cost grows with the number of documents, not
   with their tokens, and no Python code loops over rows, so a folder of thousands of shards stays
   fast. The per-shard counts in the manifest are cross-checked against the scan (`manifest_agrees`).
+  A held-out split that the manifest names (`splits.eval`, the folder OUT/eval/) is counted the same
+  way over its own shards (`splits`: docs and tokens per domain), beside the training copies removed for it.
 - `render_text(figures)`: the terminal tables. `plot(figures, out_dir, folder)`: funnel.png,
   token_share.png and lengths.png (matplotlib, Agg canvas, no pyplot state). `render_html(figures,
-  images)`: one self-contained page, with the PNGs as base64 data URIs.
+  images)`: one self-contained page, with the PNGs as base64 data URIs. Both draw the same sections
+  (`_sections`), whose cells `tables.cell` writes, so the page and the terminal show the same figures.
+  A run where nothing survived (`nothing_survived` in stats.json, no manifest) shows its funnel and drop reasons.
 - `why(out_dir, doc_id)`: where one document went. It searches `dropped/*.parquet` (stage, reason,
   the id kept instead of a duplicate, and the near-duplicate cluster), then the shards (which
   shard), then `quarantine/*.jsonl` (by the id derived from file and line or row, or by the raw
@@ -28,6 +32,7 @@ import base64
 import html
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +40,8 @@ import polars as pl
 
 from datapipe.core.config import ConfigError
 from datapipe.core.shards import MANIFEST_NAME, SHARD_DIR, read_manifest
-from datapipe.inspect.tables import table
+from datapipe.inspect.report import distinct_written
+from datapipe.inspect.tables import cell, table
 
 PERCENTILES = (5, 25, 50, 75, 95)
 BINS_PER_DECADE = 8  # length histogram: fixed log-spaced bins, so one pass needs no min/max first
@@ -82,6 +88,7 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
     return {
         "out_dir": str(out.resolve()),
         "complete": manifest is not None,
+        "nothing_survived": bool(stats.get("nothing_survived")),  # the run stopped: no document was left to write
         "summary": {
             "shards": len(shard_paths),
             "docs": total_docs,
@@ -104,7 +111,23 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
         "length_histogram": scan["histogram"],
         "manifest_agrees": _manifest_agrees(written, manifest),
         "phase_seconds": stats.get("phase_seconds", {}),
+        "splits": _splits(out, manifest, stats),
     }
+
+
+def _splits(out: Path, manifest: dict | None, stats: dict[str, Any]) -> dict[str, Any]:
+    """Each held-out split the manifest names (`eval`): docs and tokens per domain counted over its own
+    shards (cross-checked with its manifest), and the training copies removed for it (stats.json)."""
+    found = {}
+    for name, entry in sorted(((manifest or {}).get("splits") or {}).items()):
+        folder = out / entry["path"]
+        sub = read_manifest(folder)
+        written = _scan_shards([folder / s["path"] for s in sub["shards"]])["written"]
+        found[name] = {"path": entry["path"], "shards": len(sub["shards"]), "domains": dict(sorted(written.items())),
+                       "docs": sum(w["docs"] for w in written.values()), "tokens": sum(w["tokens"] for w in written.values()),
+                       "manifest_agrees": _manifest_agrees(written, sub),
+                       "removed_from_train": (stats.get(name) or {}).get("removed_from_train", {})}
+    return found
 
 
 def _length_aggs() -> list[pl.Expr]:
@@ -162,26 +185,31 @@ def _scan_shards(paths: list[Path]) -> dict[str, Any]:
 
 def _funnel(stats: dict[str, Any], written: dict[str, dict[str, int]]) -> tuple[list[dict], list[dict]]:
     """Rows (domain, stage, docs/bytes in and out) in pipeline order, then a `written` row per
-    domain with the tokens; and the same summed over domains."""
+    domain with the tokens and the mixture's copies (docs out = docs in - dropped + copies); and the
+    same summed over domains."""
     rows: list[dict[str, Any]] = []
     last_out: dict[str, int] = {}
     for entry in stats.get("funnel", []):
         for domain, c in entry["domains"].items():
             rows.append({"domain": domain, "stage": entry["stage"], "docs_in": c["docs_in"], "docs_out": c["docs_out"],
                          "dropped": c["docs_in"] - c["docs_out"], "bytes_in": c["bytes_in"], "bytes_out": c["bytes_out"],
-                         "tokens_out": None})
+                         "tokens_out": None, "mixture_copies": None})
             last_out[domain] = c["docs_out"]
+    distinct = distinct_written(stats)
     for domain in sorted(set(last_out) | set(written)):
         w = written.get(domain, {"docs": 0, "tokens": 0})
         docs_in = last_out.get(domain, w["docs"])
-        rows.append({"domain": domain, "stage": WRITTEN, "docs_in": docs_in, "docs_out": w["docs"], "dropped": docs_in - w["docs"],
-                     "bytes_in": None, "bytes_out": None, "tokens_out": w["tokens"]})
+        # rows written = distinct documents + the copies of those that the mixture repeats; stats.json's
+        # `kept` gives the distinct ones (without it, a row count above docs_in can only be copies)
+        once = distinct[domain]["docs"] if domain in distinct else min(w["docs"], docs_in)
+        rows.append({"domain": domain, "stage": WRITTEN, "docs_in": docs_in, "docs_out": w["docs"], "dropped": docs_in - once,
+                     "bytes_in": None, "bytes_out": None, "tokens_out": w["tokens"], "mixture_copies": w["docs"] - once})
     stage_order = {s: i for i, s in enumerate(dict.fromkeys(r["stage"] for r in rows))}
     rows.sort(key=lambda r: (r["domain"], stage_order[r["stage"]]))
     total: dict[str, dict[str, Any]] = {}
     for r in rows:
         t = total.setdefault(r["stage"], {"domain": TOTAL, "stage": r["stage"]})
-        for k in ("docs_in", "docs_out", "dropped", "bytes_in", "bytes_out", "tokens_out"):
+        for k in ("docs_in", "docs_out", "dropped", "bytes_in", "bytes_out", "tokens_out", "mixture_copies"):
             t[k] = None if r[k] is None else (t.get(k) or 0) + r[k]
     return rows, sorted(total.values(), key=lambda r: stage_order[r["stage"]])
 
@@ -235,74 +263,130 @@ def _pct(x: float | None, digits: int = 1) -> str | None:
     return None if x is None else f"{100 * x:.{digits}f}%"
 
 
-def _funnel_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
+def _funnel_rows(rows: list[dict[str, Any]], with_copies: bool) -> list[list[Any]]:
     out, prev = [], None
     for r in rows:
-        # a mixture that upsamples writes some documents more than once: more out than in
-        dropped = r["dropped"] if r["dropped"] >= 0 else f"+{-r['dropped']:,} copies"
         share = _pct(r["dropped"] / r["docs_in"]) if r["docs_in"] and r["dropped"] >= 0 else None
-        out.append([r["domain"] if r["domain"] != prev else "", r["stage"], r["docs_in"], r["docs_out"], dropped,
-                    share, _mb(r["bytes_in"]), _mb(r["bytes_out"]), r["tokens_out"]])
+        copies = [f"+{r['mixture_copies']:,}" if r.get("mixture_copies") else None] if with_copies else []
+        out.append([r["domain"] if r["domain"] != prev else "", r["stage"], r["docs_in"], r["docs_out"], r["dropped"],
+                    share, *copies, _mb(r["bytes_in"]), _mb(r["bytes_out"]), r["tokens_out"]])
         prev = r["domain"]
     return out
 
 
-def render_text(figures: dict[str, Any]) -> str:
-    """The terminal report: summary, funnel, drop reasons, written, mixture, lengths."""
-    s = figures["summary"]
-    parts = [
-        f"datapipe stats: {figures['out_dir']}\n"
-        f"{_n(s['shards'], 'shard')}, {s['docs']:,} documents, {s['tokens']:,} tokens written of {s['read']:,} documents read"
-        + (f" ({s['quarantined']:,} quarantined)" if s["quarantined"] else "")
-        + (f"; run took {s['seconds']:.1f} s" if s.get("seconds") is not None else "")
-        + ("" if figures["complete"] else "\nWARNING: no manifest.json, the run did not finish; shards found on disk are counted")
-    ]
-    if figures["manifest_agrees"] is False:
-        parts.append("WARNING: the manifest's per-domain totals differ from a count over the shard files")
+def _split_title(name: str, split: dict[str, Any]) -> str:
+    removed = split["removed_from_train"]
+    what = ", ".join(f"{n:,} {r.replace('_', ' ')}" for r, n in sorted(removed.items()) if n) or "none"
+    return (f"Split '{name}' ({split['path']}/, {_n(split['shards'], 'shard')}; held out before diversity sampling and the "
+            f"mixture; training copies removed: {what})"
+            + ("" if split["manifest_agrees"] is not False else "\nWARNING: its manifest's per-domain totals differ from a count over its shards"))
 
-    header = ["domain", "stage", "docs in", "docs out", "dropped", "drop %", "MB in", "MB out", "tokens"]
-    funnel = table(header, _funnel_rows(figures["funnel"] + figures["funnel_total"]))
-    parts.append("Stage funnel per domain. Stages before tokenization count documents and MB of text;\n"
-                 "tokens exist only for what was written (the `written` rows, counted over the shards).\n" + funnel)
+
+@dataclass
+class _Section:
+    """One block of the report, built once and drawn by both `render_text` and `render_html`: a title,
+    a note, and a table whose cells `tables.cell` writes (the first `left` columns are labels)."""
+
+    title: str
+    note: str = ""
+    header: list[str] | None = None
+    rows: list[list[Any]] = field(default_factory=list)
+    left: int = 1
+
+
+def _summary(figures: dict[str, Any]) -> tuple[str, list[str]]:
+    """The summary sentence and the warnings under it."""
+    s = figures["summary"]
+    quarantined = f" ({s['quarantined']:,} quarantined)" if s["quarantined"] else ""
+    took = f"; run took {s['seconds']:.1f} s" if s.get("seconds") is not None else ""
+    if figures.get("nothing_survived"):
+        return (f"Nothing survived curation: no document was written (no shards, no manifest.json) of {s['read']:,} documents read"
+                f"{quarantined}{took}.\nThe funnel and the drop reasons below say where they went.", [])
+    warnings = []
+    if not figures["complete"]:
+        warnings.append("no manifest.json, the run did not finish; shards found on disk are counted")
+    if figures["manifest_agrees"] is False:
+        warnings.append("the manifest's per-domain totals differ from a count over the shard files")
+    return f"{_n(s['shards'], 'shard')}, {s['docs']:,} documents, {s['tokens']:,} tokens written of {s['read']:,} documents read{quarantined}{took}", warnings
+
+
+def _sections(figures: dict[str, Any]) -> list[_Section]:
+    """Every table of the report, in order: funnel, drop reasons, written, splits, mixture, lengths."""
+    s = figures["summary"]
+    rows = figures["funnel"] + figures["funnel_total"]
+    copies = {r["domain"]: r.get("mixture_copies") or 0 for r in rows if r["stage"] == WRITTEN}
+    with_copies = any(copies.values())
+    note = ("Stages before tokenization count documents and MB of text;\n"
+            "tokens exist only for what was written (the `written` rows, counted over the shards).")
+    if with_copies:
+        note += ("\nThe mixture writes some documents more than once: at `written`, docs out = docs in - dropped + mixture copies.")
+    sections = [_Section("Stage funnel per domain", note,
+                         ["domain", "stage", "docs in", "docs out", "dropped", "drop %"] + (["mixture copies"] if with_copies else [])
+                         + ["MB in", "MB out", "tokens"], _funnel_rows(rows, with_copies), left=2)
+                if rows else _Section("Stage funnel: no document got past reading.")]
 
     drops = [[d["stage"], d["domain"], d["reason"], d["docs"], _pct(d["share_of_read"])] for d in figures["drops"]]
-    drops += [["read", "-", f"quarantine:{reason}", n, None] for reason, n in figures["quarantined"].items()]
+    drops += [["read", None, f"quarantine:{reason}", n, None] for reason, n in figures["quarantined"].items()]
     if drops:
-        parts.append("Drop reasons\n" + table(["stage", "domain", "reason", "docs", "% of read"], drops, left=3))
+        sections.append(_Section("Drop reasons", "", ["stage", "domain", "reason", "docs", "% of read"], drops, left=3))
+    else:
+        sections.append(_Section("Drop reasons: nothing was dropped."))
     nd = figures["near_duplicates"]
     if nd:
-        parts.append(f"near-duplicates: {nd.get('candidate_pairs', 0):,} candidate pairs, {_n(nd.get('clusters', 0), 'cluster')}, "
-                     f"{nd.get('removed', 0):,} documents removed")
+        sections.append(_Section(f"near-duplicates: {nd.get('candidate_pairs', 0):,} candidate pairs, {_n(nd.get('clusters', 0), 'cluster')}, "
+                                 f"{nd.get('removed', 0):,} documents removed"))
+    if figures.get("nothing_survived"):
+        return sections
 
     w = figures["written"]
-    rows = [[d, c["shards"], c["docs"], c["tokens"], _pct(c["token_share"]), None if c["mean_tokens"] is None else f"{c['mean_tokens']:,.1f}"] for d, c in w.items()]
-    rows.append([TOTAL, s["shards"], s["docs"], s["tokens"], _pct(1.0 if s["tokens"] else 0.0), f"{s['tokens'] / s['docs']:,.1f}" if s["docs"] else None])
-    parts.append("Written (counted over the shards)\n" + table(["domain", "shards", "docs", "tokens", "token share", "tokens/doc"], rows, left=1))
+    rows = [[d, c["shards"], c["docs"], c["tokens"], _pct(c["token_share"]), c["mean_tokens"]] for d, c in w.items()]
+    rows.append([TOTAL, s["shards"], s["docs"], s["tokens"], _pct(1.0 if s["tokens"] else 0.0), s["tokens"] / s["docs"] if s["docs"] else None])
+    header = ["domain", "shards", "docs", "tokens", "token share", "tokens/doc"]
+    if with_copies:
+        header.append("mixture copies")
+        for r in rows:
+            r.append(copies.get(r[0], 0))
+    sections.append(_Section("Written (counted over the shards)",
+                             "docs include the mixture's copies, as the manifest does" if with_copies else "", header, rows))
+
+    for name, split in figures.get("splits", {}).items():
+        rows = [[d, c["docs"], c["tokens"]] for d, c in split["domains"].items()] + [[TOTAL, split["docs"], split["tokens"]]]
+        sections.append(_Section(_split_title(name, split), "", ["domain", "docs", "tokens"], rows))
 
     mix = figures["mixture"]
     if mix:
         rows = [[d, c.get("natural_tokens"), _pct(c.get("target_share")), c.get("realised_tokens"), _pct(c.get("realised_share")),
                  None if c.get("epochs") is None else f"{c['epochs']:.2f}", "yes" if c.get("capped") else "no"]
                 for d, c in mix["domains"].items()]
-        parts.append(f"Mixture (method {mix['method']}, from {mix['source']}): target vs realised token share\n"
-                     + table(["domain", "natural tokens", "target", "realised tokens", "realised", "epochs", "capped"], rows, left=1))
+        sections.append(_Section(f"Mixture (method {mix['method']}, from {mix['source']}): target vs realised token share", "",
+                                 ["domain", "natural tokens", "target", "realised tokens", "realised", "epochs", "capped"], rows))
     else:
-        parts.append("Mixture: none recorded (no `mixture` in stats.json or manifest.json); the natural mix was written.")
+        sections.append(_Section("Mixture: none recorded (no `mixture` in stats.json or manifest.json); the natural mix was written."))
 
     lcols = ["docs"] + [f"p{p}" for p in PERCENTILES] + ["max", "mean"]
 
     def lrow(r: dict[str, Any]) -> list[Any]:
         return [r["docs"], *[f"{r[f'p{p}']:,.0f}" for p in PERCENTILES], r["max"], f"{r['mean']:,.1f}"]
 
+    title = "Document length in tokens (over the shards)"
     if figures["lengths_by_lang"]:
         rows = []
         for r in figures["lengths"]:
             rows.append([r["domain"], "(all)", *lrow(r)])
             rows += [["", x["lang"], *lrow(x)] for x in figures["lengths_by_lang"] if x["domain"] == r["domain"]]
-        body = table(["domain", "lang", *lcols], rows)
+        sections.append(_Section(title, "", ["domain", "lang", *lcols], rows, left=2))
     else:
-        body = table(["domain", *lcols], [[r["domain"], *lrow(r)] for r in figures["lengths"]], left=1)
-    parts.append("Document length in tokens (over the shards)\n" + body)
+        sections.append(_Section(title, "", ["domain", *lcols], [[r["domain"], *lrow(r)] for r in figures["lengths"]]))
+    return sections
+
+
+def render_text(figures: dict[str, Any]) -> str:
+    """The terminal report: summary, funnel, drop reasons, written, mixture, lengths."""
+    summary, warnings = _summary(figures)
+    parts = [f"datapipe stats: {figures['out_dir']}\n{summary}" + "".join(f"\nWARNING: {w}" for w in warnings)]
+    for sec in _sections(figures):
+        lines = [sec.title] + ([sec.note] if sec.note else []) + ([table(sec.header, sec.rows, left=sec.left)] if sec.header else [])
+        parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
 
@@ -351,16 +435,30 @@ def _plot_funnel(figures: dict[str, Any], domains: list[str], colors: dict, name
     total_bytes = max([r["bytes_in"] or 0 for r in figures["funnel_total"]] + [0])
     unit, scale = ("MB", 1e6) if total_bytes >= 1e6 else ("KB", 1e3)
     docs_seen: list[int] = []
+    end_labels = []
     for d in domains:
         rows = {r["stage"]: r for r in figures["funnel"] if r["domain"] == d}
         first = rows.get(stages[0]) if stages else None
         # the first point is what entered the first stage; then what left each stage
         docs = [first["docs_in"] if first else math.nan] + [rows[s]["docs_out"] if s in rows else math.nan for s in stages]
         text = [first["bytes_in"] / scale if first else math.nan] + [rows[s]["bytes_out"] / scale if s in rows else math.nan for s in text_stages]
+        # a mixture that upsamples writes some documents more than once: the line ends at the distinct
+        # documents written, and a dashed arrow climbs from there to the rows written, copies included
+        copies = (rows.get(WRITTEN) or {}).get("mixture_copies") or 0
+        end = len(docs) - 1
+        top = docs[end]
+        docs[end] = top - copies
         ax_docs.plot(range(len(docs)), docs, marker="o", color=colors[d], label=d)
         ax_text.plot(range(len(text)), text, marker="o", color=colors[d], label=d)
-        ax_docs.annotate(f"{docs[-1]:,}", (len(docs) - 1, docs[-1]), textcoords="offset points", xytext=(6, 0), va="center", fontsize=8, color=colors[d])
-        docs_seen += [int(v) for v in docs if v and not math.isnan(v)]
+        label = f"{top:,}"
+        if copies:
+            ax_docs.annotate("", (end, top), xytext=(end, docs[end]),
+                             arrowprops={"arrowstyle": "-|>", "linestyle": "--", "color": colors[d], "shrinkA": 4, "shrinkB": 0})
+            ax_docs.plot([end], [top], marker="o", markerfacecolor="white", color=colors[d])
+            label = f"{top:,} written\n(+{copies:,} mixture copies)"
+        end_labels.append(ax_docs.annotate(label, (end, top), textcoords="offset points", xytext=(7, 0), va="center",
+                                           fontsize=8, color=colors[d]))
+        docs_seen += [int(v) for v in docs + [top] if v and not math.isnan(v)]
     log = bool(docs_seen) and max(docs_seen) / max(min(docs_seen), 1) > 50  # very different sizes: log scale
     for ax, labels, ylabel, title in (
         (ax_docs, ["in"] + stages, "documents", "Documents in, then left after each stage"),
@@ -374,9 +472,52 @@ def _plot_funnel(figures: dict[str, Any], domains: list[str], colors: dict, name
             ax.set_yscale("log")
         else:
             ax.set_ylim(bottom=0)
-    ax_docs.legend(title="domain", fontsize=8)
+    if domains:
+        ax_docs.legend(title="domain", fontsize=8, loc="lower left")
     fig.suptitle(f"Stage funnel per domain: {name}" + ("  (log scale)" if log else ""), fontsize=13)
+    _fit_labels(ax_docs, end_labels)
     return fig
+
+
+def _fit_labels(ax, labels: list) -> None:
+    """Keep every end-of-line label inside the frame and off the others: widen the x axis to the right
+    (a label sits a fixed number of points right of its data point, so only a wider data range makes
+    room), then move labels up or down where they would cross the frame or cover one another."""
+    if not labels:
+        return
+    fig = ax.figure
+    for t in labels:  # the layout keeps the frame where it is; the labels move into it
+        t.set_in_layout(False)
+    fig.canvas.draw()  # lay out first: sizes in pixels are known only once drawn
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    x0, x1 = ax.get_xlim()
+    pad = 6  # pixels between the longest label and the frame
+    need = 0.0  # the largest fraction of the frame width that the data point must leave free on its right
+    anchor = 0.0  # that label's data x
+    for t in labels:
+        px = ax.transData.transform((t.xy[0], 0))[0]
+        overhang = t.get_window_extent(renderer).x1 - px + pad  # pixels from the data point to the label's end
+        if overhang / frame.width > need:
+            need, anchor = overhang / frame.width, t.xy[0]
+    right = x0 + (anchor - x0) / (1 - need) if need < 1 else x1  # then the anchor sits at (1 - need) of the width
+    if right > x1:
+        ax.set_xlim(x0, right)
+    # vertically: lines can end at the same count (several domains at 0), or at the frame's edge
+    gap = 2  # pixels
+    boxes = sorted(((t.get_window_extent(renderer), t) for t in labels), key=lambda bt: bt[0].y0)  # bottom first
+    shifts, floor = [], frame.y0 + gap
+    for box, _t in boxes:  # upwards: above the frame's bottom and above the label below
+        shifts.append(max(floor - box.y0, 0.0))
+        floor = box.y1 + shifts[-1] + gap
+    ceiling = frame.y1 - gap
+    for i in reversed(range(len(boxes))):  # downwards, only where a label crosses the frame's top
+        box = boxes[i][0]
+        shifts[i] -= max(box.y1 + shifts[i] - ceiling, 0.0)
+        ceiling = box.y0 + shifts[i] - gap
+    for (_box, t), shift in zip(boxes, shifts):
+        if shift:
+            t.xyann = (t.xyann[0], t.xyann[1] + shift * 72 / fig.dpi)  # offset points
 
 
 def _plot_share(figures: dict[str, Any], domains: list[str], colors: dict, name: str):
@@ -443,14 +584,13 @@ def _plot_lengths(figures: dict[str, Any], domains: list[str], colors: dict, nam
 # ---------------------------------------------------------------- html
 
 
-def _html_table(header: list[str], rows: list[list[Any]]) -> str:
-    def cell(c: Any) -> str:
-        text = "" if c is None else f"{c:,}" if isinstance(c, int) and not isinstance(c, bool) else str(c)
-        cls = ' class="num"' if isinstance(c, (int, float)) or (isinstance(c, str) and c[:1].isdigit()) else ""
-        return f"<td{cls}>{html.escape(text)}</td>"
+def _html_table(header: list[str], rows: list[list[Any]], left: int) -> str:
+    """The table `tables.table` draws, as HTML: the same cells, the first `left` columns as labels."""
+    def td(i: int, c: Any) -> str:
+        return f"<td{' class=num' if i >= left else ''}>{html.escape(cell(c))}</td>"
 
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "\n".join("<tr>" + "".join(cell(c) for c in r) + "</tr>" for r in rows)
+    body = "\n".join("<tr>" + "".join(td(i, c) for i, c in enumerate(r)) + "</tr>" for r in rows)
     return f"<table>\n<tr>{head}</tr>\n{body}\n</table>"
 
 
@@ -462,44 +602,21 @@ def render_html(figures: dict[str, Any], images: list[Path] | None = None) -> st
 
         with tempfile.TemporaryDirectory() as tmp:
             return render_html(figures, plot(figures, figures["out_dir"], tmp))
-    s = figures["summary"]
     e = html.escape
-    sections = [
-        f"<h1>datapipe stats</h1>\n<p><code>{e(figures['out_dir'])}</code></p>",
-        f"<p>{_n(s['shards'], 'shard')}, {s['docs']:,} documents, {s['tokens']:,} tokens written of {s['read']:,} documents read"
-        + (f" ({s['quarantined']:,} quarantined)" if s["quarantined"] else "")
-        + (f"; run took {s['seconds']:.1f} s" if s.get("seconds") is not None else "") + ".</p>",
-    ]
-    if not figures["complete"]:
-        sections.append("<p class=warn>No manifest.json: the run did not finish; the shards found on disk are counted.</p>")
-    if figures["manifest_agrees"] is False:
-        sections.append("<p class=warn>The manifest's per-domain totals differ from a count over the shard files.</p>")
+    summary, warnings = _summary(figures)
+    sections = [f"<h1>datapipe stats</h1>\n<p><code>{e(figures['out_dir'])}</code></p>", f"<p>{e(summary)}</p>"]
+    sections += [f"<p class=warn>Warning: {e(w)}</p>" for w in warnings]
     pictures = "\n".join(
         f'<figure><img alt="{e(p.stem)}" src="data:image/png;base64,{base64.b64encode(Path(p).read_bytes()).decode()}"></figure>'
         for p in images
     )
     sections.append(f"<h2>Pictures</h2>\n{pictures}")
-    sections.append("<h2>Stage funnel per domain</h2>\n<p>Stages before tokenization count documents and MB of text; tokens exist "
-                    "only for what was written (the <em>written</em> rows, counted over the shards).</p>\n"
-                    + _html_table(["domain", "stage", "docs in", "docs out", "dropped", "drop %", "MB in", "MB out", "tokens"],
-                                  _funnel_rows(figures["funnel"] + figures["funnel_total"])))
-    drops = [[d["stage"], d["domain"], d["reason"], d["docs"], _pct(d["share_of_read"])] for d in figures["drops"]]
-    drops += [["read", "", f"quarantine:{r}", n, None] for r, n in figures["quarantined"].items()]
-    sections.append("<h2>Drop reasons</h2>\n" + (_html_table(["stage", "domain", "reason", "docs", "% of read"], drops) if drops else "<p>Nothing was dropped.</p>"))
-    rows = [[d, c["shards"], c["docs"], c["tokens"], _pct(c["token_share"]), c["mean_tokens"]] for d, c in figures["written"].items()]
-    sections.append("<h2>Written (counted over the shards)</h2>\n" + _html_table(["domain", "shards", "docs", "tokens", "token share", "tokens/doc"], rows))
-    mix = figures["mixture"]
-    if mix:
-        rows = [[d, c.get("natural_tokens"), _pct(c.get("target_share")), c.get("realised_tokens"), _pct(c.get("realised_share")),
-                 c.get("epochs"), "yes" if c.get("capped") else "no"] for d, c in mix["domains"].items()]
-        sections.append(f"<h2>Mixture: target vs realised (method {e(str(mix['method']))})</h2>\n"
-                        + _html_table(["domain", "natural tokens", "target", "realised tokens", "realised", "epochs", "capped"], rows))
-    else:
-        sections.append("<h2>Mixture</h2>\n<p>None recorded; the natural mix was written.</p>")
-    lhead = ["domain", "lang", "docs"] + [f"p{p}" for p in PERCENTILES] + ["max", "mean"]
-    lrows = [[r["domain"], "(all)", r["docs"], *[round(r[f"p{p}"]) for p in PERCENTILES], r["max"], r["mean"]] for r in figures["lengths"]]
-    lrows += [[r["domain"], r["lang"], r["docs"], *[round(r[f"p{p}"]) for p in PERCENTILES], r["max"], r["mean"]] for r in figures["lengths_by_lang"]]
-    sections.append("<h2>Document length in tokens</h2>\n" + _html_table(lhead, sorted(lrows, key=lambda r: (r[0], r[1] != "(all)", r[1]))))
+    for sec in _sections(figures):
+        if sec.header is None and not sec.note:  # a one-line section: a paragraph
+            sections.append(f"<p>{e(sec.title)}</p>")
+            continue
+        sections.append(f"<h2>{e(sec.title)}</h2>" + (f"\n<p>{e(sec.note)}</p>" if sec.note else "")
+                        + (f"\n{_html_table(sec.header, sec.rows, sec.left)}" if sec.header else ""))
     style = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}"
              "table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #ccc;padding:3px 8px}"
              "th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}"
@@ -513,7 +630,10 @@ def render_html(figures: dict[str, Any], images: list[Path] | None = None) -> st
 
 def _find_in_shards(out: Path, doc_id: str) -> dict[str, Any] | None:
     if (out / MANIFEST_NAME).is_file():
-        paths = [str(out / s["path"]) for s in read_manifest(out)["shards"]]
+        manifest = read_manifest(out)
+        paths = [str(out / s["path"]) for s in manifest["shards"]]
+        for entry in (manifest.get("splits") or {}).values():  # a held-out split's shards: "shard" names eval/shards/...
+            paths += [str(out / entry["path"] / s["path"]) for s in read_manifest(out / entry["path"])["shards"]]
     else:
         paths = [str(p) for p in sorted((out / SHARD_DIR).glob("*.arrow"))]
     if not paths:

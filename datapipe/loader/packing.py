@@ -21,10 +21,15 @@ Invariants (tested in tests/datapipe/test_packing.py):
 - with `split`, the multiset of tokens emitted equals the multiset pushed: no token is lost or
   repeated; a document of length ≤ `seq_len` stays whole;
 - `build_batch` restarts `position_ids` at every piece, gives each piece its own `cu_seqlens`
-  segment and `doc_ids`, and sets `labels[i] = input_ids[i + 1]` only inside a piece: the last
+  segment (numbered by `segment_ids`) and `doc_ids`, and sets `labels[i] = input_ids[i + 1]` only inside a piece: the last
   token of a document (its EOS) and all padding get -100. The last token of a cut piece is labelled
   with the document's own next token, which lies in the same document.
 - the same input gives the same rows, whatever the process: no randomness, no hashing.
+
+Attention segments are the pieces, never the documents: a schedule that restarts a domain's pass
+(a mixture) can draw a document twice, and both copies may land side by side in one row with the
+same `doc_ids`. `segment_ids` (from `cu_seqlens`) tells them apart; `block_causal_mask` and the
+model's attention paths use only it or `cu_seqlens`.
 
 Measured waste (scripts/bench_loader.py, one epoch of the 28.9 M-token curated shared corpus,
 lookahead 512, max_open_bins 16; see BENCHMARKS.md): padding is 0.45% of the row slots at seq_len
@@ -43,6 +48,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from datapipe.core.config import ConfigError
 
 SPLIT, TRUNCATE, DROP = "split", "truncate", "drop"
 POLICIES = (SPLIT, TRUNCATE, DROP)
@@ -77,23 +84,45 @@ Row = list[Piece]
 
 def check_policy(name: str, value: Any) -> str:
     if value not in POLICIES:
-        raise ValueError(f"{name} must be one of {set(POLICIES)}, got {value!r}")
+        raise ConfigError(f"{name} must be one of {set(POLICIES)}, got {value!r}")
     return value
 
 
 def split_document(
-    doc: int, doc_len: int, seq_len: int, policy: str = SPLIT, *, tag: int = 0, seq: int = 0
+    doc: int, doc_len: int, seq_len: int, policy: str = SPLIT, *, tag: int = 0, seq: int = 0,
+    start: int = 0, end: int | None = None,
 ) -> list[Piece]:
-    """The pieces a document enters the packer as: itself when it fits, else by `policy`."""
+    """The pieces a document enters the packer as: itself when it fits, else by `policy`.
+
+    [start, end) selects a part of a long `split` document (a rank's share of it, which begins at a
+    chunk boundary): its pieces are the document's own chunks that lie in the part.
+    """
+    end = doc_len if end is None else end
+    if (start, end) != (0, doc_len) and (policy != SPLIT or start % seq_len or not 0 <= start < end <= doc_len):
+        raise ValueError(f"a part [start, end) of a document must be a non-empty range of a split document "
+                         f"beginning at a multiple of seq_len={seq_len}, got [{start}, {end}) of {doc_len} ({policy})")
     if doc_len <= seq_len:
         return [Piece(doc, 0, doc_len, doc_len, tag, seq)]
     if policy == SPLIT:
-        return [Piece(doc, s, min(s + seq_len, doc_len), doc_len, tag, seq) for s in range(0, doc_len, seq_len)]
+        return [Piece(doc, s, min(s + seq_len, end), doc_len, tag, seq) for s in range(start, end, seq_len)]
     if policy == TRUNCATE:
         return [Piece(doc, 0, seq_len, doc_len, tag, seq)]
     if policy == DROP:
         return []
-    raise ValueError(f"policy must be one of {set(POLICIES)}, got {policy!r}")
+    raise ConfigError(f"policy must be one of {set(POLICIES)}, got {policy!r}")
+
+
+def served_lengths(lengths: np.ndarray, seq_len: int, policy: str) -> np.ndarray:
+    """The tokens of each document that a policy serves: all (`split`), at most seq_len
+    (`truncate`), or none of a document longer than seq_len (`drop`)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if policy == SPLIT:
+        return lengths
+    if policy == TRUNCATE:
+        return np.minimum(lengths, seq_len)
+    if policy == DROP:
+        return np.where(lengths > seq_len, 0, lengths)
+    raise ConfigError(f"policy must be one of {set(POLICIES)}, got {policy!r}")
 
 
 class _Bin:
@@ -118,7 +147,7 @@ class BFDPacker:
         for name, value, low in (("seq_len", seq_len, 1), ("lookahead", lookahead, 1),
                                  ("max_open_bins", max_open_bins, 0), ("max_bin_age", max_bin_age, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an integer ≥ {low}, got {value!r}")
+                raise ConfigError(f"{name} must be an integer ≥ {low}, got {value!r}")
         self.seq_len = seq_len
         self.lookahead = lookahead
         self.max_open_bins = max_open_bins
@@ -260,9 +289,13 @@ def compact_batch(
 
 def expand_batch(input_ids: np.ndarray, seg_doc: np.ndarray, seg_len: np.ndarray,
                  seg_last_label: np.ndarray) -> dict[str, np.ndarray]:
-    """The training arrays of a `compact_batch`: `input_ids`, `labels`, `position_ids`, `doc_ids`
-    (int64, shape (batch_size, seq_len)) and `cu_seqlens` (int32, the segment boundaries of the
-    flattened batch, so `cu_seqlens[-1] == batch_size * seq_len`)."""
+    """The training arrays of a `compact_batch`: `input_ids`, `labels`, `position_ids`, `doc_ids`,
+    `segment_ids` (int64, shape (batch_size, seq_len)) and `cu_seqlens` (int32, the segment
+    boundaries of the flattened batch, so `cu_seqlens[-1] == batch_size * seq_len`).
+
+    `segment_ids` numbers the segments of the flattened batch (segment i is
+    [cu_seqlens[i], cu_seqlens[i + 1])): the attention segments, distinct even where two copies of
+    one document sit side by side with equal `doc_ids`."""
     shape = input_ids.shape
     ids = input_ids.reshape(-1).astype(np.int64)
     cu = np.zeros(len(seg_len) + 1, dtype=np.int64)
@@ -270,13 +303,14 @@ def expand_batch(input_ids: np.ndarray, seg_doc: np.ndarray, seg_len: np.ndarray
     if cu[-1] != ids.size:
         raise ValueError(f"seg_len must sum to input_ids.size={ids.size}, got {int(cu[-1])!r}")
     doc_ids = np.repeat(seg_doc, seg_len)
+    segment_ids = np.repeat(np.arange(len(seg_len), dtype=np.int64), seg_len)
     position_ids = np.arange(ids.size, dtype=np.int64) - np.repeat(cu[:-1], seg_len)
     labels = np.empty_like(ids)
     labels[:-1] = ids[1:]  # within a segment, each token predicts the next ...
     labels[cu[1:] - 1] = seg_last_label  # ... but a segment's last token predicts nothing outside it
     labels[doc_ids < 0] = IGNORE_INDEX
     return {"input_ids": ids.reshape(shape), "labels": labels.reshape(shape), "position_ids": position_ids.reshape(shape),
-            "doc_ids": doc_ids.reshape(shape), "cu_seqlens": cu.astype(np.int32)}
+            "doc_ids": doc_ids.reshape(shape), "segment_ids": segment_ids.reshape(shape), "cu_seqlens": cu.astype(np.int32)}
 
 
 def build_batch(
@@ -291,31 +325,44 @@ def build_batch(
     return expand_batch(**compact_batch(rows, tokens_of, seq_len, batch_size=batch_size, pad_id=pad_id))
 
 
+def segment_ids_of(cu_seqlens: torch.Tensor, seq_len: int, batch_size: int | None = None) -> torch.Tensor:
+    """The per-token segment index (batch, seq_len) of a packed batch from its `cu_seqlens`.
+
+    Token t of the flattened batch is in segment i when cu_seqlens[i] <= t < cu_seqlens[i + 1]
+    (the loader's `segment_ids`). Give `batch_size` to skip reading cu_seqlens[-1] (a device sync).
+    """
+    if cu_seqlens.dim() != 1:
+        raise ValueError(f"cu_seqlens must be 1-D, got shape {tuple(cu_seqlens.shape)!r}")
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+    if batch_size is None:
+        total = int(cu_seqlens[-1])
+        if total % seq_len:
+            raise ValueError(f"cu_seqlens[-1] must be a multiple of seq_len={seq_len}, got {total!r}")
+        batch_size = total // seq_len
+    pos = torch.arange(batch_size * seq_len, device=cu_seqlens.device)
+    return torch.searchsorted(cu_seqlens[1:].to(torch.int64), pos, right=True).view(batch_size, seq_len)
+
+
 def block_causal_mask(segments: torch.Tensor, seq_len: int | None = None) -> torch.Tensor:
     """The dense attention mask of packed rows: True where query i may attend key j.
 
-    `segments` is either `doc_ids` of shape (batch, seq_len) or `cu_seqlens` (1-D, over the
-    flattened batch, with `seq_len` given). A query attends a key when both lie in the same segment
+    `segments` is either the batch's `segment_ids` of shape (batch, seq_len) or its `cu_seqlens`
+    (1-D, over the flattened batch, with `seq_len` given); never `doc_ids`, which repeat when one
+    document is drawn twice into a row. A query attends a key when both lie in the same segment
     and the key is not later. Padding forms its own segment, so no row of the mask is empty (an
     empty row would make softmax produce NaN). Returns a bool tensor of shape (batch, seq_len, seq_len).
     """
     if segments.dim() == 1:
         if seq_len is None or seq_len < 1:
             raise ValueError(f"seq_len must be a positive integer with cu_seqlens, got {seq_len!r}")
-        total = int(segments[-1])
-        if total % seq_len:
-            raise ValueError(f"cu_seqlens[-1] must be a multiple of seq_len={seq_len}, got {total!r}")
-        pos = torch.arange(total, device=segments.device)
-        seg = torch.searchsorted(segments[1:].to(torch.int64), pos, right=True).view(-1, seq_len)
+        seg = segment_ids_of(segments, seq_len)
     elif segments.dim() == 2:
         if seq_len is not None and segments.shape[1] != seq_len:
-            raise ValueError(f"doc_ids must have seq_len={seq_len} columns, got shape {tuple(segments.shape)!r}")
-        # A new segment starts wherever the document id changes (padding, -1, is one more segment).
-        starts = torch.ones_like(segments, dtype=torch.int64)
-        starts[:, 1:] = (segments[:, 1:] != segments[:, :-1]).to(torch.int64)
-        seg = starts.cumsum(dim=1)
+            raise ValueError(f"segment_ids must have seq_len={seq_len} columns, got shape {tuple(segments.shape)!r}")
+        seg = segments
     else:
-        raise ValueError(f"segments must be doc_ids (2-D) or cu_seqlens (1-D), got {segments.dim()!r} dimensions")
+        raise ValueError(f"segments must be segment_ids (2-D) or cu_seqlens (1-D), got {segments.dim()!r} dimensions")
     n = seg.shape[1]
     causal = torch.ones(n, n, dtype=torch.bool, device=seg.device).tril()
     return (seg[:, :, None] == seg[:, None, :]) & causal

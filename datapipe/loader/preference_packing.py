@@ -12,6 +12,10 @@ response, the prompt's last position for its first token), and `resp_id` (2 * pa
 chosen, + 1 for rejected, -1 elsewhere) sums them per response. Padded pairs (the usual DPO
 collator: prompt+chosen and prompt+rejected as two rows, padded to the longest) use the same
 builder with one response per item, which is how the benchmark compares them.
+
+Every item needs a prompt of at least one token: a response's first token is predicted from the
+prompt's last position, which an empty prompt does not have (it would read the previous item's
+response, or column -1). Curation quarantines such records; `load_pairs` and `build_rows` refuse them.
 """
 
 from __future__ import annotations
@@ -36,7 +40,11 @@ def load_pairs(source: str | Path) -> list[tuple[np.ndarray, np.ndarray, np.ndar
     for s in manifest["shards"]:
         t = shards.open_shard(str(source), s["path"])
         cols = [t.column(c).to_pylist() for c in ("prompt_tokens", "chosen_tokens", "rejected_tokens")]
-        out += [tuple(np.asarray(x, dtype=np.int64) for x in trip) for trip in zip(*cols)]
+        for doc_id, trip in zip(t.column("id").to_pylist(), zip(*cols)):
+            if not trip[0]:
+                raise ConfigError(f"{source}: pair {doc_id!r} in {s['path']} has an empty prompt; DPO needs a prompt token to "
+                                  "predict each response from (re-curate with `datapipe curate-preferences`, which quarantines it)")
+            out.append(tuple(np.asarray(x, dtype=np.int64) for x in trip))
     return out
 
 
@@ -85,6 +93,9 @@ def build_rows(rows: Sequence[Sequence[tuple[np.ndarray, list[np.ndarray], list[
         at = 0
         for k, (prompt, responses, rids) in enumerate(row):
             P = len(prompt)
+            if P == 0:
+                raise ValueError(f"item {k} of row {b} (response ids {list(rids)}) has an empty prompt: its responses "
+                                 "would be predicted from another item's tokens; every pair needs a prompt of >= 1 token")
             ids[b, at : at + P] = prompt
             pos[b, at : at + P] = np.arange(P)
             item[b, at : at + P] = k

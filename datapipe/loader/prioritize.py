@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from datapipe.core.config import ConfigError
+
 FEATURES = ("mean_log_freq", "log_length", "diversity", "rare_ratio", "std_log_freq")
 
 
@@ -69,15 +71,15 @@ class Prioritize:
         for name, low in (("pool", 1), ("min_reports", 0), ("refresh", 1), ("lag", 0), ("ref_tokens", 1), ("rare_count", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise ValueError(f"prioritize.{name} must be an integer ≥ {low}, got {value!r}")
+                raise ConfigError(f"prioritize.{name} must be an integer ≥ {low}, got {value!r}")
         if not 0 < self.keep <= 1:
-            raise ValueError(f"prioritize.keep must be in (0, 1], got {self.keep!r}")
+            raise ConfigError(f"prioritize.keep must be in (0, 1], got {self.keep!r}")
         if not self.temperature > 0:
-            raise ValueError(f"prioritize.temperature must be > 0, got {self.temperature!r}")
+            raise ConfigError(f"prioritize.temperature must be > 0, got {self.temperature!r}")
         if not 0 <= self.floor <= 1:
-            raise ValueError(f"prioritize.floor must be in [0, 1], got {self.floor!r}")
+            raise ConfigError(f"prioritize.floor must be in [0, 1], got {self.floor!r}")
         if not 0 < self.forget <= 1:
-            raise ValueError(f"prioritize.forget must be in (0, 1], got {self.forget!r}")
+            raise ConfigError(f"prioritize.forget must be in (0, 1], got {self.forget!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,9 +96,9 @@ class Prioritize:
             allowed = set(cls.__dataclass_fields__)
             unknown = sorted(set(value) - allowed)
             if unknown:
-                raise ValueError(f"prioritize keys must be among {sorted(allowed)!r}, got {unknown!r}")
+                raise ConfigError(f"prioritize keys must be among {sorted(allowed)!r}, got {unknown!r}")
             return cls(**value)
-        raise ValueError(f"prioritize must be None, a bool, a mapping or a Prioritize, got {value!r}")
+        raise ConfigError(f"prioritize must be None, a bool, a mapping or a Prioritize, got {value!r}")
 
 
 def reference_log_freq(token_arrays: Any, ref_tokens: int, vocab_size: int | None) -> tuple[np.ndarray, np.ndarray]:

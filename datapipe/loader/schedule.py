@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from datapipe.core.config import ConfigError
+
 INTERPOLATIONS = ("constant", "linear", "cosine")
 
 
@@ -35,16 +37,16 @@ class Phase:
 
 def _check_weights(name: str, weights: Any) -> dict[str, float]:
     if not isinstance(weights, Mapping) or not weights:
-        raise ValueError(f"{name} must be a non-empty mapping of domain to weight, got {weights!r}")
+        raise ConfigError(f"{name} must be a non-empty mapping of domain to weight, got {weights!r}")
     out = {}
     for domain, w in weights.items():
         if not isinstance(domain, str):
-            raise ValueError(f"{name} keys must be domain names (str), got {domain!r}")
+            raise ConfigError(f"{name} keys must be domain names (str), got {domain!r}")
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
-            raise ValueError(f"{name}[{domain!r}] must be a finite number ≥ 0, got {w!r}")
+            raise ConfigError(f"{name}[{domain!r}] must be a finite number ≥ 0, got {w!r}")
         out[domain] = float(w)
     if sum(out.values()) <= 0:
-        raise ValueError(f"{name} must have a positive weight for at least one domain, got {weights!r}")
+        raise ConfigError(f"{name} must have a positive weight for at least one domain, got {weights!r}")
     return out
 
 
@@ -53,25 +55,25 @@ class MixtureSchedule:
 
     def __init__(self, phases: Sequence[Phase | Mapping[str, Any]], *, interpolation: str = "constant") -> None:
         if interpolation not in INTERPOLATIONS:
-            raise ValueError(f"interpolation must be one of {set(INTERPOLATIONS)}, got {interpolation!r}")
+            raise ConfigError(f"interpolation must be one of {set(INTERPOLATIONS)}, got {interpolation!r}")
         if isinstance(phases, (str, bytes, Mapping)) or not isinstance(phases, Sequence) or not phases:
-            raise ValueError(f"phases must be a non-empty list of phases, got {phases!r}")
+            raise ConfigError(f"phases must be a non-empty list of phases, got {phases!r}")
         parsed: list[Phase] = []
         for i, ph in enumerate(phases):
             if isinstance(ph, Mapping):
                 unknown = set(ph) - {"start_tokens", "weights"}
                 if unknown:
-                    raise ValueError(f"phases[{i}] has unknown keys {sorted(unknown)!r}; allowed: 'start_tokens', 'weights'")
+                    raise ConfigError(f"phases[{i}] has unknown keys {sorted(unknown)!r}; allowed: 'start_tokens', 'weights'")
                 ph = Phase(ph.get("start_tokens", 0), ph.get("weights"))  # type: ignore[arg-type]
             elif not isinstance(ph, Phase):
-                raise ValueError(f"phases[{i}] must be a Phase or a mapping, got {ph!r}")
+                raise ConfigError(f"phases[{i}] must be a Phase or a mapping, got {ph!r}")
             start = ph.start_tokens
             if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-                raise ValueError(f"phases[{i}].start_tokens must be an integer ≥ 0, got {start!r}")
+                raise ConfigError(f"phases[{i}].start_tokens must be an integer ≥ 0, got {start!r}")
             if i == 0 and start != 0:
-                raise ValueError(f"phases[0].start_tokens must be 0, got {start!r}")
+                raise ConfigError(f"phases[0].start_tokens must be 0, got {start!r}")
             if i and start <= parsed[-1].start_tokens:
-                raise ValueError(
+                raise ConfigError(
                     f"phases[{i}].start_tokens must be greater than phases[{i - 1}].start_tokens="
                     f"{parsed[-1].start_tokens}, got {start!r}")
             parsed.append(Phase(start, _check_weights(f"phases[{i}].weights", ph.weights)))
@@ -88,7 +90,7 @@ class MixtureSchedule:
         """Weights proportional to each domain's tokens in the manifest."""
         totals = {d: float(c["tokens"]) for d, c in manifest.get("domains", {}).items() if c.get("tokens", 0) > 0}
         if not totals:
-            raise ValueError("manifest['domains'] must list at least one domain with tokens, got none")
+            raise ConfigError("manifest['domains'] must list at least one domain with tokens, got none")
         return cls.constant(totals)
 
     def weights_at(self, tokens: float) -> dict[str, float]:
@@ -117,7 +119,7 @@ class MixtureSchedule:
     def from_dict(cls, data: Mapping[str, Any]) -> "MixtureSchedule":
         unknown = set(data) - {"interpolation", "phases"}
         if unknown:
-            raise ValueError(f"mixture has unknown keys {sorted(unknown)!r}; allowed: 'interpolation', 'phases'")
+            raise ConfigError(f"mixture has unknown keys {sorted(unknown)!r}; allowed: 'interpolation', 'phases'")
         return cls(data.get("phases", []), interpolation=data.get("interpolation", "constant"))
 
     def __eq__(self, other: object) -> bool:
@@ -180,11 +182,11 @@ class Curriculum:
 
     def __post_init__(self) -> None:
         if not isinstance(self.column, str) or not self.column:
-            raise ValueError(f"curriculum.column must be a column name, got {self.column!r}")
+            raise ConfigError(f"curriculum.column must be a column name, got {self.column!r}")
         if self.column in ("id", "domain", "tokens"):
-            raise ValueError(f"curriculum.column must be a numeric column, got {self.column!r}")
+            raise ConfigError(f"curriculum.column must be a numeric column, got {self.column!r}")
         if not isinstance(self.descending, bool):
-            raise ValueError(f"curriculum.descending must be a bool, got {self.descending!r}")
+            raise ConfigError(f"curriculum.descending must be a bool, got {self.descending!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"column": self.column, "descending": self.descending}

@@ -1,7 +1,19 @@
-"""Checkpoints: written atomically (temporary file, then os.replace), loaded with weights_only=True."""
+"""Checkpoints: written atomically with a sha256 beside them, the previous one kept, verified on load.
+
+    save_checkpoint(run_dir / "checkpoint.pt", state)   # checkpoint.pt, checkpoint.prev.pt, checkpoint.sha256
+    state = load_checkpoint(run_dir / "checkpoint.pt")  # ConfigError naming the file when it is damaged
+
+`checkpoint.sha256` (sha256sum format, one line per file) holds the digests of checkpoint.pt and
+checkpoint.prev.pt. A save writes the new checkpoint to a temporary file, then the digest file
+(atomically), then moves checkpoint.pt to checkpoint.prev.pt and the temporary file to checkpoint.pt.
+A crash between those steps leaves each file under a name whose digest the digest file lists under
+its other name, so a file is intact when its digest is either listed digest: the check holds at
+every instant, and a flipped byte or a truncated file never loads. Loads use `weights_only=True`.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -9,17 +21,92 @@ from typing import Any
 import torch
 
 from datapipe.core.config import ConfigError
+from datapipe.core.shards import atomic_write_bytes
+
+
+def previous_path(path: Path) -> Path:
+    """checkpoint.pt -> checkpoint.prev.pt: the checkpoint before the latest one."""
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
+def digest_path(path: Path) -> Path:
+    """checkpoint.pt -> checkpoint.sha256: the digests of the checkpoint and of the previous one."""
+    return path.with_name(f"{path.stem}.sha256")
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_digests(path: Path) -> dict[str, str]:
+    """{file name: sha256} from the digest file beside `path` (empty when there is none)."""
+    file = digest_path(path)
+    if not file.exists():
+        return {}
+    out = {}
+    for line in file.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        if name:
+            out[name] = digest
+    return out
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """torch.save to a temporary file in the same folder, then os.replace: all or nothing."""
+    """Write `state` to `path` (all or nothing), keeping the previous checkpoint as checkpoint.prev.pt."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    prev = previous_path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(state, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())  # the bytes are on disk before any name points at them
+    digests = _read_digests(path)
+    lines = [f"{file_sha256(tmp)}  {path.name}"]
+    if path.exists():  # about to become the previous checkpoint: list it only if it is intact
+        old = file_sha256(path)
+        if not digests or old in digests.values():
+            lines.append(f"{old}  {prev.name}")
+    atomic_write_bytes(digest_path(path), ("\n".join(lines) + "\n").encode(), durable=True)
+    if path.exists():
+        os.replace(path, prev)
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def verify_checkpoint(path: Path) -> bool:
+    """True when `path` matches a digest of checkpoint.sha256; False when there is no digest file (an older
+    datapipe wrote it); a ConfigError naming the file, the fallback and the fix when it matches none."""
+    path = Path(path)
+    digests = _read_digests(path)
+    if not digests:
+        return False
+    got = file_sha256(path)
+    if got in digests.values():
+        return True
+    prev, fallback = previous_path(path), ""
+    if prev.exists():
+        fallback = (f"; the previous checkpoint {str(prev)!r} is intact: move it to {str(path)!r} to resume from it"
+                    if file_sha256(prev) in digests.values() else f"; the previous checkpoint {str(prev)!r} is damaged too")
+    raise ConfigError(f"checkpoint {str(path)!r} is damaged: its sha256 {got[:12]}… ({path.stat().st_size} bytes) "
+                      f"matches none in {str(digest_path(path))!r}{fallback}")
+
+
+def load_checkpoint(path: Path, *, what: str = "--resume") -> dict[str, Any]:
+    """The verified checkpoint at `path` as plain tensors/dicts; a ConfigError naming the file otherwise."""
+    path = Path(path)
+    prev = previous_path(path)
     if not path.exists():
-        raise ConfigError(f"--resume: no checkpoint at {str(path)!r}; train without --resume first")
-    return torch.load(path, map_location="cpu", weights_only=True)
+        hint = (f"; {str(prev)!r} holds the checkpoint before it: move it to {str(path)!r} to resume from it"
+                if prev.exists() else "; train without --resume first")
+        raise ConfigError(f"{what}: no checkpoint at {str(path)!r}{hint}")
+    verified = verify_checkpoint(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a truncated or foreign file: name it, never a bare EOFError
+        hint = (f"; {str(prev)!r} holds the checkpoint before it: move it to {str(path)!r} to resume from it"
+                if prev.exists() and not verified else "")
+        raise ConfigError(f"{what}: checkpoint {str(path)!r} cannot be read ({type(exc).__name__}: {exc}){hint}") from None

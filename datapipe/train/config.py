@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from datapipe.core.config import ConfigError, check, from_dict, note, read_recipe
+from datapipe.core import shards
+from datapipe.core.config import ConfigError, check, load, note
 from datapipe.loader.prioritize import Prioritize
 from datapipe.train.model import ModelConfig
 
@@ -92,19 +93,21 @@ class LoopConfig:
     log_every: int = note(10, help="steps per log line and metrics.jsonl record")
     eval_every: int = note(100, help="steps between evaluations (0 = only at the end); needs held-out data")
     ckpt_every: int = note(100, help="steps between checkpoints (0 = only at the end)")
+    ckpt_minutes: float = note(10.0, help="also checkpoint when this many minutes passed since the last one (0 = off)")
     stop_at: int = note(0, help="stop after this step and checkpoint (0 = run all steps): splits a run across jobs, same schedule")
     max_nonfinite: int = note(5, help="stop after this many non-finite losses/gradients in a row")
     compile: bool = note(False, help="torch.compile the model")
     seed: int = note(0, help="seed of the model init and of the data order")
     output: str = note("runs/tiny", help="run folder: metrics.jsonl, checkpoint.pt, config.yaml; --output replaces it")
     device: Literal["auto", "cpu", "cuda"] = note("auto", help="'auto' = cuda when available")
-    objective: Literal["lm", "dpo"] = note("lm", help="'lm': next-token loss on text shards; 'dpo': DPO on preference shards (datapipe/dpo.py)")
+    objective: Literal["lm", "dpo"] = note("lm", help="'lm': next-token loss on text shards (datapipe/train/lm.py); 'dpo': DPO on preference shards (datapipe/train/dpo.py)")
 
     def __post_init__(self) -> None:
         for name in ("steps", "grad_accum", "log_every", "max_nonfinite"):
             check(getattr(self, name) >= 1, f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         for name in ("eval_every", "ckpt_every", "seed", "stop_at"):
             check(getattr(self, name) >= 0, f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
+        check(self.ckpt_minutes >= 0, f"ckpt_minutes must be >= 0, got {self.ckpt_minutes!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,17 +150,64 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check(self.model.max_seq_len >= self.data.seq_len,
               f"model.max_seq_len must be >= data.seq_len={self.data.seq_len}, got {self.model.max_seq_len!r}")
+        # a step reads all its micro-batches before it reports their losses, and the loader waits for the
+        # reports of the first b - lag batches before it serves batch b
+        check(not self.data.prioritize.enabled or self.data.prioritize.lag >= self.train.grad_accum - 1,
+              f"data.prioritize.lag must be >= train.grad_accum - 1 = {self.train.grad_accum - 1} (a step reads all "
+              f"its micro-batches before reporting their losses), got {self.data.prioritize.lag!r}")
+
+
+# Keys a resumed run may change: they decide how a run executes and reports, not what it computes. Every other
+# key must match the checkpoint's run (`datapipe train --resume` names the first that differs).
+EXECUTION_KEYS = ("train.log_every", "train.eval_every", "train.ckpt_every", "train.ckpt_minutes", "train.stop_at",
+                  "train.max_nonfinite", "train.output", "train.device", "train.compile", "data.num_workers",
+                  "data.eval_batches", "model.attention", "prefetch.enabled", "prefetch.depth", "prefetch.delay_s")
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] = (), *, data: str | None = None,
                       output: str | None = None) -> TrainConfig:
-    """Read a YAML training recipe, apply `--set` overrides and the --data/--output flags, validate strictly."""
-    raw, source = read_recipe(path, overrides)
-    if data is not None:
-        raw.setdefault("data", {})["source"] = data
-    if output is not None:
-        raw.setdefault("train", {})["output"] = output
+    """Read a YAML training recipe, apply `--set` overrides and the --data/--output flags, validate strictly
+    (the one loader of every command, `datapipe.core.config.load`)."""
+    return load(TrainConfig, path, overrides, {"data.source": data, "train.output": output})
+
+
+def check_sources(cfg: TrainConfig) -> None:
+    """Check the data folders before any work starts, so a wrong folder is a ConfigError, not a traceback
+    from deep in the loader: each local folder holds a datapipe manifest of the kind the objective reads
+    (text shards for 'lm', preference shards for 'dpo'), at least one document, and token ids that fit
+    model.vocab_size; dpo.init_from is a file. Remote (URL) folders are checked when they are opened."""
+    dpo = cfg.train.objective == "dpo"
+    folders = [("data.source", cfg.data.source)]
+    if cfg.data.eval_source and not dpo:
+        folders.append(("data.eval_source", cfg.data.eval_source))
+    for key, folder in folders:
+        if "://" in folder or (dpo and key == "data.source" and not folder):  # '' + dpo: the default set
+            continue
+        manifest = _read_manifest(key, folder, dpo)
+        is_pref = manifest.get("kind") == "preference"
+        if dpo and not is_pref:
+            raise ConfigError(f"{key} must be a preference folder (curated with `datapipe curate-preferences`) "
+                              f"for train.objective 'dpo', got {folder!r}, a folder of text shards")
+        if not dpo and is_pref:
+            raise ConfigError(f"{key} {folder!r} is a preference folder; train.objective 'lm' reads text shards "
+                              "(`datapipe curate`): set train.objective: dpo to train on preference pairs")
+        check(manifest.get("total_docs", 0) > 0, f"{key} {folder!r} holds no documents (manifest total_docs=0)")
+        vocab = (manifest.get("tokenizer") or {}).get("vocab_size")
+        check(cfg.model.vocab_size is None or not isinstance(vocab, int) or cfg.model.vocab_size >= vocab,
+              f"model.vocab_size must be >= {vocab}, the vocab_size of the tokenizer of {key} {folder!r}, got "
+              f"{cfg.model.vocab_size!r} (null: the tokenizer's)")
+    if cfg.dpo.init_from and dpo and "://" not in cfg.dpo.init_from:
+        check(Path(cfg.dpo.init_from).is_file(), f"dpo.init_from must be a checkpoint.pt file, got {cfg.dpo.init_from!r}: "
+                                                 "no such file")
+
+
+def _read_manifest(key: str, folder: str, dpo: bool) -> dict:
+    if not Path(folder, shards.MANIFEST_NAME).is_file():
+        curate = "`datapipe curate-preferences` (or data.source: '' for the default set)" if dpo else \
+            "`datapipe run` or `datapipe curate`, or pass --data"
+        what = "does not exist" if not Path(folder).exists() else "holds no manifest.json (not a finished curated folder)"
+        raise ConfigError(f"{key} must be a curated folder holding manifest.json; {folder!r} {what}. Curate one with {curate}")
     try:
-        return from_dict(TrainConfig, raw)
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+        return shards.read_manifest(folder)
+    except (ValueError, KeyError, OSError) as exc:  # not JSON, another format version, unreadable
+        raise ConfigError(f"{key} {folder!r}: its manifest.json is not a datapipe manifest ({exc})") from None

@@ -2,21 +2,23 @@
 
     from datapipe.train.model import GPT, ModelConfig
     model = GPT(ModelConfig(vocab_size=8192, n_layer=4, n_head=4, d_model=256))
-    logits = model(batch["input_ids"], position_ids=batch["position_ids"], doc_ids=batch["doc_ids"],
-                   cu_seqlens=batch["cu_seqlens"])
+    logits = model(batch["input_ids"], position_ids=batch["position_ids"], cu_seqlens=batch["cu_seqlens"])
 
 Blocks are pre-norm: x + attn(rmsnorm(x)), x + swiglu(rmsnorm(x)), then a final RMSNorm and the
 (optionally tied) output projection. No biases anywhere. Rotary positions are applied with the
 batch's `position_ids`, which restart at every document, so a document sees the same positions
 whether it is packed or alone.
 
-Attention respects document boundaries (packing puts several documents in one row):
+Attention respects the packed pieces' boundaries (packing puts several documents in one row).
+The segments are the batch's `cu_seqlens` (or its per-token `segment_ids`, the same segments
+numbered), never `doc_ids`: a document drawn twice can sit twice in one row with one id, and each
+copy must see only itself. Every path uses the same segments:
 - 'sdpa' (portable, the CPU path): `F.scaled_dot_product_attention` with a dense boolean
-  block-causal mask built from `doc_ids` (`packing.block_causal_mask`). Padding (doc id -1) forms
-  its own segment, so no real token ever attends to it and no mask row is empty.
+  block-causal mask of the segments (`packing.block_causal_mask`). Padding forms its own segment,
+  so no real token ever attends to it and no mask row is empty.
 - 'varlen' (CUDA): `torch.nn.attention.varlen.varlen_attn` (FlashAttention) over the flattened
   batch, one causal sequence per `cu_seqlens` segment; needs bf16/fp16.
-- 'flex' (CUDA): FlexAttention with a document block mask from `doc_ids`; compiled once.
+- 'flex' (CUDA): FlexAttention with a block mask of the segments; compiled once.
 'auto' picks varlen on CUDA when torch has it, else flex, and sdpa on CPU.
 The CUDA paths are written against torch 2.13's API but were not run on this project's CPU-only
 machine; `tests/datapipe/test_model.py::test_cuda_paths_match_sdpa` checks them where CUDA exists.
@@ -33,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from datapipe.core.config import check, note
-from datapipe.loader.packing import IGNORE_INDEX, block_causal_mask
+from datapipe.loader.packing import IGNORE_INDEX, block_causal_mask, segment_ids_of
 
 Attention = Literal["auto", "sdpa", "flex", "varlen"]
 
@@ -96,28 +98,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 _flex_compiled = None
 
 
-def _flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor) -> torch.Tensor:
-    """FlexAttention with a document-causal block mask (CUDA). q, k, v: (B, H, S, D)."""
+def _flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+    """FlexAttention with a segment-causal block mask (CUDA). q, k, v: (B, H, S, D); segments: (B, S)."""
     global _flex_compiled
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if _flex_compiled is None:  # uncompiled flex_attention materialises the scores: compile once
         _flex_compiled = torch.compile(flex_attention, dynamic=False)
-    seg = _segments(doc_ids)
 
-    def doc_causal(b, h, q_idx, kv_idx):
-        return (seg[b, q_idx] == seg[b, kv_idx]) & (q_idx >= kv_idx)
+    def segment_causal(b, h, q_idx, kv_idx):
+        return (segments[b, q_idx] == segments[b, kv_idx]) & (q_idx >= kv_idx)
 
     B, _, S, _ = q.shape
-    mask = create_block_mask(doc_causal, B, None, S, S, device=q.device)
+    mask = create_block_mask(segment_causal, B, None, S, S, device=q.device)
     return _flex_compiled(q, k, v, block_mask=mask)
-
-
-def _segments(doc_ids: torch.Tensor) -> torch.Tensor:
-    """Segment number of each token: a new segment wherever the document id changes."""
-    starts = torch.ones_like(doc_ids)
-    starts[:, 1:] = (doc_ids[:, 1:] != doc_ids[:, :-1]).to(doc_ids.dtype)
-    return starts.cumsum(dim=1)
 
 
 def resolve_attention(kind: str, device: torch.device) -> str:
@@ -141,7 +135,7 @@ class DocumentAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, kind: str,
-                mask: torch.Tensor | None, doc_ids: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | None, segments: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
         B, S, _ = x.shape
         q, k, v = self.qkv(x).view(B, S, 3, self.n_head, self.head_dim).unbind(dim=2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -155,7 +149,7 @@ class DocumentAttention(nn.Module):
         else:
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, S, D)
             if kind == "flex":
-                y = _flex_attention(q, k, v, doc_ids)
+                y = _flex_attention(q, k, v, segments)
             else:
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
             y = y.transpose(1, 2).reshape(B, S, -1)
@@ -219,30 +213,40 @@ class GPT(nn.Module):
         return 6 * self.num_params(non_embedding=False) + 12 * self.cfg.n_layer * self.cfg.d_model * seq_len
 
     def forward(self, input_ids: torch.Tensor, *, position_ids: torch.Tensor | None = None,
-                doc_ids: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
-                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, S, vocab) in fp32. Without doc_ids the row is one document (plain causal).
+                cu_seqlens: torch.Tensor | None = None, segment_ids: torch.Tensor | None = None,
+                doc_ids: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, S, vocab) in fp32.
 
-        attn_mask (B, S, S), True = may attend, replaces the document mask (sdpa): preference packing
-        (datapipe/preference.py) needs a response to see the prompt but not the other response.
+        The attention segments (packed pieces) come from `cu_seqlens` (the flattened batch's
+        boundaries) or `segment_ids` (B, S); with neither, each row is one sequence (plain causal).
+        `doc_ids` is accepted for callers that pass the whole batch, and never used for attention:
+        two copies of one document in a row share an id. Given alone it is refused, since the
+        segments cannot be told from it.
+        attn_mask (B, S, S), True = may attend, replaces the segment mask (sdpa): preference packing
+        (datapipe/loader/preference_packing.py) needs a response to see the prompt but not the other response.
         """
         B, S = input_ids.shape
         if S > self.cfg.max_seq_len:
             raise ValueError(f"input length must be <= model.max_seq_len={self.cfg.max_seq_len}, got {S!r}")
         if position_ids is None:
             position_ids = torch.arange(S, device=input_ids.device).expand(B, S)
-        if doc_ids is None:
-            doc_ids = torch.zeros_like(input_ids)
+        if segment_ids is None and cu_seqlens is not None:
+            segment_ids = segment_ids_of(cu_seqlens.to(input_ids.device), S, batch_size=B)
+        if segment_ids is None:
+            if doc_ids is not None and attn_mask is None:
+                raise ValueError("pass cu_seqlens (or segment_ids) with doc_ids: attention segments are the packed "
+                                 "pieces, and doc_ids cannot separate two copies of one document in a row")
+            segment_ids = torch.zeros_like(input_ids)
         kind = resolve_attention(self.cfg.attention, input_ids.device)
         if kind == "varlen" and cu_seqlens is None:
             kind = "flex"
         if attn_mask is not None:
             kind = "sdpa"
-        mask = attn_mask if attn_mask is not None else (block_causal_mask(doc_ids) if kind == "sdpa" else None)
+        mask = attn_mask if attn_mask is not None else (block_causal_mask(segment_ids) if kind == "sdpa" else None)
         cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]
         x = self.embed(input_ids)
         for block in self.blocks:
-            x = block(x, cos, sin, kind=kind, mask=mask, doc_ids=doc_ids, cu_seqlens=cu_seqlens)
+            x = block(x, cos, sin, kind=kind, mask=mask, segments=segment_ids, cu_seqlens=cu_seqlens)
         return self.head(self.norm(x)).float()
 
 

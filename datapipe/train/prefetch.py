@@ -7,16 +7,18 @@
 A background thread pulls batches from the source and puts up to `depth` of them in a queue, in
 pinned host memory when CUDA is used (so host->device copies can be asynchronous). On CUDA the
 consumer also keeps one batch in flight on the device: when batch n is handed out, batch n+1's copy
-is already queued on a side stream; the compute stream waits on the copy's event before using a
-batch, and `record_stream` tells the caching allocator that the compute stream uses the tensors, so
-their memory is not reused while a kernel still reads them. On CPU the same component runs without
-streams (the copy is a no-op). With `enabled=False` every batch is read in the calling thread: the
-baseline the benchmark compares against.
+is already queued on a side stream. Each copy records its own CUDA event, and the compute stream
+waits on batch n's event only (waiting on the side stream would also wait for batch n+1's copy,
+queued after it); `record_stream` tells the caching allocator that the compute stream uses the
+tensors, so their memory is not reused while a kernel still reads them. On CPU the same component
+runs without streams (the copy is a no-op). With `enabled=False` every batch is read in the calling
+thread: the baseline the benchmark compares against.
 
 The source iterator runs ahead of the trainer, so the source's own `state_dict()` describes a later
 batch than the one being trained on. `state_fn` (called on the producer thread right after each
-batch is read, under `lock`) captures the state that belongs to each batch; `state` returns the
-state of the batch last handed out. Hold `lock` when touching the source from another thread.
+batch is read) captures the state that belongs to each batch; `state` returns the state of the
+batch last handed out. Only the producer thread iterates the source; a source touched from another
+thread as well (a loader receiving loss reports) must be thread-safe itself.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ class Prefetcher:
         self.device = torch.device(device)
         self.state_fn, self.delay_s = state_fn, delay_s
         self.cuda = self.device.type == "cuda"
-        self.lock = threading.Lock()
         self.wait_seconds = 0.0  # time the consumer spent blocked waiting for a batch
         self.batches = 0
         self.state: Any = None
@@ -64,18 +65,18 @@ class Prefetcher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self._inflight: tuple[dict[str, torch.Tensor], Any] | None = None
+        self._inflight: tuple[dict[str, torch.Tensor], Any, torch.cuda.Event | None] | None = None
+        self.event: torch.cuda.Event | None = None  # CUDA: the copy event of the batch last handed out
         self._done = False
 
     # -- producer --------------------------------------------------------------------------------
     def _read(self) -> tuple[dict[str, torch.Tensor], Any] | object:
         if self.delay_s:
             time.sleep(self.delay_s)
-        with self.lock:
-            batch = next(self._it, _END)
-            if batch is _END:
-                return _END
-            state = self.state_fn() if self.state_fn else None
+        batch = next(self._it, _END)
+        if batch is _END:
+            return _END
+        state = self.state_fn() if self.state_fn else None
         return (_pin(batch) if self.cuda else batch), state
 
     def _produce(self) -> None:
@@ -112,13 +113,26 @@ class Prefetcher:
             raise item
         return item
 
-    def _to_device(self, item: tuple[dict[str, torch.Tensor], Any]) -> tuple[dict[str, torch.Tensor], Any]:
+    def _to_device(self, item: tuple[dict[str, torch.Tensor], Any]) -> tuple[dict[str, torch.Tensor], Any, Any]:
+        """(batch on the device, state, the CUDA event recorded after this batch's copy; None on CPU)."""
         batch, state = item
         if not self.cuda:
-            return batch, state
+            return batch, state, None
         with torch.cuda.stream(self._stream):  # the copy overlaps whatever the compute stream runs
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-        return batch, state
+            copied = torch.cuda.Event()
+            copied.record(self._stream)
+        return batch, state, copied
+
+    def _use(self, batch: dict[str, torch.Tensor], copied: Any) -> None:
+        """Make the compute stream wait for this batch's copy (its own event, not later copies) and own its memory."""
+        self.event = copied
+        if copied is None:
+            return
+        compute = torch.cuda.current_stream(self.device)
+        compute.wait_event(copied)
+        for v in batch.values():
+            v.record_stream(compute)  # its memory belongs to the compute stream from here on
 
     def __next__(self) -> dict[str, torch.Tensor]:
         if self._done:
@@ -130,20 +144,17 @@ class Prefetcher:
                 if first is _END:
                     raise StopIteration
                 self._inflight = self._to_device(first)
-            batch, state = self._inflight
+            batch, state, copied = self._inflight
             nxt = self._next_host()
             self._inflight = None if nxt is _END else self._to_device(nxt)  # batch n+1 copies during step n
-            compute = torch.cuda.current_stream(self.device)
-            compute.wait_stream(self._stream)  # the copy of `batch` has finished before it is used
-            for v in batch.values():
-                v.record_stream(compute)  # its memory belongs to the compute stream from here on
             self._done = nxt is _END
         else:
             item = self._next_host()
             if item is _END:
                 self._done = True
                 raise StopIteration
-            batch, state = self._to_device(item) if self.cuda else item
+            batch, state, copied = self._to_device(item)
+        self._use(batch, copied)
         self.wait_seconds += time.perf_counter() - t0
         self.batches += 1
         self.state = state

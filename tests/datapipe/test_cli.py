@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +59,161 @@ def test_config_reference_lists_every_section(capsys):
     out = capsys.readouterr().out
     for key in ("inputs[].path", "read.block_bytes", "dedup.exact.enabled", "tokenizer.eos_token", "output.shard_bytes", "ray.address"):
         assert key in out
+
+
+# ------------------------------------------------------------------------------------ user mistakes
+
+REPO = Path(__file__).resolve().parents[2]
+TOKENIZER = str(REPO / "tokenizers" / "quickstart" / "tokenizer.json")
+
+
+def _mistake_fixtures(tmp: Path) -> dict[str, str]:
+    """Small files and folders for every kind of mistake: no curation or training runs."""
+    from datapipe.curate.preferences import write_preference_shards
+    from datapipe.testing.shards import write_fake_shards
+
+    docs = [[{"id": f"d{s}-{i}", "domain": "web", "tokens": [1, 2, 3, 4, 0]} for i in range(4)] for s in range(2)]
+    write_fake_shards(tmp / "text", docs, vocab_size=64)
+    pairs = [{"id": str(i), "domain": "preference", "prompt": [1, 2], "chosen": [3, 0], "rejected": [4, 0]} for i in range(4)]
+    write_preference_shards(iter(pairs), tmp / "pref", shard_rows=4, vocab_size=64, eos_id=0, tokenizer_path=None, config={})
+    (tmp / "pairs.jsonl").write_text(json.dumps({"prompt": "Hi.", "chosen": "Hello.", "rejected": "Go."}) + "\n")
+    (tmp / "broken.jsonl").write_text("{not json\n")
+    (tmp / "run").mkdir()
+    (tmp / "run" / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 3.0}) + "\n")
+    (tmp / "a-file").write_text("x")
+    files = {
+        "bad.yaml": "inputs: [{path: x.jsonl}\noutput: {dir: o}\n",  # the ] is missing
+        "curate.yaml": f"inputs: [{{path: '{tmp}/none/*.jsonl'}}]\noutput: {{dir: '{tmp}/out'}}\n",
+        "train.yaml": "model: {n_layer: 1, n_head: 2, d_model: 32, max_seq_len: 64}\n"
+                      "data: {seq_len: 64, batch_size: 2}\ntrain: {steps: 2, device: cpu}\n",
+        "prefs.yaml": f"tokenizer: '{TOKENIZER}'\ninputs: ['{tmp}/pairs.jsonl']\noutput: '{tmp}/prefs-out'\n",
+    }
+    for name, text in files.items():
+        (tmp / name).write_text(text)
+    names = {"bad": "bad.yaml", "curate": "curate.yaml", "train": "train.yaml", "prefs": "prefs.yaml", "text": "text",
+             "pref": "pref", "broken": "broken.jsonl", "run": "run", "afile": "a-file", "none": "none"}
+    return {key: str(tmp / name) for key, name in names.items()}
+
+
+# (argv, what the message must name); {name} is a path from _mistake_fixtures
+MISTAKES = [
+    (["curate", "{none}/c.yaml"], "config file not found"),
+    (["curate", "{bad}"], "not valid YAML: "),
+    (["curate", "{text}"], "is a folder; the config must be a YAML file"),
+    (["curate", "{curate}", "--set", "output.shard_byte=10"], "unknown config key 'output.shard_byte'"),
+    (["curate", "{curate}", "--set", "read.batch_size=0"], "read.batch_size must be > 0, got 0"),
+    (["curate", "{curate}", "--set", "read.batch_size"], "--set expects KEY=VALUE"),
+    (["curate", "{curate}", "--set", "read.batch_size=[1"], "--set read.batch_size: the value '[1' is not valid YAML"),
+    (["curate", "{curate}", "--executor", "local", "--no-progress"], "none/*.jsonl"),
+    (["curate-preferences", "{none}/p.yaml"], "config file not found"),
+    (["curate-preferences", "{bad}"], "not valid YAML: "),
+    (["curate-preferences", "{prefs}", "--set", "shard_rowz=2"], "unknown config key 'shard_rowz'"),
+    (["curate-preferences", "{prefs}", "--set", "shard_rows=0"], "shard_rows must be an integer >= 1, got 0"),
+    (["curate-preferences", "{prefs}", "--set", "inputs=[]"], "inputs must name at least one file"),
+    (["curate-preferences", "{prefs}", "--input", "{none}/p.jsonl"], "inputs[0] '{none}/p.jsonl': no such file"),
+    (["curate-preferences", "{prefs}", "--input", "{broken}"], "broken.jsonl line 1: not a JSON record"),
+    (["curate-preferences", "{prefs}", "--set", "tokenizer={none}/t.json"], "tokenizer must be a tokenizer.json file"),
+    (["curate-preferences", "{prefs}", "--output", "{text}"], "holds another run"),
+    (["run", "--output", "{none}/r", "--set", "dedup.exact.enabeld=false"], "unknown config key 'dedup.exact.enabeld'"),
+    (["run", "--output", "{none}/r", "--man-pages", "-3"], "--man-pages must be >= 0"),
+    (["train", "{none}/t.yaml"], "config file not found"),
+    (["train", "{bad}"], "not valid YAML: "),
+    (["train", "{train}", "--set", "optim.lrr=1"], "unknown config key 'optim.lrr'"),
+    (["train", "{train}", "--set", "train.steps=-1"], "train.steps must be an integer >= 1, got -1"),
+    (["train", "{train}", "--data", "{none}", "--output", "{none}/r"], "does not exist"),
+    (["train", "{train}", "--data", "{run}", "--output", "{none}/r"], "holds no manifest.json"),
+    (["train", "{train}", "--data", "{pref}", "--output", "{none}/r"], "is a preference folder"),
+    (["train", "{train}", "--data", "{text}", "--output", "{none}/r", "--set", "train.objective=dpo"],
+     "must be a preference folder"),
+    (["train", "{train}", "--data", "{text}", "--output", "{none}/r", "--set", "model.vocab_size=10"],
+     "model.vocab_size must be >= 64"),
+    (["train", "{train}", "--data", "{text}", "--output", "{none}/r", "--resume"], "--resume: no checkpoint"),
+    (["train", "{train}", "--data", "{text}", "--output", "{afile}"], "File exists"),
+    (["train"], "the following arguments are required: config"),
+    (["stats", "{none}"], "does not exist"),
+    (["stats", "{run}"], "holds no stats.json"),
+    (["plot", "{none}"], "must hold metrics.jsonl"),
+    (["plot", "{text}"], "must hold metrics.jsonl"),
+    (["config-reference", "trian"], "invalid choice: 'trian'"),
+]
+
+
+def test_every_subcommand_answers_a_users_mistake_with_one_paragraph(tmp_path, capsys):
+    paths = _mistake_fixtures(tmp_path)
+    for argv, named in MISTAKES:
+        argv = [a.format(**paths) for a in argv]
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's own usage errors
+            code = exc.code
+        err = capsys.readouterr().err.strip()
+        assert code != 0, argv
+        assert named.format(**paths) in err, (argv, err)
+        assert "Traceback" not in err and "\n\n" not in err and err.startswith(("datapipe", "usage: datapipe")), (argv, err)
+        assert len(err) < 600, (argv, err)  # a paragraph, not a dump
+    assert not (tmp_path / "none").exists() and not (tmp_path / "prefs-out").exists()  # nothing was written
+    # and as a real process: nothing printed outside main() either
+    # (a training process: test_ctrl_c_during_training_in_a_real_process)
+    done = subprocess.run([sys.executable, "-m", "datapipe", "curate-preferences", paths["bad"]],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not valid YAML: " in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_ctrl_c_is_one_line_saying_how_to_resume(monkeypatch, capsys):
+    from datapipe import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.HANDLERS, "curate", interrupted)
+    assert main(["curate", "any.yaml"]) == 130
+    assert capsys.readouterr().err == "datapipe curate: stopped (Ctrl-C); rerun the same command to resume: finished work is kept\n"
+
+
+def test_ctrl_c_during_training_in_a_real_process(tmp_path):
+    from datapipe.testing.shards import write_fake_shards
+
+    docs = [[{"id": f"d{s}-{i}", "domain": "web", "tokens": list(range(1, 40)) + [0]} for i in range(8)] for s in range(2)]
+    write_fake_shards(tmp_path / "text", docs, vocab_size=64)
+    recipe = tmp_path / "t.yaml"
+    recipe.write_text("model: {n_layer: 1, n_head: 2, d_model: 32, max_seq_len: 64}\n"
+                      "data: {seq_len: 64, batch_size: 2}\ntrain: {steps: 1000000, log_every: 1, device: cpu}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "datapipe", "train", str(recipe), "--data", str(tmp_path / "text"),
+                             "--output", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # wait until it trains (prefetch thread running), then Ctrl-C
+            if line.startswith("step"):
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["datapipe train: stopped (Ctrl-C); rerun the same command with --resume to "
+                                        "continue from the last checkpoint"], err
+
+
+def test_help_describes_every_command_and_flag_and_version(capsys):
+    from datapipe import __version__
+    from datapipe.cli import _parser
+
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"datapipe {__version__}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "datapipe turns raw text into training data" in out and "The command line:" not in out
+    commands = _parser()._subparsers._group_actions[0].choices
+    assert set(commands) == {"curate", "run", "config-reference", "stats", "train", "curate-preferences", "plot"}
+    for name, command in commands.items():
+        for action in command._actions:
+            assert action.help, f"datapipe {name} {action.option_strings or action.dest} has no help text"
+
+
+@pytest.mark.parametrize("which,key", [("train", "train.objective: 'lm' | 'dpo' = 'lm'"), ("preferences", "shard_rows: int"),
+                                       ("curate", "dedup.exact.enabled: bool = True")])
+def test_config_reference_of_each_command(which, key, capsys):
+    assert main(["config-reference", which]) == 0
+    assert key in capsys.readouterr().out

@@ -17,63 +17,15 @@ from pathlib import Path
 
 import fsspec
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 
 from datapipe.core import shards
+from datapipe.core.config import ConfigError
 from datapipe.loader import PackedLoader
-from datapipe.loader.packing import block_causal_mask
+from datapipe.loader.reader import ShardError
 from datapipe.loader.schedule import Curriculum, MixtureSchedule, Phase
-
-STRIDE = 10_000
-EOS = 0
-
-
-def doc_tokens(g: int, n: int) -> list[int]:
-    return [g * STRIDE + k + 1 for k in range(n - 1)] + [EOS]
-
-
-def write_source(out: Path, shard_docs: list[list[tuple[str, int]]], *, scores: bool = False) -> dict[int, list[int]]:
-    """Shards of documents given as (domain, length) per shard; returns {global doc id: tokens}."""
-    infos, docs, g = [], {}, 0
-    for index, spec in enumerate(shard_docs):
-        cols = {"id": [], "domain": [], "tokens": [], "num_tokens": []}
-        for domain, n in spec:
-            docs[g] = doc_tokens(g, n)
-            cols["id"].append(f"d{g}")
-            cols["domain"].append(domain)
-            cols["tokens"].append(docs[g])
-            cols["num_tokens"].append(n)
-            g += 1
-        table = pa.table({
-            "id": pa.array(cols["id"], pa.string()),
-            "domain": pa.array(cols["domain"], pa.string()),
-            "tokens": pa.array(cols["tokens"], pa.list_(pa.uint32())),
-            "num_tokens": pa.array(cols["num_tokens"], pa.int64()),
-        })
-        if scores:  # a difficulty score unrelated to length: the document id modulo 7
-            table = table.append_column("score", pa.array([float((g - len(spec) + i) % 7) for i in range(len(spec))]))
-        infos.append(shards.write_shard(out, index, table))
-    tokenizer = {"eos_id": EOS, "bos_id": None, "dtype": "uint32", "vocab_size": 2**24, "path": None, "sha256": None}
-    shards.write_manifest(out, shards.build_manifest(infos, tokenizer=tokenizer, config={}, config_hash="test"))
-    return docs
-
-
-def mixed_shards(seed: int = 0, n_shards: int = 6, per_shard: int = 40, high: int = 300) -> list[list[tuple[str, int]]]:
-    """Domain-clustered shards like curated ones (most hold one domain), long-tailed lengths."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for s in range(n_shards):
-        domains = ["web"] * 3 + ["code"] * 2 + ["book"]
-        base = domains[s % len(domains)]
-        spec = []
-        for _ in range(per_shard):
-            d = base if s != 2 or rng.random() < 0.5 else "book"
-            spec.append((d, int(min(rng.lognormal(4.0, 1.0) + 2, high))))
-        out.append(spec)
-    return out
-
+from helpers import STRIDE, check_batch, mixed_shards, write_source
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> tuple[Path, dict[int, list[int]]]:
@@ -105,33 +57,6 @@ def served(batches: list[dict]) -> Counter:
 
 def expected(docs: dict[int, list[int]], ids=None) -> Counter:
     return Counter((g, t) for g, toks in docs.items() if ids is None or g in ids for t in toks)
-
-
-def check_batch(b: dict, docs: dict[int, list[int]], seq_len: int, batch_size: int) -> None:
-    """Every packing invariant, checked against the original documents."""
-    for key in ("input_ids", "labels", "position_ids", "doc_ids"):
-        assert b[key].shape == (batch_size, seq_len) and b[key].dtype == torch.int64
-    cu = b["cu_seqlens"].tolist()
-    assert b["cu_seqlens"].dtype == torch.int32 and cu[0] == 0 and cu[-1] == batch_size * seq_len
-    ids, labels = b["input_ids"].reshape(-1).tolist(), b["labels"].reshape(-1).tolist()
-    pos, doc = b["position_ids"].reshape(-1).tolist(), b["doc_ids"].reshape(-1).tolist()
-    for a, z in zip(cu[:-1], cu[1:]):
-        assert a // seq_len == (z - 1) // seq_len  # a segment never spans two rows
-        assert pos[a:z] == list(range(z - a))  # positions restart at every segment
-        assert len(set(doc[a:z])) == 1
-        g = doc[a]
-        if g < 0:  # padding: no loss
-            assert all(x == -100 for x in labels[a:z])
-            continue
-        toks = docs[g]
-        start = 0 if ids[a] == EOS else ids[a] - g * STRIDE - 1
-        assert ids[a:z] == toks[start : start + z - a]  # a contiguous range of one document
-        nxt = toks[start + 1 : start + z - a + 1]  # labels: the next token of the same document ...
-        want = nxt + [-100] * (z - a - len(nxt))  # ... and -100 where the document ends
-        assert labels[a:z] == want
-    # a document's ids are never adjacent to another's inside one attention segment
-    mask = block_causal_mask(b["doc_ids"])
-    assert not (mask & (b["doc_ids"][:, :, None] != b["doc_ids"][:, None, :])).any()
 
 
 def test_epoch_serves_every_token_once_with_packing_invariants(source):
@@ -179,6 +104,40 @@ def test_ranks_and_workers_partition_exactly_and_workers_do_not_change_batches(s
     for d in manifest["domains"]:
         longest = max(len(t) for g, t in docs.items() if domain_of[g] == d)
         assert abs(tokens[0][d] - tokens[1][d]) < 2 * longest
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("long_docs", ["split", "truncate"])
+def test_ranks_end_an_epoch_within_one_batch_on_very_long_and_very_short_documents(tmp_path, world, long_docs):
+    """A worst case for a split by whole documents: each domain is mostly 2-20-token documents with
+    some of 15-45 rows. Ranks cut long documents at chunk boundaries and carry each domain's
+    rounding into the next, so every rank serves the same tokens to within a row, and the same
+    number of batches to within one; the ranks still partition the epoch exactly."""
+    rng = np.random.default_rng(0)
+    spec = [[("abc"[s % 3], int(rng.integers(2, 20)) if rng.random() < 0.8 else int(rng.integers(1000, 3000)))
+             for _ in range(20)] for s in range(6)]
+    docs = write_source(tmp_path, spec)
+    seq_len = 64
+    batches, parts, domain_tokens = [], [], []
+    for rank in range(world):
+        loader = PackedLoader(tmp_path, seq_len=seq_len, batch_size=2, seed=0, rank=rank, world_size=world,
+                              lookahead=16, long_docs=long_docs)
+        served_here = take(loader)
+        batches.append(len(served_here))
+        parts.append(served(served_here))
+        domain_tokens.append(loader.stats()["domain_tokens"])
+    assert max(batches) - min(batches) <= 1, batches
+    total: Counter = Counter()
+    for part in parts:
+        assert not (set(total) & set(part))
+        total += part
+    if long_docs == "split":
+        assert total == expected(docs)  # every token once, over the ranks together
+    tokens = [sum(p.values()) for p in parts]
+    assert max(tokens) - min(tokens) <= seq_len, tokens
+    for d in "abc":  # and every rank holds every domain in the same proportion, to within two rows
+        per_rank = [t[d] for t in domain_tokens]
+        assert max(per_rank) - min(per_rank) <= 2 * seq_len, (d, per_rank)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -246,6 +205,20 @@ def test_mixture_schedule_realised_within_tolerance(tmp_path):
     even = PackedLoader(tmp_path, seq_len=64, batch_size=2, seed=0, mixture={"a": 1, "b": 3}, lookahead=4)
     take(even)
     assert abs(even.stats()["domain_shares"]["b"] - 0.75) < 0.03
+
+
+def test_mixture_repeats_documents_side_by_side_and_each_copy_is_its_own_segment(tmp_path):
+    """A domain of 3 short documents mixed 50/50 with another restarts its pass every 3 documents,
+    so the packer puts two copies of one document next to each other in a row (same doc_ids).
+    Each copy must be its own attention segment: the mask is checked against cu_seqlens."""
+    docs = write_source(tmp_path, [[("a", 10)] * 3, [("b", 30)] * 20])
+    loader = PackedLoader(tmp_path, seq_len=128, batch_size=2, seed=0, epochs=1, mixture={"a": 1, "b": 1}, lookahead=4)
+    adjacent = 0
+    for b in take(loader, 10):
+        check_batch(b, docs, 128, 2)
+        cu, doc = b["cu_seqlens"].tolist(), b["doc_ids"].reshape(-1).tolist()
+        adjacent += sum(doc[c] == doc[c - 1] >= 0 for c in cu[1:-1])  # a piece starts where the same document ends
+    assert adjacent >= 2, adjacent
 
 
 def test_mixture_domain_absent_from_a_rank_is_left_to_the_others(tmp_path):
@@ -376,22 +349,163 @@ def test_report_losses_is_bounded_and_part_of_the_state(source):
         loader.report_losses([1, 2], [0.5])
 
 
-def test_errors_name_the_argument_and_value(source, tmp_path):
+def test_state_at_a_position_carries_the_live_losses(source):
+    """`state_dict(position)`: the position of an earlier batch (as a prefetcher captures it) with
+    the losses reported since; a loader given it resumes at that batch with those losses."""
     out, _ = source
-    with pytest.raises(ValueError, match=r"seq_len must be an integer ≥ 1, got 0"):
+    kw = dict(seq_len=64, batch_size=2, seed=4, lookahead=8)
+    loader = PackedLoader(out, **kw)
+    head = take(loader, 3)
+    position = loader.state_dict()  # captured after batch 3 was read ...
+    ahead = take(loader, 2)  # ... but the source runs two batches ahead of the trainer
+    loader.report_losses([1, 2], [0.5, 1.5])
+    state = json.loads(json.dumps(loader.state_dict(position=position)))
+    assert state["planner"] == position["planner"] and state["stats"] == position["stats"]
+    assert position["losses"] == [] and state["losses"] == loader.state_dict()["losses"] != []
+    resumed = PackedLoader(out, **kw)
+    resumed.load_state_dict(state)
+    assert resumed.losses() == {1: 0.5, 2: 1.5}
+    assert same(take(resumed, 2), ahead) and len(head) == 3
+    with pytest.raises(ValueError, match=r"position must be a state from state_dict\(\)"):
+        loader.state_dict(position={"version": -1})
+
+
+def test_report_losses_and_state_dict_need_no_lock_of_the_caller(source):
+    """Threads reporting the same documents while another takes states: no update is lost and no
+    state is torn (the feedback object holds its own lock). A tiny switch interval forces the
+    interleavings that an unguarded read-modify-write or iteration would lose to."""
+    import sys
+    import threading
+
+    out, _ = source
+    loader = PackedLoader(out, seq_len=64, batch_size=2, loss_memory=1000)
+    threads, reports, errors = 4, 150, []
+    stop = threading.Event()
+
+    def report():
+        try:
+            for i in range(reports):
+                loader.report_losses(list(range(40)), [1.0] * 40)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    def snapshot():
+        try:
+            while not stop.is_set():
+                json.dumps(loader.state_dict(position=loader.state_dict()))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        workers = [threading.Thread(target=report) for _ in range(threads)]
+        reader = threading.Thread(target=snapshot)
+        reader.start()
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        stop.set()
+        reader.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors
+    counts = {doc: n for doc, _, n in loader.state_dict()["losses"]}
+    assert counts == {doc: threads * reports for doc in range(40)}
+
+
+def three_shards(out: Path) -> tuple[dict[int, list[int]], Path, set[int]]:
+    """A source of 3 one-domain shards; returns the documents, shard 1's file and its document ids."""
+    docs = write_source(out, [[("a", 40)] * 10, [("a", 50)] * 10, [("a", 60)] * 10])
+    info = shards.read_manifest(out)["shards"][1]
+    return docs, out / info["path"], set(range(10, 20))
+
+
+def served_until_error(loader: PackedLoader) -> tuple[list[dict], BaseException | None]:
+    out = []
+    try:
+        for b in loader:
+            out.append(b)
+    except ShardError as exc:
+        return out, exc
+    return out, None
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("damage", ["flipped", "truncated"])
+def test_a_damaged_shard_is_named_before_any_of_its_tokens_is_served(tmp_path, damage, workers):
+    docs, path, ids = three_shards(tmp_path)
+    data = bytearray(path.read_bytes())
+    if damage == "flipped":  # same size, one byte of the token data changed
+        data[len(data) // 2] ^= 0xFF
+    else:
+        data = data[: len(data) - 100]
+    path.write_bytes(bytes(data))
+    batches, error = served_until_error(PackedLoader(tmp_path, seq_len=64, batch_size=2, num_workers=workers))
+    assert error is not None and "shards/" + path.name in str(error)
+    assert ("sha256" if damage == "flipped" else "bytes but the manifest says") in str(error)
+    assert not ids & {g for b in batches for g in b["doc_ids"].unique().tolist()}  # nothing of it was served
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
+    docs, path, ids = three_shards(tmp_path)  # document g's token ids run up to g * STRIDE + length - 1
+    manifest = shards.read_manifest(tmp_path)
+    manifest["tokenizer"]["vocab_size"] = 10 * STRIDE  # shard 0 (documents 0-9) fits, shards 1 and 2 do not
+    shards.write_manifest(tmp_path, manifest)
+    batches, error = served_until_error(PackedLoader(tmp_path, seq_len=64, batch_size=2, shuffle=False, lookahead=2))
+    assert error is not None and "token ids >= the manifest's tokenizer vocab_size=100000" in str(error)
+    assert "shards/" + path.name in str(error)
+    assert batches and not {g for b in batches for g in b["doc_ids"].unique().tolist()} - set(range(-1, 10))
+
+
+def test_a_shard_is_hashed_once_until_it_changes(tmp_path, monkeypatch):
+    import hashlib
+
+    docs, path, _ = three_shards(tmp_path)
+    hashed: list[str] = []
+    real = hashlib.file_digest
+
+    def counting(f, name):
+        hashed.append(getattr(f, "name", ""))
+        return real(f, name)
+
+    monkeypatch.setattr(hashlib, "file_digest", counting)
+    kw = dict(seq_len=64, batch_size=2)
+    reference = take(PackedLoader(tmp_path, **kw))
+    assert len(hashed) == 3
+    again = take(PackedLoader(tmp_path, **kw))  # another loader (a resume, or DataLoader workers)
+    assert same(again, reference) and len(hashed) == 3  # remembered by (path, size, mtime): no re-hash
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))  # the shard was rewritten (same bytes)
+    take(PackedLoader(tmp_path, **kw))
+    assert len(hashed) == 4 and hashed[-1].endswith(path.name)
+    monkeypatch.setenv("DATAPIPE_CACHE_DIR", str(tmp_path / "empty-cache"))
+    assert same(take(PackedLoader(tmp_path, verify=False, **kw)), reference) and len(hashed) == 4
+
+
+def test_errors_name_the_argument_and_value(source, tmp_path):
+    """Argument errors are ConfigErrors (the CLI prints them without a traceback) naming the argument."""
+    out, _ = source
+    with pytest.raises(ConfigError, match=r"seq_len must be an integer ≥ 1, got 0"):
         PackedLoader(out, seq_len=0, batch_size=1)
-    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=2\), got 2"):
+    with pytest.raises(ConfigError, match=r"rank must be in \[0, world_size=2\), got 2"):
         PackedLoader(out, seq_len=8, batch_size=1, rank=2, world_size=2)
-    with pytest.raises(ValueError, match=r"long_docs must be one of .*got 'cut'"):
+    with pytest.raises(ConfigError, match=r"long_docs must be one of .*got 'cut'"):
         PackedLoader(out, seq_len=8, batch_size=1, long_docs="cut")
-    with pytest.raises(ValueError, match=r"mixture names domains \['wiki'\] that the manifest lacks"):
+    with pytest.raises(ConfigError, match=r"mixture names domains \['wiki'\] that the manifest lacks"):
         PackedLoader(out, seq_len=8, batch_size=1, mixture={"wiki": 1.0})
-    with pytest.raises(ValueError, match=r"long_docs key must be '\*' or a domain"):
+    with pytest.raises(ConfigError, match=r"long_docs key must be '\*' or a domain"):
         PackedLoader(out, seq_len=8, batch_size=1, long_docs={"wiki": "drop"})
+    with pytest.raises(ConfigError, match=r"phases\[0\].weights\['web'\] must be a finite number ≥ 0, got -1"):
+        PackedLoader(out, seq_len=8, batch_size=1, mixture={"web": -1})
+    with pytest.raises(ConfigError, match=r"prioritize keys must be among .*got \['pools'\]"):
+        PackedLoader(out, seq_len=8, batch_size=1, prioritize={"pools": 3})
     a = PackedLoader(out, seq_len=64, batch_size=2, seed=1)
     b = PackedLoader(out, seq_len=64, batch_size=2, seed=2)
-    with pytest.raises(ValueError, match=r"state\['config'\]\['seed'\] is 1 but this loader has 2"):
+    with pytest.raises(ConfigError, match=r"state\['config'\]\['seed'\] is 1 but this loader has 2"):
         b.load_state_dict(a.state_dict())
+    with pytest.raises(ConfigError, match=r"got 1 \(a state of version 1 was written before ranks were balanced"):
+        a.load_state_dict({**a.state_dict(), "version": 1})
     write_source(tmp_path, [[("a", 5)]])
-    with pytest.raises(ValueError, match=r"world_size must be at most the manifest's total_docs=1 .*got 4"):
+    with pytest.raises(ConfigError, match=r"world_size must be at most the manifest's total_docs=1 .*got 4"):
         PackedLoader(tmp_path, seq_len=8, batch_size=1, rank=0, world_size=4)

@@ -16,6 +16,8 @@ from datapipe.loader.packing import (
     block_causal_mask,
     build_batch,
     pack,
+    segment_ids_of,
+    served_lengths,
     split_document,
 )
 
@@ -34,6 +36,16 @@ def test_split_document_policies():
     assert split_document(7, 8, 8, "drop") == [Piece(7, 0, 8, 8)]  # fits exactly: kept whole
     with pytest.raises(ValueError, match=r"policy must be one of .*got 'cut'"):
         split_document(7, 20, 8, "cut")
+    # a rank's part of a long split document: the document's own chunks in [start, end)
+    assert [(p.start, p.end) for p in split_document(7, 20, 8, "split", start=8)] == [(8, 16), (16, 20)]
+    assert [(p.start, p.end) for p in split_document(7, 20, 8, "split", end=16)] == [(0, 8), (8, 16)]
+    with pytest.raises(ValueError, match=r"beginning at a multiple of seq_len=8, got \[4, 20\)"):
+        split_document(7, 20, 8, "split", start=4)
+    with pytest.raises(ValueError, match="must be a non-empty range of a split document"):
+        split_document(7, 20, 8, "truncate", start=8)
+    assert served_lengths([5, 8, 20], 8, "split").tolist() == [5, 8, 20]
+    assert served_lengths([5, 8, 20], 8, "truncate").tolist() == [5, 8, 8]
+    assert served_lengths([5, 8, 20], 8, "drop").tolist() == [5, 8, 0]
 
 
 @pytest.mark.parametrize("seq_len", [64, 256])
@@ -134,24 +146,32 @@ def test_build_batch_arrays():
     assert b["labels"][2].tolist() == [0, -100] + [-100] * 6
     assert b["doc_ids"][3].tolist() == [-1] * 8 and (b["labels"][3] == IGNORE_INDEX).all()  # padding row
     assert b["cu_seqlens"].tolist() == [0, 4, 7, 8, 13, 16, 18, 24, 32]
+    assert b["segment_ids"][0].tolist() == [0, 0, 0, 0, 1, 1, 1, 2] and b["segment_ids"][3].tolist() == [7] * 8
     assert b["cu_seqlens"].dtype == np.int32
 
 
-def test_block_causal_mask_from_doc_ids_and_cu_seqlens_agree():
+def test_block_causal_mask_follows_the_pieces_even_for_one_document_twice():
+    """Segments are the packed pieces: row 0 holds document 1 twice, side by side (a mixture can
+    draw a document again); each copy attends only to itself. The mask is checked against the
+    pieces' spans, written out by hand, not against the ids it was built from."""
     docs = {0: np.arange(1, 5), 1: np.arange(1, 4), 2: np.arange(1, 8)}
-    rows = [[Piece(0, 0, 4, 4), Piece(1, 0, 3, 3)], [Piece(2, 0, 7, 7)]]
-    b = {k: torch.from_numpy(v) for k, v in build_batch(rows, docs.__getitem__, 8).items()}
-    m1 = block_causal_mask(b["doc_ids"])
-    m2 = block_causal_mask(b["cu_seqlens"], 8)
-    assert m1.shape == (2, 8, 8) and m1.dtype == torch.bool
-    assert torch.equal(m1, m2)
-    doc = b["doc_ids"]
-    for r in range(2):
-        for i in range(8):
-            for j in range(8):
-                assert bool(m1[r, i, j]) == (j <= i and doc[r, i] == doc[r, j])
+    rows = [[Piece(0, 0, 4, 4, seq=0), Piece(1, 0, 3, 3, seq=1), Piece(1, 0, 3, 3, seq=2)], [Piece(2, 0, 7, 7)]]
+    b = {k: torch.from_numpy(v) for k, v in build_batch(rows, docs.__getitem__, 12).items()}
+    assert b["doc_ids"][0].tolist() == [0] * 4 + [1] * 6 + [-1] * 2  # the copies share an id ...
+    assert b["segment_ids"][0].tolist() == [0] * 4 + [1] * 3 + [2] * 3 + [3] * 2  # ... not a segment
+    assert b["segment_ids"][1].tolist() == [4] * 7 + [5] * 5
+    spans = [[(0, 4), (4, 7), (7, 10), (10, 12)], [(0, 7), (7, 12)]]  # [start, end) of each piece and padding
+    want = torch.zeros(2, 12, 12, dtype=torch.bool)
+    for r, row in enumerate(spans):
+        for a, z in row:
+            want[r, a:z, a:z] = torch.ones(z - a, z - a, dtype=torch.bool).tril()
+    m1 = block_causal_mask(b["segment_ids"])
+    m2 = block_causal_mask(b["cu_seqlens"], 12)
+    assert m1.dtype == torch.bool and torch.equal(m1, want) and torch.equal(m2, want)
+    assert torch.equal(segment_ids_of(b["cu_seqlens"], 12), b["segment_ids"])
+    assert torch.equal(segment_ids_of(b["cu_seqlens"], 12, batch_size=2), b["segment_ids"])
     assert m1.any(dim=-1).all()  # every query attends at least itself: no NaN rows in softmax
-    with pytest.raises(ValueError, match=r"cu_seqlens\[-1\] must be a multiple of seq_len=5, got 16"):
+    with pytest.raises(ValueError, match=r"cu_seqlens\[-1\] must be a multiple of seq_len=5, got 24"):
         block_causal_mask(b["cu_seqlens"], 5)
 
 

@@ -104,7 +104,7 @@ def test_curate_preferences_jsonl_chat_and_parquet(tmp_path):
     m = curate_preferences(PreferenceConfig(inputs=[str(tmp_path / "p.jsonl")], tokenizer=TOKENIZER, output=str(tmp_path / "o1")))
     assert m["kind"] == "preference" and m["total_docs"] == 2
     pairs = load_pairs(tmp_path / "o1")
-    assert all(t[1][-1] == 0 and t[2][-1] == 0 for t in pairs)  # EOS after each response
+    assert all(t[1][-1] == 0 and t[2][-1] == 0 for t in pairs)  # EOS (id 0 in this tokenizer) after each response
     m2 = curate_preferences(PreferenceConfig(inputs=[str(tmp_path / "p.parquet")], prompt_field="q", chosen_field="good",
                                              rejected_field="bad", tokenizer=TOKENIZER, output=str(tmp_path / "o2")))
     assert m2["total_docs"] == 1 and shards.read_manifest(tmp_path / "o2")["shards"][0]["rows"] == 1
@@ -169,3 +169,99 @@ def test_cli_curate_preferences_and_hf_disk(tmp_path, capsys):
                                             chosen_field="a", rejected_field="b", tokenizer=TOKENIZER,
                                             output=str(tmp_path / "o2")))
     assert m["total_docs"] == 3 and len(load_pairs(tmp_path / "o2")) == 3
+
+
+@pytest.fixture(scope="module")
+def pref_folder(tmp_path_factory) -> Path:
+    """20 curated pairs of short word strings (a preference folder)."""
+    out = tmp_path_factory.mktemp("pref")
+    rng = np.random.default_rng(0)
+    words = "the a data model train loss token shard packed prompt reply good bad".split()
+    recs = [{"prompt": " ".join(rng.choice(words, 12)), "chosen": " ".join(rng.choice(words, 6)),
+             "rejected": " ".join(rng.choice(words, 5))} for _ in range(20)]
+    (out / "p.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+    curate_preferences(PreferenceConfig(inputs=[str(out / "p.jsonl")], tokenizer=TOKENIZER, output=str(out / "pref")))
+    return out / "pref"
+
+
+def dpo_cfg(source: Path, output: Path, *overrides: str):
+    from datapipe.train.config import load_train_config
+
+    return load_train_config(Path(__file__).resolve().parents[2] / "configs" / "dpo-tiny.yaml",
+                             ["train.steps=4", "train.log_every=1", "train.eval_every=2", "model.n_layer=1",
+                              "model.d_model=32", "model.n_head=2", "data.seq_len=64", "model.max_seq_len=64",
+                              "data.batch_size=4", "train.grad_accum=3", "dpo.eval_pairs=8", "train.device=cpu", "train.ckpt_every=0",
+                              *overrides], data=str(source), output=str(output))
+
+
+def test_dpo_resume_is_bitwise_and_the_run_plots(pref_folder, tmp_path):
+    """4 steps straight vs 2 + resume + 2: the same losses and parameters on CPU. The 16 training pairs (4 of
+    20 held out) make 4 micro-batches an epoch (a pair a row, 4 rows a micro-batch) and a step takes 3, so the
+    split falls inside the second epoch and the run crosses epochs on both sides of it."""
+    from datapipe.cli import main
+    from datapipe.train.loop import train
+
+    straight = train(dpo_cfg(pref_folder, tmp_path / "a"))
+    half = train(dpo_cfg(pref_folder, tmp_path / "b", "train.stop_at=2"))
+    ckpt = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
+    assert ckpt["step"] == 2 and ckpt["pair_streams"] == [{"epoch": 1, "index": 2}]
+    rest = train(dpo_cfg(pref_folder, tmp_path / "b"), resume=True)
+    assert rest["start_step"] == 2 and half["losses"] + rest["losses"] == straight["losses"]  # bitwise
+    assert rest["params_sha256"] == straight["params_sha256"] and rest["pairs"] == straight["pairs"]
+
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert all("grad_norm" in r and "skipped" in r for r in rows if "loss" in r)  # the shared loop's fields
+    assert main(["plot", str(tmp_path / "a")]) == 0  # a DPO run: pairs/s and preference accuracy, no tokens/s
+    assert (tmp_path / "a" / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_objective_and_the_data_folder_must_match(pref_folder, tmp_path):
+    from helpers import tiny_cfg, write_train_source as write_source
+    from datapipe.core.config import ConfigError
+    from datapipe.train.loop import train
+
+    text = write_source(tmp_path / "text")
+    with pytest.raises(ConfigError, match=r"is a preference folder.*set train.objective: dpo"):
+        train(tiny_cfg(pref_folder, tmp_path / "r1", "data.holdout_shards=0"))
+    with pytest.raises(ConfigError, match=r"must be a preference folder \(curated with `datapipe curate-preferences`\)"):
+        train(dpo_cfg(text, tmp_path / "r2"))
+
+
+def test_curation_reads_the_eos_from_the_tokenizer_and_keeps_special_text_as_text(tmp_path):
+    """An EOS at id 70,000 (not the old default 0, and beyond uint16) and "<|endoftext|>" typed in a prompt."""
+    from tokenizers import Tokenizer
+
+    from helpers import with_eos_at
+
+    sparse = tmp_path / "tokenizer.json"
+    sparse.write_text(with_eos_at(Path(TOKENIZER).read_text(), 70_000))
+    prompt = "Finish the file. <|endoftext|> marks its end."
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": prompt, "chosen": "Done.", "rejected": "No."}))
+    m = curate_preferences(PreferenceConfig(inputs=[str(tmp_path / "p.jsonl")], tokenizer=str(sparse), output=str(tmp_path / "o")))
+    assert (m["tokenizer"]["eos_id"], m["tokenizer"]["vocab_size"], m["tokenizer"]["dtype"]) == (70_000, 70_001, "uint32")
+    (p, c, r), = load_pairs(tmp_path / "o")
+    assert c[-1] == 70_000 and r[-1] == 70_000
+    assert 70_000 not in p.tolist() and 70_000 not in c[:-1].tolist()  # the typed token stayed text
+    assert Tokenizer.from_file(str(sparse)).decode(p.tolist(), skip_special_tokens=False) == prompt
+
+
+def test_empty_prompts_are_quarantined_at_curation_and_refused_by_packing(tmp_path):
+    recs = [{"prompt": "", "chosen": "a", "rejected": "b", "id": "empty"},
+            {"prompt": "Say hi.", "chosen": "hi", "rejected": "no", "id": "ok"}]
+    (tmp_path / "p.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+    m = curate_preferences(PreferenceConfig(inputs=[str(tmp_path / "p.jsonl")], tokenizer=TOKENIZER, output=str(tmp_path / "o")))
+    assert m["total_docs"] == 1 and m["quarantined"] == {"empty_prompt": 1}
+    (q,) = [json.loads(line) for line in (tmp_path / "o" / "quarantine" / "records.jsonl").read_text().splitlines()]
+    assert (q["id"], q["record"], q["reason"]) == ("empty", 0, "empty_prompt")
+    assert [len(t[0]) > 0 for t in load_pairs(tmp_path / "o")] == [True]
+    # packing: a clear error, never log-probs read from another item's response (or column -1)
+    empty = (np.array([], dtype=np.int64), np.array([5, 6]), np.array([7]))
+    with pytest.raises(ValueError, match="empty prompt"):
+        build_rows([[(np.array([1, 2]), [np.array([3]), np.array([4])], [0, 1]), (empty[0], [empty[1], empty[2]], [2, 3])]], 16)
+    from datapipe.core.config import ConfigError
+    from datapipe.curate.preferences import write_preference_shards
+
+    write_preference_shards(iter([{"id": "e", "domain": "preference", "prompt": [], "chosen": [5, 0], "rejected": [6, 0]}]),
+                            tmp_path / "bad", shard_rows=8, vocab_size=100, eos_id=0, tokenizer_path=None, config={})
+    with pytest.raises(ConfigError, match="pair 'e' .* has an empty prompt"):
+        load_pairs(tmp_path / "bad")

@@ -66,3 +66,28 @@ def test_errors_in_the_source_reach_the_consumer_and_bad_depth_is_refused():
         next(pf)
     with pytest.raises(ValueError, match="depth must be an integer >= 1, got 0"):
         Prefetcher([], depth=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("enabled", [True, False])
+def test_cuda_each_batch_carries_its_own_copy_event(enabled):
+    """Step n waits on batch n's copy event only, never on batch n+1's copy queued after it."""
+    pf = Prefetcher(SlowSource(6), depth=2, device="cuda", enabled=enabled)
+    events, firsts = [], []
+    for batch in pf:
+        assert batch["input_ids"].is_cuda and isinstance(pf.event, torch.cuda.Event)
+        if pf._inflight is not None:  # batch n+1 is being copied: with an event of its own
+            assert pf._inflight[2] is not pf.event
+        events.append(pf.event)
+        firsts.append(int(batch["input_ids"][0, 0]))  # the values arrived (the compute stream waited for the copy)
+    pf.close()
+    assert firsts == list(range(6)) and len({id(e) for e in events}) == 6
+    torch.cuda.synchronize()
+    assert all(e.query() for e in events)
+
+
+def test_cpu_batches_carry_no_event():
+    pf = Prefetcher(SlowSource(2), depth=1)
+    assert [int(b["input_ids"][0, 0]) for b in pf] == [0, 1] and pf.event is None
+    pf.close()

@@ -12,7 +12,7 @@ import torch
 
 from datapipe.loader import PackedLoader
 from datapipe.loader.prioritize import FEATURES, LossPredictor, Prioritize, predict, select, selection_probs
-from tests.datapipe.test_loader import check_batch, mixed_shards, write_source
+from helpers import check_batch, mixed_shards, write_source
 
 KW = dict(seq_len=64, batch_size=3, seed=3, epochs=None, lookahead=12, shuffle_window=20, max_open_bins=4)
 PRIO = Prioritize(pool=8, keep=0.5, min_reports=8, refresh=3, temperature=0.3, floor=0.2)
@@ -111,7 +111,7 @@ def test_trainer_with_prioritization_resumes_exactly(tmp_path, prefetch):
     """The predictor learns the loss reports up to a point fixed by the batch count (`lag`), so with or
     without the prefetch thread running ahead, a run split at step 5 (refresh points fall on both sides)
     equals a straight run bitwise, and two fresh runs agree."""
-    from tests.datapipe.test_trainer import tiny_cfg, write_source
+    from helpers import tiny_cfg, write_train_source as write_source
     from datapipe.train.loop import train
 
     src = write_source(tmp_path / "src")

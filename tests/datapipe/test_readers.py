@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import uuid
 from pathlib import Path
 
@@ -177,14 +178,36 @@ def test_bom_is_ignored_and_line_numbers_match_file(tmp_path: Path) -> None:
     assert bad == []
 
 
-def test_truncated_gzip_raises_input_error_naming_the_file(tmp_path: Path) -> None:
-    path = tmp_path / "cut.jsonl.gz"
-    data = gzip.compress(b"".join(orjson.dumps({"text": f"doc {i}"}) + b"\n" for i in range(2000)))
-    path.write_bytes(data[: len(data) // 2])
+def _damaged(kind: str, data: bytes) -> bytes:
+    """`data` compressed with gzip or zstd, then cut in half or with bytes overwritten mid-way."""
+    method, damage = kind.split("-")
+    blob = bytearray(gzip.compress(data) if method == "gz" else zstandard.ZstdCompressor(write_checksum=True).compress(data))
+    if damage == "cut":
+        return bytes(blob[: len(blob) // 2])
+    mid = len(blob) // 2
+    blob[mid : mid + 64] = bytes(64)
+    return bytes(blob)
+
+
+@pytest.mark.parametrize("kind", ["gz-cut", "gz-corrupt", "zst-cut", "zst-corrupt"])
+def test_damaged_compressed_input_keeps_what_was_read_and_quarantines_the_rest(tmp_path: Path, kind: str) -> None:
+    n = 3000
+    rng = random.Random(0)  # random text compresses little, so the damage lands well inside the file
+    lines = [orjson.dumps({"id": f"d{i}", "text": rng.randbytes(60).hex()}) + b"\n" for i in range(n)]
+    path = tmp_path / f"cut.jsonl.{kind.split('-')[0]}"
+    path.write_bytes(_damaged(kind, b"".join(lines)))
     inp = InputConfig(path=str(path))
-    units = plan_units([inp])  # the header is fine
-    with pytest.raises(InputError, match="cut.jsonl.gz"):
-        read_all(units, [inp])
+    units = plan_units([inp])  # the header is fine: the damage shows only while reading
+    docs, bad = read_all(units, [inp], ReadConfig(batch_size=64))
+    *garbled, q = bad
+    good = len(docs)
+    assert 0 < good < n  # what came before the damage is kept
+    assert [d["id"] for d in docs] == [f"d{i}" for i in range(good)]  # every line up to the damage, intact
+    # Damage may decode to garbage before the check fails: those lines are quarantined one by one.
+    assert "truncated_input" not in {g.reason for g in garbled} and all(g.line > good for g in garbled)
+    assert q.reason == "truncated_input" and q.file == str(path)  # one record stands for the unreadable rest
+    assert q.line == (garbled[-1].line if garbled else good) + 1
+    assert f"cannot decompress past line {q.line - 1}" in q.detail
 
 
 def test_glob_over_several_files_in_sorted_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -460,3 +483,57 @@ def test_corpus_slice_domains_from_source_field() -> None:
     assert [d["id"] for d in docs] == [r["id"] for r in records]
     assert [d["text"] for d in docs] == [r["text"] for r in records]
     assert [d["order"] for d in docs] == list(range(len(records)))
+
+
+# -------------------------------------------------------------------------- folders and JSON arrays
+
+
+def test_a_folder_is_read_by_the_format_of_its_files(tmp_path: Path) -> None:
+    jsonl = tmp_path / "jsonl"
+    (jsonl / "sub").mkdir(parents=True)
+    for k, name in enumerate(["b.jsonl", "a.jsonl", "sub/c.jsonl.gz"]):
+        data = b"".join(orjson.dumps({"text": f"{name} record {i}"}) + b"\n" for i in range(20))
+        (jsonl / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    (jsonl / ".DS_Store").write_bytes(b"\0\0")  # hidden files say nothing about the format
+    inp = InputConfig(path=str(jsonl))
+    units = plan_units([inp])
+    assert [(u.format, u.path.rsplit("/", 1)[-1]) for u in units] == [
+        ("jsonl", "a.jsonl"), ("jsonl", "b.jsonl"), ("jsonl", "c.jsonl.gz")]
+    docs, bad = read_all(units, [inp])
+    assert len(docs) == 60 and bad == []  # 60 records, not 3 text documents
+
+    parquet = tmp_path / "parquet"
+    parquet.mkdir()
+    pq.write_table(pa.table({"text": ["one", "two"]}), parquet / "part-0.parquet")
+    assert [u.format for u in plan_units([InputConfig(path=str(parquet))])] == ["parquet"]
+
+    text = tmp_path / "text"
+    make_text_folder(text)  # .txt and .md files: no data extension, so one document per file
+    assert [u.format for u in plan_units([InputConfig(path=str(text))])] == ["text"]
+
+
+def test_a_mixed_folder_is_refused_naming_the_extensions(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
+    pq.write_table(pa.table({"text": ["y"]}), tmp_path / "b.parquet")
+    (tmp_path / "README.md").write_text("about the data")
+    with pytest.raises(InputError, match=r"mixes files of different formats \(extensions \['\.jsonl', '\.md', '\.parquet'\]\); set 'format'"):
+        plan_units([InputConfig(path=str(tmp_path))])
+    # naming the format reads only its files
+    assert [u.path for u in plan_units([InputConfig(path=str(tmp_path), format="jsonl")])] == [f"{tmp_path}/a.jsonl"]
+
+
+@pytest.mark.parametrize("layout", ["pretty", "one_line", "gz"])
+def test_a_json_array_is_refused_before_any_work(tmp_path: Path, layout: str) -> None:
+    records = [{"id": i, "text": f"record {i}"} for i in range(5)]
+    blob = json.dumps(records, indent=None if layout == "one_line" else 2).encode()
+    path = tmp_path / ("data.json.gz" if layout == "gz" else "data.json")
+    path.write_bytes(gzip.compress(blob) if layout == "gz" else blob)
+    with pytest.raises(InputError, match=r"data\.json.*holds a JSON array.*Use JSON Lines"):
+        plan_units([InputConfig(path=str(path))])
+
+
+def test_jsonl_whose_first_line_is_a_stray_array_is_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'[1, 2]\n{"text": "fine"}\n')
+    docs, bad = read_input(InputConfig(path=str(path)))
+    assert [d["text"] for d in docs] == ["fine"] and [q.reason for q in bad] == ["not_an_object"]

@@ -177,6 +177,21 @@ def test_existing_tokenizer_is_used_and_its_eos_appended(tmp_path, slice_input):
     assert all(r["tokens"][-1] == 0 for r in shard_rows(out))
 
 
+def test_a_tokenizer_with_an_eos_id_beyond_its_token_count(tmp_path, slice_input):
+    """EOS at id 70,000 in a 2,048-token vocabulary: the shards are uint32 and the manifest's vocabulary
+    size is 70,001, so a model sized from it has a row for the EOS (it used to crash at tokenize)."""
+    from helpers import with_eos_at
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text(with_eos_at((Path(__file__).parents[2] / "tokenizers" / "quickstart" / "tokenizer.json").read_text(), 70_000))
+    out = tmp_path / "out"
+    run(small_config(out, [slice_input], tokenizer={"path": str(path)}))
+    tokenizer = read_manifest(out)["tokenizer"]
+    assert (tokenizer["vocab_size"], tokenizer["dtype"], tokenizer["eos_id"]) == (70_001, "uint32", 70_000)
+    rows = shard_rows(out)
+    assert rows and all(r["tokens"][-1] == 70_000 for r in rows)
+
+
 def test_output_made_with_another_config_is_refused(tmp_path, slice_input):
     out = tmp_path / "out"
     run(small_config(out, [slice_input]))

@@ -8,50 +8,22 @@ import os
 import socket
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from datapipe.core import shards
-from datapipe.testing.shards import write_fake_shards
 from datapipe.cli import main
-from datapipe.core.config import ConfigError
+from datapipe.core.config import ConfigError, RunStopped
+from datapipe.loader import PackedLoader
 from datapipe.train.model import GPT
-from datapipe.train.config import TrainConfig, load_train_config
+from datapipe.train.config import load_train_config
 from datapipe.train.loop import train
 from datapipe.train.optim import lr_factor, param_groups
-
-VOCAB = 64
-
-
-def write_source(out: Path, n_shards: int = 3, per_shard: int = 30) -> Path:
-    """Tiny curated-like shards: two domains, documents of 10-90 tokens with a learnable pattern."""
-    rng = np.random.default_rng(0)
-    specs, g = [], 0
-    for s in range(n_shards):
-        shard = []
-        for i in range(per_shard):
-            n = int(rng.integers(10, 90))
-            start = int(rng.integers(1, VOCAB))
-            toks = [(start + 3 * k) % (VOCAB - 1) + 1 for k in range(n - 1)] + [0]
-            shard.append({"id": f"d{g}", "domain": "code" if (s + i) % 2 else "prose", "tokens": toks})
-            g += 1
-        specs.append(shard)
-    write_fake_shards(out, specs, vocab_size=VOCAB, dtype="uint16")
-    return out
-
+from helpers import VOCAB, tiny_cfg, write_train_source as write_source
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
     return write_source(tmp_path_factory.mktemp("src"))
-
-
-def tiny_cfg(source: Path, output: Path, *overrides: str) -> TrainConfig:
-    base = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.max_seq_len=64", "data.seq_len=64",
-            "data.batch_size=2", "data.holdout_shards=1", "data.eval_batches=1", "train.steps=10",
-            "train.log_every=2", "train.eval_every=5", "train.ckpt_every=5", "optim.lr=0.01", "prefetch.depth=2"]
-    return load_train_config(None, base + list(overrides), data=str(source), output=str(output))
 
 
 def test_weight_decay_on_matrices_only():
@@ -100,6 +72,13 @@ def test_resume_gives_the_same_losses_and_logs_metrics(source, tmp_path):
     assert all(0 <= r["data_wait_frac"] <= 1 for r in train_rows)
     assert train_rows[-1]["loss"] < train_rows[0]["loss"]  # it learns the pattern
 
+    # `tokens` counts the batches trained on (10 steps of one batch), not the ones prefetched ahead, across a resume
+    fresh = PackedLoader(str(tmp_path / "a" / "data" / "train"), seq_len=64, batch_size=2, seed=0, epochs=None)
+    trained = sum(int((batch["doc_ids"] >= 0).sum()) for _, batch in zip(range(10), fresh))
+    resumed_rows = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert train_rows[-1]["tokens"] == trained == resumed_rows[-1]["tokens"] == straight["tokens"]
+    assert all(a["tokens"] < b["tokens"] for a, b in zip(train_rows, train_rows[1:]))  # cumulative
+
     assert main(["plot", str(tmp_path / "a")]) == 0
     assert (tmp_path / "a" / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -138,7 +117,7 @@ def test_non_finite_updates_are_skipped_counted_and_stop_the_run(source, tmp_pat
 
     calls["n"] = 0
     bad_steps.update({4, 5, 6})  # steps 3..6 in a row
-    with pytest.raises(RuntimeError, match=r"stopping at step 6: 4 non-finite losses or gradients in a row"):
+    with pytest.raises(RunStopped, match=r"stopping at step 6: 4 non-finite losses or gradients in a row"):
         train(tiny_cfg(source, tmp_path / "b", "data.holdout_shards=0", "train.steps=8", "train.max_nonfinite=4"))
 
 
@@ -163,3 +142,149 @@ def test_ddp_two_gloo_processes_see_disjoint_data_and_hold_identical_params(sour
     assert seen[0] and seen[1] and not seen[0] & seen[1]
     single = train(tiny_cfg(source, tmp_path / "one", "data.holdout_shards=0", "train.steps=2"))
     assert single["params_sha256"] != shas[0]  # sanity: 2 ranks saw twice the data
+
+
+def _rows(real: list[int], seq_len: int = 32, seed: int = 0) -> dict[str, torch.Tensor]:
+    """One document per row; row i has real[i] real labels, the rest ignored (-100)."""
+    n = len(real)
+    ids = torch.randint(1, VOCAB, (n, seq_len), generator=torch.Generator().manual_seed(seed))
+    labels = torch.roll(ids, -1, dims=1)
+    for i, r in enumerate(real):
+        labels[i, r:] = -100
+    return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(seq_len).expand(n, seq_len),
+            "doc_ids": torch.arange(n)[:, None].expand(n, seq_len).contiguous(),
+            "cu_seqlens": torch.arange(0, (n + 1) * seq_len, seq_len, dtype=torch.int32)}
+
+
+def _take(batch: dict[str, torch.Tensor], lo: int, hi: int) -> dict[str, torch.Tensor]:
+    seq_len = batch["input_ids"].shape[1]
+    part = {k: v[lo:hi] for k, v in batch.items() if k != "cu_seqlens"}
+    return {**part, "cu_seqlens": torch.arange(0, (hi - lo + 1) * seq_len, seq_len, dtype=torch.int32)}
+
+
+def test_lm_gradient_is_the_mean_over_every_real_token_of_the_step_whatever_the_split():
+    from datapipe.train.lm import backward_step
+    from datapipe.train.model import ModelConfig, token_losses
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=VOCAB, n_layer=1, n_head=2, d_model=32, max_seq_len=32, attention="sdpa"))
+    batch = _rows([3] * 4 + [31] * 12)  # the first 4 rows are short: 12 real tokens against 124 in each other group
+    count = (batch["labels"] != -100).sum().float()
+
+    def grads(ranks: list[list[tuple[int, int]]]) -> torch.Tensor:
+        """DDP emulated: each rank's backward with world=len(ranks), then the average over ranks."""
+        total = 0
+        for micro in ranks:
+            model.zero_grad()
+            backward_step(model, [_take(batch, lo, hi) for lo, hi in micro], count, len(ranks), torch.device("cpu"))
+            total = total + torch.cat([p.grad.flatten() for p in model.parameters()])
+        return total / len(ranks)
+
+    whole = grads([[(0, 16)]])
+    micro = grads([[(0, 4), (4, 8), (8, 12), (12, 16)]])
+    ranks = grads([[(0, 4), (4, 8)], [(8, 12), (12, 16)]])
+    assert torch.allclose(whole, micro, rtol=1e-4, atol=1e-7) and torch.allclose(whole, ranks, rtol=1e-4, atol=1e-7)
+
+    model.zero_grad()  # the old loss, a mean per micro-batch averaged over them, weights the short rows 10x more
+    for lo, hi in [(0, 4), (4, 8), (8, 12), (12, 16)]:
+        b = _take(batch, lo, hi)
+        tl = token_losses(model(b["input_ids"], position_ids=b["position_ids"], cu_seqlens=b["cu_seqlens"]), b["labels"])
+        (tl.sum() / (b["labels"] != -100).sum() / 4).backward()
+    per_micro = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert not torch.allclose(whole, per_micro, rtol=1e-2, atol=1e-5)
+
+
+def test_a_run_folder_is_not_reused_and_resume_keeps_the_settings(source, tmp_path):
+    base = ("data.holdout_shards=0", "train.steps=4", "train.stop_at=2")
+    train(tiny_cfg(source, tmp_path / "r", *base))
+    with pytest.raises(ConfigError, match=r"already holds a run \(config.yaml, metrics.jsonl, checkpoint.pt\); "
+                                          r"continue it with --resume, or pass another --output"):
+        train(tiny_cfg(source, tmp_path / "r", *base))
+    with pytest.raises(ConfigError, match=r"--resume: train.steps is 6 but the checkpoint's run has 4"):
+        train(tiny_cfg(source, tmp_path / "r", "data.holdout_shards=0", "train.steps=6"), resume=True)
+    with pytest.raises(ConfigError, match=r"--resume: optim.lr is 0.02 but the checkpoint's run has 0.01"):
+        train(tiny_cfg(source, tmp_path / "r", "data.holdout_shards=0", "train.steps=4", "optim.lr=0.02"), resume=True)
+    # execution-only keys may change on resume
+    rest = train(tiny_cfg(source, tmp_path / "r", "data.holdout_shards=0", "train.steps=4", "train.log_every=1",
+                          "prefetch.enabled=false"), resume=True)
+    assert rest["start_step"] == 2 and len(rest["losses"]) == 2
+
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "metrics.jsonl").write_text("")  # a run stopped before its first checkpoint
+    with pytest.raises(ConfigError, match="no checkpoint to resume from: pass another --output"):
+        train(tiny_cfg(source, tmp_path / "s", *base))
+
+
+def test_prioritization_lag_must_cover_a_step_of_micro_batches(source, tmp_path):
+    with pytest.raises(ConfigError, match=r"data.prioritize.lag must be >= train.grad_accum - 1 = 7"):
+        tiny_cfg(source, tmp_path, "data.prioritize.enabled=true", "data.prioritize.lag=3", "train.grad_accum=8")
+    tiny_cfg(source, tmp_path, "data.prioritize.enabled=true", "data.prioritize.lag=7", "train.grad_accum=8")
+
+
+def test_checkpoints_carry_a_sha256_keep_the_previous_one_and_refuse_damage(source, tmp_path, capsys):
+    from datapipe.train.checkpoint import file_sha256
+
+    run = tmp_path / "r"
+    sets = ("data.holdout_shards=0", "train.steps=4", "train.ckpt_every=0")
+    train(tiny_cfg(source, run, *sets, "train.ckpt_minutes=1e-9"))  # a wall-clock checkpoint after every step
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["step"] == 4  # always one at the end
+    assert torch.load(run / "checkpoint.prev.pt", weights_only=True)["step"] == 3  # the wall-clock one before it
+    digests = dict(line.split("  ")[::-1] for line in (run / "checkpoint.sha256").read_text().splitlines())
+    assert digests == {"checkpoint.pt": file_sha256(run / "checkpoint.pt"),
+                       "checkpoint.prev.pt": file_sha256(run / "checkpoint.prev.pt")}
+
+    train(tiny_cfg(source, tmp_path / "q", *sets, "train.ckpt_minutes=0"))
+    assert not (tmp_path / "q" / "checkpoint.prev.pt").exists()  # ckpt_every=0, no wall clock: only the end
+
+    good = (run / "checkpoint.pt").read_bytes()
+    flipped = bytearray(good)
+    flipped[len(flipped) // 2] ^= 0xFF
+    (run / "checkpoint.pt").write_bytes(bytes(flipped))
+    resume_cfg = tiny_cfg(source, run, "data.holdout_shards=0", "train.steps=6", "train.ckpt_every=0")
+    with pytest.raises(ConfigError, match=r"checkpoint '.*checkpoint.pt' is damaged.*checkpoint.prev.pt' is intact: "
+                                          r"move it to '.*checkpoint.pt' to resume from it"):
+        train(resume_cfg, resume=True)
+    (run / "checkpoint.pt").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"checkpoint '.*checkpoint.pt' is damaged: .* \(0 bytes\)"):
+        train(resume_cfg, resume=True)
+    recipe = tmp_path / "t.yaml"
+    recipe.write_text("train: {steps: 4}\n")
+    assert main(["train", str(recipe), "--data", str(source), "--output", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint.pt' is damaged" in err and "Traceback" not in err and "EOFError" not in err
+    (run / "checkpoint.pt").unlink()
+    with pytest.raises(ConfigError, match=r"no checkpoint at '.*checkpoint.pt'; '.*checkpoint.prev.pt' holds the "
+                                          r"checkpoint before it: move it to"):
+        train(resume_cfg, resume=True)
+    (run / "checkpoint.prev.pt").rename(run / "checkpoint.pt")  # the user falls back to the previous checkpoint
+    with pytest.raises(ConfigError, match=r"train.steps is 6 but the checkpoint's run has 4"):  # it loads and is checked
+        train(resume_cfg, resume=True)
+
+
+@pytest.mark.parametrize("killed_at", ["checkpoint.prev.pt", "checkpoint.pt"])
+def test_a_checkpoint_save_killed_between_its_renames_leaves_a_verifiable_checkpoint(tmp_path, monkeypatch, killed_at):
+    """The digest file is replaced first, then checkpoint.pt -> checkpoint.prev.pt, then the new file -> checkpoint.pt:
+    killed before either rename, the files on disk still match the digests, and nothing newer is claimed."""
+    from datapipe.train.checkpoint import load_checkpoint, save_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, {"step": 1})
+    save_checkpoint(path, {"step": 2})
+    real = os.replace
+
+    def killed(src, dst):
+        if Path(dst).name == killed_at:
+            raise KeyboardInterrupt
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, {"step": 3})
+    monkeypatch.setattr(os, "replace", real)
+    if killed_at == "checkpoint.prev.pt":  # nothing moved yet: checkpoint.pt is still step 2, and verifies
+        assert load_checkpoint(path)["step"] == 2
+    else:  # checkpoint.pt moved away: the error says so, and the previous one (step 2) verifies once moved back
+        with pytest.raises(ConfigError, match="checkpoint.prev.pt' holds the checkpoint before it"):
+            load_checkpoint(path)
+        (tmp_path / "checkpoint.prev.pt").rename(path)
+        assert load_checkpoint(path)["step"] == 2

@@ -21,7 +21,7 @@ def test_first_in_input_order_wins_whatever_the_partitioning():
         losers = []
         for p in range(partitions):
             part = keys.filter(pa.compute.equal(keys.column("partition"), p))
-            losers += stage.resolve(part).to_pylist()
+            losers += stage.partition_losers(part).to_pylist()
         results.append(sorted((r["order"], r["kept_id"]) for r in losers))
     assert results[0] == [(1, "e"), (7, "c"), (11, "c")]
     assert results[0] == results[1] == results[2]
@@ -29,7 +29,7 @@ def test_first_in_input_order_wins_whatever_the_partitioning():
 
 def test_no_duplicates_no_losers():
     stage = ExactDedupStage(ExactDedupConfig())
-    assert stage.resolve(stage.keys(batch([("a", "x", 0), ("b", "y", 1)]))["keys"]).num_rows == 0
+    assert stage.partition_losers(stage.keys(batch([("a", "x", 0), ("b", "y", 1)]))["keys"]).num_rows == 0
 
 
 def test_hash_sees_every_character():

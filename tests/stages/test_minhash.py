@@ -1,4 +1,5 @@
-"""MinHash-LSH pure parts: signatures equal datasketch's, LSH parameters as datasketch derives them,
+"""MinHash-LSH pure parts: signatures equal datasketch's, banding reaches the candidate recall at the
+threshold, every pair of a bucket is verified (by estimate, or by exact Jaccard near the threshold),
 connected components equal a union-find, the keep rules."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pytest
-from datasketch import MinHash, MinHashLSH
+from datasketch import MinHash
 
 from helpers import ASSETS
 from datapipe.core.config import ConfigError, from_dict
@@ -17,12 +18,20 @@ from stages.minhash import (
     MinHashConfig,
     MinHasher,
     MinHashStage,
+    bucket_pairs,
     candidate_edges,
+    candidate_probability,
     choose_kept,
+    connected_components,
+    distinct_sorted,
+    exact_edges,
+    exact_jaccard,
     labels,
     large_star,
     partition_of,
+    recall_banding,
     shingle_hash32,
+    shingle_hashes64,
     shingles,
     small_star,
 )
@@ -43,12 +52,33 @@ def test_signatures_equal_datasketch(unit, hash_name):
         assert np.array_equal(ref.hashvalues, row)
 
 
-def test_lsh_parameters_derived_like_datasketch():
-    for threshold, num_perm in [(0.8, 128), (0.5, 128), (0.9, 256)]:
-        cfg = MinHashConfig(threshold=threshold, num_perm=num_perm)
-        lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
-        assert cfg.lsh_params() == (lsh.b, lsh.r)
-    assert MinHashConfig().lsh_params() == (9, 13)
+def test_batch_signatures_equal_each_document_alone():
+    # documents shorter than a shingle, empty ones and long ones interleaved: the batch's windows
+    # never cross a document boundary
+    texts = ["", DOCS[0], "one two", DOCS[1], "  ", "x", DOCS[2], "a b c d", DOCS[3]]
+    for unit, n in [("word", 5), ("char", 9)]:
+        cfg = MinHashConfig(shingle=unit, ngram=n, num_perm=32)
+        hasher = MinHasher(cfg)
+        sig, has = hasher.signatures(texts)
+        for text, row, h in zip(texts, sig, has):
+            alone, alone_has = hasher.signatures([text])
+            assert h == alone_has[0] and np.array_equal(row, alone[0])
+        flat, counts = shingle_hashes64(texts, cfg)
+        assert counts.tolist() == [len(shingles(t, cfg)) for t in texts]
+        assert len(flat) == counts.sum()
+
+
+def test_banding_reaches_the_candidate_recall_at_the_threshold():
+    assert MinHashConfig().lsh_params() == (16, 6)  # 128 permutations, threshold 0.8, recall 0.99
+    for t, n, recall in [(0.8, 128, 0.99), (0.8, 128, 0.999), (0.5, 128, 0.99), (0.9, 256, 0.95), (0.7, 64, 0.99)]:
+        b, r = recall_banding(t, n, recall)
+        assert b * r <= n and candidate_probability(t, b, r) >= recall
+        # the steepest banding that can: more rows per band cannot reach it with num_perm permutations ...
+        assert all(candidate_probability(t, n // more, more) < recall for more in range(r + 1, n + 1))
+        # ... and the fewest bands that do
+        assert b == 1 or candidate_probability(t, b - 1, r) < recall
+    # datasketch's balanced choice (the previous default) makes a pair at the threshold a candidate < half the time
+    assert candidate_probability(0.8, 9, 13) < 0.45
     assert MinHashConfig(bands=16, rows=8).lsh_params() == (16, 8)
 
 
@@ -59,6 +89,12 @@ def test_config_errors_name_the_key():
         from_dict(MinHashConfig, {"num_perm": 64, "bands": 9, "rows": 13}, key="dedup.minhash")
     with pytest.raises(ConfigError, match=r"threshold must be in \(0, 1\), got 1.5"):
         from_dict(MinHashConfig, {"threshold": 1.5}, key="dedup.minhash")
+    with pytest.raises(ConfigError, match=r"dedup.minhash.candidate_recall must be in \(0, 1\), got 1"):
+        from_dict(MinHashConfig, {"candidate_recall": 1}, key="dedup.minhash")
+    with pytest.raises(ConfigError, match=r"dedup.minhash.exact_margin must be in \[0, 1\], got -0.1"):
+        from_dict(MinHashConfig, {"exact_margin": -0.1}, key="dedup.minhash")
+    with pytest.raises(ConfigError, match=r"dedup.minhash.bucket_window must be >= 1, got 0"):
+        from_dict(MinHashConfig, {"bucket_window": 0}, key="dedup.minhash")
 
 
 def _union_find(edges):
@@ -101,6 +137,12 @@ def _distributed_components(edges, partitions):
     return dict(zip(nodes.tolist(), label.tolist())), r
 
 
+def _in_one_task(edges):
+    a, b, rounds = connected_components(np.array([e[0] for e in edges]), np.array([e[1] for e in edges]), 64)
+    nodes, label = labels(np.concatenate([a, b]), np.concatenate([b, a]))
+    return dict(zip(nodes.tolist(), label.tolist())), rounds
+
+
 def test_connected_components_equal_union_find_on_random_graphs():
     rng = random.Random(0)
     for _ in range(150):
@@ -112,6 +154,8 @@ def test_connected_components_equal_union_find_on_random_graphs():
         got, rounds = _distributed_components(edges, partitions=rng.randint(1, 5))
         assert got == _union_find(edges)
         assert rounds < 40
+        in_memory, steps = _in_one_task(edges)  # the one-task path: the same labels
+        assert in_memory == got and steps < 40
 
 
 def test_long_chain_converges():
@@ -134,9 +178,79 @@ def test_candidates_are_verified_by_estimated_jaccard():
     far = min(DOCS, key=len)
     stage = MinHashStage(MinHashConfig(partitions=1))
     keys = stage.keys(_batch([base, near, far, base]))
-    a, b = candidate_edges(keys["buckets"], stage.config)
-    assert list(zip(a.tolist(), b.tolist())) == [(0, 1), (0, 3)]
+    found = candidate_edges(keys["buckets"], stage.config)
+    assert list(zip(found.edge_u.tolist(), found.edge_v.tolist())) == [(0, 1), (0, 3), (1, 3)]
+    assert len(found.near_u) == 0  # all far above the threshold: no exact check needed
     assert keys["nodes"].column("id").to_pylist() == ["d0", "d1", "d2", "d3"]
+    # the shingle sets, one row per document, as shingle_hashes64 gives them, all in partition 0
+    rows = keys["shingles"].to_pylist()
+    assert [r["order"] for r in rows] == [0, 1, 2, 3] and {r["partition"] for r in rows} == {0}
+    assert rows[2]["hashes"] == shingle_hashes64([far], stage.config)[0].tolist()
+
+
+def _one_bucket(signatures, num_perm):
+    """A bucket partition holding one bucket (band 0) whose members are documents 0, 1, ..."""
+    sig = np.ascontiguousarray(np.array(signatures, dtype=np.uint32))
+    n = len(signatures)
+    return pa.table({
+        "partition": np.zeros(n, np.uint32), "band": np.zeros(n, np.uint16), "bucket": np.full(n, 42, np.uint64),
+        "order": np.arange(n, dtype=np.int64),
+        "signature": pa.FixedSizeBinaryArray.from_buffers(pa.binary(4 * num_perm), n, [None, pa.py_buffer(sig)]),
+    })
+
+
+def _changed(base, k, salt):
+    """`base` with its first k values replaced by values no other signature has."""
+    out = base.copy()
+    out[:k] = 10_000 * (salt + 1) + np.arange(k)
+    return out
+
+
+def test_every_pair_of_a_bucket_is_verified_not_only_pairs_with_its_first_member():
+    # A shares the bucket with B and C but resembles neither; B and C are near-duplicates (est. 0.9)
+    a, b = np.arange(100), np.arange(1000, 1100)
+    buckets = _one_bucket([a, b, _changed(b, 10, 2)], 100)
+    found = candidate_edges(buckets, MinHashConfig(num_perm=100, exact_margin=0.0))
+    assert list(zip(found.edge_u.tolist(), found.edge_v.tolist())) == [(1, 2)]
+
+
+def test_bucket_window_bounds_the_pairs_of_a_big_bucket():
+    buckets = _one_bucket([np.arange(8)] * 5, 8)
+    u, v = bucket_pairs(buckets, 2)
+    order = buckets.column("order").to_numpy()
+    assert sorted(zip(order[u].tolist(), order[v].tolist())) == [(0, 1), (0, 2), (1, 2), (1, 3), (2, 3), (2, 4), (3, 4)]
+    u, v = bucket_pairs(buckets, 4)  # window >= size - 1: every pair
+    assert sorted(zip(order[u].tolist(), order[v].tolist())) == [(i, j) for i in range(5) for j in range(i + 1, 5)]
+
+
+def test_pairs_near_the_threshold_are_decided_by_exact_jaccard():
+    base = np.arange(100)
+    # estimated Jaccard with document 0: 0.75, 0.85 (both within 0.12 of 0.8), 0.95 and 0.6 (clear)
+    sigs = [base, _changed(base, 25, 1), _changed(base, 15, 2), _changed(base, 5, 3), _changed(base, 40, 4)]
+    buckets = _one_bucket(sigs, 100)
+    found = candidate_edges(buckets, MinHashConfig(num_perm=100, exact_margin=0.12))
+    edges = set(zip(found.edge_u.tolist(), found.edge_v.tolist()))
+    near = set(zip(found.near_u.tolist(), found.near_v.tolist()))
+    assert (0, 3) in edges and {(0, 1), (0, 2)} <= near and not {(0, 4)} & (edges | near)
+    # exact Jaccard: document 1 truly is a near-duplicate (0.818), document 2 is not (0.786)
+    sets = {0: np.arange(100), 1: np.r_[np.arange(90), 500 + np.arange(10)], 2: np.r_[np.arange(88), 600 + np.arange(12)]}
+    sets = {k: distinct_sorted(v.astype(np.uint64)) for k, v in sets.items()}
+    a, b = exact_edges(np.array([0, 0]), np.array([1, 2]), lambda orders: {o: sets[o] for o in orders.tolist()}, 0.8)
+    assert list(zip(a.tolist(), b.tolist())) == [(0, 1)]
+    # with no margin the estimate decides alone: 0.85 passes, 0.75 does not
+    alone = candidate_edges(buckets, MinHashConfig(num_perm=100, exact_margin=0.0))
+    assert {(0, 2), (0, 3)} <= set(zip(alone.edge_u.tolist(), alone.edge_v.tolist())) and len(alone.near_u) == 0
+
+
+def test_exact_jaccard_equals_python_sets():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        x = rng.integers(0, 400, rng.integers(0, 200)).astype(np.uint64)
+        y = rng.integers(0, 400, rng.integers(0, 200)).astype(np.uint64)
+        sx, sy = set(x.tolist()), set(y.tolist())
+        assert distinct_sorted(x).tolist() == sorted(sx)
+        expected = len(sx & sy) / len(sx | sy) if sx | sy else 1.0
+        assert exact_jaccard(distinct_sorted(x), distinct_sorted(y)) == pytest.approx(expected, abs=1e-12)
 
 
 def test_keep_first_and_longest():

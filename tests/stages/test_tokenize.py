@@ -162,3 +162,17 @@ def test_the_sample_check_covers_the_first_verify_bytes_only(ml_json):
     assert stage.encoder == "fast"
     stage(batch(MIXED[1:]))
     assert stage.encoder == "tokenizers" and stage.mismatch.doc_id == "0"  # ids are per batch here
+
+
+def test_the_dtype_and_vocab_size_come_from_the_largest_id_not_the_token_count(tok_json):
+    """An EOS at id 70,000 in a 300-token vocabulary: uint32 ids and a vocabulary size of 70,001 (the
+    token count, 300, would pick uint16 and crash on the EOS, and size a model's embedding too small)."""
+    from helpers import with_eos_at
+
+    sparse = with_eos_at(tok_json, 70_000)
+    assert Tokenizer.from_str(sparse).get_vocab_size() <= 300
+    info = describe(sparse, "t.json", TokenizerConfig())
+    assert info.vocab_size == 70_001 and info.dtype == "uint32" and info.eos_id == 70_000
+    out = TokenizeStage(sparse, TokenizerConfig())(batch(TEXTS[:3]))
+    assert out.schema.field("tokens").type == pa.list_(pa.uint32())
+    assert all(ids[-1] == 70_000 for ids in out.column("tokens").to_pylist())

@@ -1,0 +1,131 @@
+"""Unique document ids: a document whose id an earlier document of the run already has is renamed.
+
+The rule, in global input order (the `order` key, so the same on every run, resume and executor):
+the first document with id `x` keeps it, the second becomes `x#2`, the third `x#3`, and so on. When
+the new name is itself an id of the run (an input that already holds an `x#2`) the number goes up to
+the next free one. Renamed documents then go through every stage like the others: an exact copy
+(same id, same text) is still dropped by exact dedup, as a duplicate of the first.
+
+Why rename rather than refuse: duplicate ids are common in real inputs (ids that restart in every
+file, concatenated dumps), and refusing would stop a whole run for a problem that has one
+deterministic fix; every id in the shards, `dropped/` and `datapipe stats --why` then names one
+document. `stats.json` counts the renamed documents (`duplicate_ids`).
+
+How, without holding every id in one place: the read task writes each block's (id, order, hash)
+keys, the hash being of the id's base (the id without trailing `#N` suffixes, so `x`, `x#2` and
+`x#2#3` meet in one partition); one task per hash partition names the renames of its ids; the
+first segment task of each block applies its unit's renames before any stage runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
+
+from datapipe.core.schema import ROW_BITS
+from datapipe.core.shards import atomic_write_json, atomic_write_table, read_table
+
+KEY_SCHEMA = pa.schema([("id", pa.string()), ("order", pa.int64()), ("hash", pa.uint64())])
+RENAME_SCHEMA = pa.schema([("order", pa.int64()), ("id", pa.string()), ("new_id", pa.string())])
+FOLDER = "ids"
+_SUFFIXES = re.compile(r"(#\d+)+$")
+
+
+def base_of(doc_id: str) -> str:
+    """The id without trailing `#N` suffixes: every name the rule can give `x` shares x's base."""
+    return _SUFFIXES.sub("", doc_id) if "#" in doc_id else doc_id
+
+
+def write_keys(work: Path, block: str, table: pa.Table) -> None:
+    """Write the (id, order, hash of the id's base) keys of one block's documents. The partition
+    (hash % partitions) is taken when resolving, so a resume with another partition count still
+    finds every key."""
+    ids = table.column("id")
+    hashes = pa.array([xxhash.xxh64_intdigest(base_of(i).encode()) for i in ids.to_pylist()], pa.uint64())
+    atomic_write_table(work / FOLDER / "keys" / f"{block}.arrow", pa.table([ids, table.column("order"), hashes], schema=KEY_SCHEMA))
+
+
+def resolve(work: Path, partition: int, partitions: int) -> dict[str, Any]:
+    """Name the renames of one hash partition of the ids: write them per input unit and return
+    {"renamed": n, "examples": [[id, new_id, order], ...] (the first few by order)}."""
+    record = work / FOLDER / f"resolved-p{partition:03d}-of-{partitions:03d}.json"
+    if record.exists():
+        return json.loads(record.read_text())
+    parts = []
+    for f in sorted((work / FOLDER / "keys").glob("*.arrow")):
+        keys = read_table(f)
+        mine = keys.column("hash").to_numpy() % partitions == partition
+        if mine.any():
+            parts.append(keys.filter(pa.array(mine)))
+    renames = _renames(pa.concat_tables(parts) if parts else KEY_SCHEMA.empty_table())
+    units = pc.shift_right(renames.column("order"), ROW_BITS) if renames.num_rows else pa.array([], pa.int64())
+    for u in pc.unique(units).to_pylist():
+        # Any partition count names the same renames, so files of an earlier count may stay beside these.
+        part = renames.filter(pc.equal(units, u))
+        atomic_write_table(work / FOLDER / "renames" / f"u{u:06d}" / f"p{partition:03d}-of-{partitions:03d}.arrow", part)
+    examples = [[r["id"], r["new_id"], r["order"]] for r in renames.slice(0, 10).to_pylist()]
+    result = {"renamed": renames.num_rows, "examples": examples}
+    atomic_write_json(record, result)
+    return result
+
+
+def _renames(keys: pa.Table) -> pa.Table:
+    """For all keys of one partition: (order, id, new_id) of every document that is not the first
+    (by order) with its id, sorted by order."""
+    if keys.num_rows == 0:
+        return RENAME_SCHEMA.empty_table()
+    counts = keys.group_by("id").aggregate([("order", "count")])
+    repeated = counts.filter(pc.greater(counts.column("order_count"), 1)).column("id")
+    if len(repeated) == 0:
+        return RENAME_SCHEMA.empty_table()
+    rows = keys.filter(pc.is_in(keys.column("id"), value_set=repeated)).sort_by([("order", "ascending")])
+    # Names already taken: every id of the partition that could clash with a new `x#N` name.
+    bases = {base_of(i) for i in repeated.to_pylist()}
+    suffixed = keys.column("id").filter(pc.match_substring(keys.column("id"), "#"))
+    taken = {i for i in suffixed.to_pylist() if base_of(i) in bases}
+    seen: dict[str, int] = {}
+    orders, ids, new_ids = [], [], []
+    for order, doc_id in zip(rows.column("order").to_pylist(), rows.column("id").to_pylist()):
+        n = seen.get(doc_id, 0) + 1
+        seen[doc_id] = n
+        if n == 1:
+            continue  # the first keeps its id
+        k = n
+        while f"{doc_id}#{k}" in taken:
+            k += 1
+        new = f"{doc_id}#{k}"
+        taken.add(new)
+        seen[doc_id] = k  # the next copy numbers on from here
+        orders.append(order)
+        ids.append(doc_id)
+        new_ids.append(new)
+    return pa.table([pa.array(orders, pa.int64()), pa.array(ids, pa.string()), pa.array(new_ids, pa.string())],
+                    schema=RENAME_SCHEMA)
+
+
+def apply(work: Path, unit_index: int, table: pa.Table) -> pa.Table:
+    """`table` (documents of one block of input unit `unit_index`) with its renamed ids replaced."""
+    folder = work / FOLDER / "renames" / f"u{unit_index:06d}"
+    files = sorted(folder.glob("*.arrow")) if folder.is_dir() else []
+    if not files or table.num_rows == 0:
+        return table
+    renames = pa.concat_tables([read_table(f) for f in files])
+    where = pc.index_in(table.column("order"), value_set=renames.column("order"))
+    if pc.all(pc.is_null(where)).as_py():
+        return table
+    new_ids = pc.coalesce(renames.column("new_id").take(where), table.column("id"))
+    return table.set_column(table.schema.get_field_index("id"), table.schema.field("id"), new_ids)
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `duplicate_ids` entry of stats.json from the partitions' results."""
+    examples = sorted((e for r in results for e in r["examples"]), key=lambda e: e[2])[:10]
+    return {"renamed": sum(r["renamed"] for r in results),
+            "rule": "the 2nd document with id X (in input order) becomes X#2, the 3rd X#3, ...",
+            "examples": [{"id": i, "renamed_to": n} for i, n, _ in examples]}

@@ -1,0 +1,294 @@
+"""The held-out eval split: chosen before selection and the mixture, with no copy of an eval document
+left in training (exact or near), deterministic and resume-identical, shown by `datapipe stats`, and
+evaluated on by default by the trainer."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+from helpers import ASSETS, small_config
+from datapipe.core.shards import open_shard, read_manifest, split_source
+from datapipe.curate import eval_split, runner
+from datapipe.curate.executors import LocalExecutor
+from datapipe.curate.runner import curate
+from datapipe.inspect import stats
+from datapipe.testing.synthetic import exact_jaccard, mutate
+from stages.minhash import MinHashConfig, candidate_edges
+
+FRACTION = 0.3
+SHINGLES = MinHashConfig()  # word 5-grams, lowercased: what near dedup and the near check compare
+THRESHOLD = 0.8
+
+
+def _planted_ids() -> tuple[str, str, str]:
+    """Ids for an original that the split holds out and two copies that it does not (by the split's hash)."""
+    cut = int(FRACTION * 2**64)
+    held = lambda i: int(eval_split.eval_rank([i], 0)[0]) < cut  # noqa: E731
+    k = 0
+    while not held(f"planted-original-{k}") or held(f"planted-copy-{k}") or held(f"planted-near-{k}"):
+        k += 1
+    return f"planted-original-{k}", f"planted-copy-{k}", f"planted-near-{k}"
+
+
+def _corpus(tmp_path: Path) -> tuple[list[dict], dict[str, str]]:
+    """Real documents of three domains, led by a planted original with an exact and a near copy later on."""
+    rows = []
+    for name in ("corpus_slice.jsonl", "quality_sample.jsonl"):
+        rows += [orjson.loads(line) for line in (ASSETS / name).read_bytes().splitlines()]
+    docs = [{"id": r["id"], "text": r["text"], "domain": r["source"]} for r in rows]
+    original = next(r for r in rows if r["id"] == "license/adduser")  # the longest document: 1,154 words
+    near_text = mutate(original["text"], 0.004, random.Random(0), "substitute")  # exact Jaccard 0.93
+    original_id, copy_id, near_id = _planted_ids()
+    docs = ([{"id": original_id, "text": original["text"], "domain": "license"}] + docs
+            + [{"id": copy_id, "text": original["text"], "domain": "license"},
+               {"id": near_id, "text": near_text, "domain": "license"}])
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in docs))
+    return [{"path": str(path)}], {"original": original_id, "copy": copy_id, "near": near_id, "near_text": near_text,
+                                  "text": original["text"]}
+
+
+ARMS = {
+    "dedup on": {"dedup": {"exact": {"enabled": True, "partitions": 3},
+                           "minhash": {"enabled": True, "threshold": THRESHOLD, "partitions": 3}}},
+    "raw (dedup off)": {"dedup": {"exact": {"enabled": False}, "minhash": {"enabled": False, "partitions": 3}}},
+}
+MIXTURE = {"enabled": True, "method": "temperature", "temperature": 3.0, "max_epochs": 3}  # repeats the small domains
+
+
+def _run(out: Path, inputs: list[dict], eval_cfg: dict | None = None, **sections):
+    cfg = small_config(out, inputs, **{"filters": {}, "mixture": MIXTURE, **sections,
+                                       "eval": {"enabled": True, "fraction": FRACTION, **(eval_cfg or {})}})
+    return curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
+
+
+def _rows(folder: Path) -> list[dict]:
+    return [r for s in read_manifest(folder)["shards"] for r in open_shard(folder, s["path"]).to_pylist()]
+
+
+def _dropped(out: Path) -> dict[str, dict]:
+    files = sorted((out / "dropped").glob("*.parquet"))
+    return {r["id"]: r for r in pa.concat_tables([pq.read_table(f) for f in files]).to_pylist()} if files else {}
+
+
+def _texts(rows: list[dict], tokenizer: Tokenizer) -> dict[tuple[int, ...], str]:
+    """Each distinct token sequence with its text (byte-level BPE decodes losslessly), the EOS cut off."""
+    return {tuple(r["tokens"]): tokenizer.decode(r["tokens"][:-1], skip_special_tokens=False) for r in rows}
+
+
+def _assert_no_eval_document_in_training(out: Path) -> tuple[list[dict], list[dict]]:
+    train, held = _rows(out), _rows(out / "eval")
+    assert held, "the eval split is empty: the test would check nothing"
+    assert not {r["id"] for r in train} & {r["id"] for r in held}
+    train_texts = _texts(train, Tokenizer.from_file(str(out / "tokenizer.json")))
+    eval_texts = _texts(held, Tokenizer.from_file(str(out / "tokenizer.json")))
+    assert not set(train_texts) & set(eval_texts)  # no eval document's tokens are a training document
+    for e in eval_texts.values():  # nor near one: brute-force exact Jaccard of the shingles near dedup uses
+        worst = max(exact_jaccard(e, t, SHINGLES) for t in train_texts.values())
+        assert worst < THRESHOLD
+    return train, held
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_no_eval_document_is_a_training_document_even_under_a_repeating_mixture(tmp_path, arm):
+    inputs, planted = _corpus(tmp_path)
+    assert 0.85 <= exact_jaccard(planted["text"], planted["near_text"], SHINGLES) < 1.0  # a real near-copy
+    out = tmp_path / "out"
+    result = _run(out, inputs, **ARMS[arm])
+    train, held = _assert_no_eval_document_in_training(out)
+    manifest = read_manifest(out)
+    assert len(train) > len({r["id"] for r in train})  # the mixture repeated training documents
+    assert planted["original"] in {r["id"] for r in held}
+    train_ids = {r["id"] for r in train}
+    assert planted["copy"] not in train_ids and planted["near"] not in train_ids
+    dropped = _dropped(out)
+    if arm == "raw (dedup off)":  # nothing else removes them: the split's own decontamination does
+        assert dropped[planted["copy"]]["reason"] == "eval_duplicate"
+        assert dropped[planted["near"]]["reason"] == "eval_near_duplicate"
+        assert dropped[planted["copy"]]["kept_id"] == dropped[planted["near"]]["kept_id"] == planted["original"]
+        assert result.stats["eval"]["removed_from_train"]["eval_duplicate"] >= 2  # bzip2 / bzip2-doc too, if held out
+    else:  # dedup removed them first: the eval document is the winner of its clusters
+        assert dropped[planted["copy"]]["reason"] == "exact_duplicate"
+        assert dropped[planted["near"]]["reason"] == "near_duplicate"
+    assert all(row["balanced"] for row in result.stats["inputs"])  # eval documents are kept, their copies dropped
+    # the manifest's split entry and the eval folder's own manifest agree with the eval shards
+    split = manifest["splits"]["eval"]
+    assert split["path"] == "eval" and split["total_docs"] == len(held) == read_manifest(out / "eval")["total_docs"]
+    assert read_manifest(out / "eval")["split"] == {"name": "eval", "of": ".."}
+
+
+def test_exact_decontamination_alone_keeps_near_copies(tmp_path):
+    """`eval.decontaminate: exact` with dedup off: the identical copy goes, the near copy stays (documented)."""
+    inputs, planted = _corpus(tmp_path)
+    out = tmp_path / "out"
+    _run(out, inputs, {"decontaminate": "exact"}, mixture={"enabled": False}, **ARMS["raw (dedup off)"])
+    train_ids = {r["id"] for r in _rows(out)}
+    assert planted["copy"] not in train_ids and planted["near"] in train_ids
+
+
+def test_eval_documents_are_never_sampled_or_repeated(tmp_path):
+    inputs, _ = _corpus(tmp_path)
+    out = tmp_path / "out"
+    result = _run(out, inputs, diversity={"enabled": True, "domains": {"code": 0.5, "license": 0.5, "man": 0.5}},
+                  **ARMS["dedup on"])
+    held = _rows(out / "eval")
+    ids = [r["id"] for r in held]
+    assert len(ids) == len(set(ids))  # each once: the mixture never repeats the split
+    assert not set(ids) & set(_dropped(out))  # diversity sampling never dropped one
+    # diversity sampling saw exactly the documents that survived dedup, less the eval split
+    survived = {d: c["docs_out"] for d, c in result.stats["funnel"][-1]["domains"].items()}
+    held_per_domain = {d: c["docs"] for d, c in result.stats["eval"]["domains"].items()}
+    for d, c in result.stats["diversity"].items():
+        assert c["docs_in"] == survived[d] - held_per_domain.get(d, 0)
+    assert sum(held_per_domain.values()) == len(held) > 0
+
+
+def test_token_budget_per_domain(tmp_path):
+    inputs, _ = _corpus(tmp_path)
+    out = tmp_path / "out"
+    result = _run(out, inputs, {"max_tokens_per_domain": 3000, "fraction": 0.9}, **ARMS["dedup on"])
+    counted: dict[str, int] = {}
+    for r in _rows(out / "eval"):
+        counted[r["domain"]] = counted.get(r["domain"], 0) + r["num_tokens"]
+    assert counted and all(0 < n <= 3000 for n in counted.values())
+    assert {d: c["tokens"] for d, c in result.stats["eval"]["domains"].items()} == counted
+
+
+def test_a_huge_document_early_in_hash_order_does_not_end_the_budget():
+    ids = [f"doc-{i}" for i in range(400)]
+    by_rank = [ids[i] for i in np.argsort(eval_split.eval_rank(ids, 0))]
+    tokens = {i: 10 for i in ids}
+    tokens[by_rank[1]] = 10**6  # the second document in hash order would take the whole budget
+    meta = {"b0": pa.table({"id": ids[:150], "domain": ["d"] * 150, "num_tokens": [tokens[i] for i in ids[:150]]}),
+            "b1": pa.table({"id": ids[150:], "domain": ["d"] * 250, "num_tokens": [tokens[i] for i in ids[150:]]})}
+    chosen = eval_split.choose(meta, eval_split.EvalSplitConfig(fraction=0.5, max_tokens_per_domain=100))
+    held = [i for b in meta for i, c in zip(meta[b].column("id").to_pylist(), chosen[b]) if c]
+    assert sorted(held) == sorted(by_rank[:1] + by_rank[2:11])  # the ten lowest hashes that fit: 100 tokens
+
+
+def test_the_near_check_compares_every_bucket_member_with_the_eval_documents(tmp_path):
+    """A bucket {A, H, B} in input order, A held out for eval, B a near copy of A, H unlike both. Near
+    dedup verifies each member against the `bucket_window` (here 1) members before it: A-H and H-B,
+    never A-B. The eval check meets B with A all the same."""
+    config = MinHashConfig(num_perm=8, threshold=0.75, bands=1, rows=8, partitions=1, bucket_window=1, exact_margin=0.0)
+    a = np.arange(100, 108, dtype=np.uint32)
+    h = np.arange(8, dtype=np.uint32)
+    b = a.copy()
+    b[0] = 999  # 7 of 8 values equal: estimated Jaccard 0.875
+    sig = np.stack([a, h, b])
+    buckets = pa.table({"partition": pa.array([0, 0, 0], pa.uint32()), "band": pa.array([0, 0, 0], pa.uint16()),
+                        "bucket": pa.array([7, 7, 7], pa.uint64()), "order": pa.array([1, 2, 3], pa.int64()),
+                        "signature": pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), 3, [None, pa.py_buffer(sig.tobytes())])})
+    assert len(candidate_edges(buckets, config).edge_u) == 0  # near dedup: A-H and H-B fail, A-B is never tried
+    from datapipe.core.shards import atomic_write_table
+
+    atomic_write_table(tmp_path / "keys" / "buckets" / "p000" / "x.arrow", buckets)
+    found = eval_split.match_task((str(tmp_path / "keys"), str(tmp_path), np.array([1]), config, []), 0)
+    assert pa.ipc.open_file(found).read_all().to_pylist() == [{"order": 3, "eval_order": 1}]
+
+
+def _checksums(out: Path) -> list[str]:
+    return [s["sha256"] for s in read_manifest(out)["shards"]] + [s["sha256"] for s in read_manifest(out / "eval")["shards"]]
+
+
+class _Killed(Exception):
+    pass
+
+
+def _dies_after(fn, n: int):
+    calls = {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > n:
+            raise _Killed(fn.__name__)
+        return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def test_the_split_is_deterministic_and_a_killed_run_resumes_to_the_same_split(tmp_path, monkeypatch):
+    inputs, _ = _corpus(tmp_path)
+    raw = ARMS["raw (dedup off)"]  # the arm that runs every eval task (its own MinHash buckets too)
+    ref = tmp_path / "ref"
+    _run(ref, inputs, **raw)
+    other = tmp_path / "other"  # other blocks: other task boundaries, the same split
+    _run(other, inputs, read={"block_bytes": 2048}, **raw)
+    assert _checksums(other) == _checksums(ref)
+    out = tmp_path / "out"
+    for module, task in ((eval_split, "hash_task"), (eval_split, "bucket_task"), (eval_split, "match_task"),
+                         (runner, "eval_shard_task")):  # killed in each eval phase in turn, resumed each time
+        with monkeypatch.context() as patch:
+            patch.setattr(module, task, _dies_after(getattr(module, task), 1))
+            with pytest.raises(_Killed):
+                _run(out, inputs, **raw)
+        assert not (out / "manifest.json").exists()
+    _run(out, inputs, **raw)
+    assert _checksums(out) == _checksums(ref)
+    assert read_manifest(out) == read_manifest(ref) and read_manifest(out / "eval") == read_manifest(ref / "eval")
+
+
+@pytest.fixture(scope="module")
+def curated(tmp_path_factory) -> tuple[Path, dict]:
+    tmp = tmp_path_factory.mktemp("evalsplit")
+    inputs, planted = _corpus(tmp)
+    out = tmp / "out"
+    _run(out, inputs, **ARMS["raw (dedup off)"])
+    return out, planted
+
+
+def test_stats_show_the_split_per_domain(curated, capsys):
+    out, planted = curated
+    figures = stats.collect(out)
+    direct: dict[str, dict[str, int]] = {}
+    for r in _rows(out / "eval"):
+        d = direct.setdefault(r["domain"], {"docs": 0, "tokens": 0})
+        d["docs"] += 1
+        d["tokens"] += r["num_tokens"]
+    split = figures["splits"]["eval"]
+    assert {d: {"docs": c["docs"], "tokens": c["tokens"]} for d, c in split["domains"].items()} == direct
+    assert split["manifest_agrees"] is True and split["removed_from_train"]["eval_near_duplicate"] >= 1
+    text = stats.render_text(figures)
+    assert "Split 'eval' (eval/" in text
+    for domain, c in direct.items():
+        assert any(line.split()[:3] == [domain, f"{c['docs']:,}", f"{c['tokens']:,}"] for line in text.splitlines())
+    assert "<h2>Split &#x27;eval&#x27; (eval/" in stats.render_html(figures, images=[])
+    # --why: the held-out original is in an eval shard; its copies name it as the document kept instead
+    kept = stats.why(out, planted["original"])
+    assert kept["status"] == "kept" and kept["shard"].startswith("eval/shards/")
+    copy = stats.why(out, planted["copy"])
+    assert copy["stage"] == "eval_split" and copy["kept_id"] == planted["original"] and copy["kept_copy"]["status"] == "kept"
+
+
+def test_the_trainer_evaluates_on_the_split_by_default(curated, tmp_path):
+    from datapipe.train.config import load_train_config
+    from datapipe.train.loop import train
+
+    out, _ = curated
+    assert split_source(str(out)) == f"{out}/eval"
+    cfg = load_train_config(None, ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.max_seq_len=64",
+                                   "data.seq_len=64", "data.batch_size=2", "data.eval_batches=1", "train.steps=2",
+                                   "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "prefetch.enabled=false",
+                                   "train.device=cpu"], data=str(out), output=str(tmp_path / "run"))
+    summary = train(cfg)
+    assert math.isfinite(summary["eval_loss"])
+    assert set(summary["eval_domains"]) == set(read_manifest(out / "eval")["domains"])
+
+
+def test_an_empty_split_is_warned_about_and_not_evaluated_on(tmp_path):
+    inputs, _ = _corpus(tmp_path)
+    said: list[str] = []
+    cfg = small_config(tmp_path / "out", inputs, filters={}, eval={"enabled": True, "fraction": 1e-12})
+    curate(cfg, executor=LocalExecutor(), progress=False, log=said.append)
+    assert any("the eval split is empty" in line and "eval.fraction" in line for line in said)
+    assert read_manifest(tmp_path / "out")["splits"]["eval"]["total_docs"] == 0
+    assert split_source(str(tmp_path / "out")) is None

@@ -1,0 +1,233 @@
+"""Input and output faults end to end (LocalExecutor): a damaged compressed input among good ones,
+a full or read-only disk, temporaries and work/ left behind, duplicate ids, and a run where nothing
+survives."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import random
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pytest
+
+from helpers import small_config
+from datapipe import cli
+from datapipe.core import shards
+from datapipe.core.shards import OutputError, open_shard, read_manifest
+from datapipe.curate.executors import LocalExecutor
+from datapipe.curate.runner import curate
+from datapipe.inspect import stats as inspect_stats
+
+
+def run(cfg, **kw):
+    return curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None, **kw)
+
+
+def docs(prefix: str, n: int, seed: int = 0) -> list[dict]:
+    """Distinct documents of plain words that survive the default stages."""
+    rng = random.Random(seed)
+    words = ["river", "stone", "light", "paper", "garden", "window", "silver", "morning", "letter", "field"]
+    return [{"id": f"{prefix}{i}", "text": " ".join(rng.choice(words) for _ in range(30)) + f" {prefix}{i}."} for i in range(n)]
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def shard_ids(out: Path) -> list[str]:
+    return [r["id"] for s in read_manifest(out)["shards"] for r in open_shard(out, s["path"]).select(["id"]).to_pylist()]
+
+
+def checksums(out: Path) -> list[str]:
+    return [s["sha256"] for s in read_manifest(out)["shards"]]
+
+
+def leftovers(out: Path) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*") if shards.TEMP_MARK in p.name)
+
+
+# ------------------------------------------------------------------------------ a damaged input
+
+
+def test_a_cut_gzip_among_good_inputs_is_quarantined_and_the_run_finishes(tmp_path: Path) -> None:
+    good = write_jsonl(tmp_path / "good.jsonl", docs("g", 300))
+    rng = random.Random(1)  # random text compresses little: the cut lands well inside the file
+    lines = b"".join(orjson.dumps({"id": f"c{i}", "text": rng.randbytes(60).hex()}) + b"\n" for i in range(1500))
+    blob = gzip.compress(lines)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(blob[: len(blob) // 2])
+    out = tmp_path / "out"
+    result = run(small_config(out, [{"path": str(cut)}, {"path": str(good)}]))
+
+    ids = shard_ids(out)
+    assert {f"g{i}" for i in range(300)} <= set(ids)  # every document of the good input is written
+    (damaged,) = result.stats["damaged_inputs"]
+    assert damaged["file"] == str(cut) and damaged["input"] == 0
+    read_before = damaged["last_good_line"]
+    assert 0 < read_before < 1500 and "cannot decompress past line" in damaged["detail"]
+    assert sum(i.startswith("c") for i in ids) == read_before  # the lines before the damage are kept
+    cut_row = result.stats["inputs"][0]
+    assert cut_row["quarantined"] == {"truncated_input": 1} and cut_row["balanced"]
+    assert cut_row["read"] == read_before + 1  # read = kept + dropped + quarantined, the rest as one record
+    assert result.stats["quarantined"]["truncated_input"] == 1
+
+
+# ------------------------------------------------------------------------- a full or read-only disk
+
+
+def _full_disk_on(monkeypatch: pytest.MonkeyPatch, part: str, after: int, code: int = errno.ENOSPC) -> list[str]:
+    """Make the (`after`+1)-th Arrow file written under a path containing `part` fail like a full
+    disk would: the temporary file is created, then the write raises OSError(code)."""
+    real = pa.OSFile
+    seen: list[str] = []
+
+    def failing(path, mode="r"):
+        if "w" in mode and part in str(path):
+            seen.append(str(path))
+            if len(seen) > after:
+                real(path, mode).close()  # the half-written temporary a real full disk leaves
+                raise OSError(code, f"{errno.errorcode[code]}: {__import__('os').strerror(code)}")
+        return real(path, mode)
+
+    monkeypatch.setattr(pa, "OSFile", failing)
+    return seen
+
+
+def test_a_full_disk_in_the_shard_phase_is_one_clear_error_and_the_rerun_is_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = write_jsonl(tmp_path / "data.jsonl", docs("d", 200))
+    ref = tmp_path / "ref"
+    run(small_config(ref, [{"path": str(data)}]))
+    out = tmp_path / "out"
+    cfg = small_config(out, [{"path": str(data)}])
+    _full_disk_on(monkeypatch, "/shards/", after=1)
+    with pytest.raises(OutputError) as info:
+        run(cfg)
+    message = str(info.value)
+    assert f"cannot write {out}/shards/shard-00001.arrow: no space left on the device" in message
+    assert "free space there" in message and "run the same command again" in message
+    assert leftovers(out) == []  # the failed write removed its temporary file
+    assert not (out / "manifest.json").exists()
+
+    monkeypatch.undo()  # space freed
+    stale = [out / "shards" / ".shard-00002.arrow.tmp-4242-0badc0de", out / "work" / "read" / ".u000000.json.tmp-4242-deadbeef"]
+    for path in stale:  # what a SIGKILL in the middle of a write leaves
+        path.write_bytes(b"half")
+    run(cfg)
+    assert checksums(out) == checksums(ref)
+    assert leftovers(out) == []
+    assert not (out / "work").exists()
+
+
+def test_a_read_only_output_fails_through_the_cli_with_the_path_and_no_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    # Tests run as root, which ignores permission bits: the read-only file system is simulated in
+    # the one place every output file is opened.
+    data = write_jsonl(tmp_path / "data.jsonl", docs("d", 20))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"inputs: [{{path: '{data}'}}]\ntokenizer: {{train: {{vocab_size: 300}}}}\n")
+    out = tmp_path / "out"
+
+    def read_only(path, mode="r", *args, **kwargs):
+        if "w" in mode or "+" in mode:
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(shards, "open", read_only, raising=False)
+    code = cli.main(["curate", str(cfg), "--output", str(out), "--executor", "local", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"cannot write {out}/run.json: the file system is read-only" in err
+    assert "choose a writable output folder" in err and "Traceback" not in err
+
+
+def test_a_user_error_in_a_ray_task_surfaces_as_itself(ray_local, tmp_path: Path) -> None:
+    from datapipe.curate.executors import RayExecutor
+
+    (tmp_path / "file").write_text("a file where a folder should go")
+    executor = RayExecutor(progress=False)
+    with pytest.raises(OutputError, match=r"^cannot write .*/file/sub: ") as info:
+        executor.run_tasks(shards.make_folder, str(tmp_path / "file" / "sub"), [()], "t")
+    assert "Traceback" not in str(info.value) and "RayTaskError" not in str(info.value)
+
+
+# ------------------------------------------------------------------------------------- work/
+
+
+def test_work_left_by_a_kill_after_the_manifest_goes_on_resume(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "data.jsonl", docs("d", 20))
+    out = tmp_path / "out"
+    cfg = small_config(out, [{"path": str(data)}])
+    run(cfg)
+    (out / "work" / "tokens").mkdir(parents=True)  # killed between the manifest and the clean-up
+    (out / "work" / "tokens" / "u000000-b00000.arrow").write_bytes(b"x" * 1000)
+    run(cfg)  # already complete: nothing to do but the clean-up
+    assert not (out / "work").exists()
+
+
+# ------------------------------------------------------------------------------ duplicate ids
+
+
+def test_duplicate_ids_are_renamed_in_input_order(tmp_path: Path) -> None:
+    a1, a2, a3, b = (d["text"] for d in docs("t", 4))
+    first = write_jsonl(tmp_path / "1.jsonl", [
+        {"id": "a", "text": a1}, {"id": "a#2", "text": a2}, {"id": "a", "text": a3}])
+    second = write_jsonl(tmp_path / "2.jsonl", [
+        {"id": "a", "text": a1},  # same id and text as the first: an exact duplicate
+        {"id": "b", "text": b}, {"id": "a#2", "text": b + " more"}])
+    results = {}
+    for partitions in (1, 3):  # ids do not depend on how the work is cut
+        out = tmp_path / f"out{partitions}"
+        results[partitions] = run(small_config(out, [{"path": str(first)}, {"path": str(second)}],
+                                               dedup={"exact": {"partitions": partitions}}))
+        # a: first keeps it; the 2nd a skips a#2 (an input id) to a#3; the 3rd a is a#4; the 2nd a#2 is a#2#2
+        assert shard_ids(out) == ["a", "a#2", "a#3", "b", "a#2#2"]
+        why = inspect_stats.why(out, "a#4")
+        assert why["status"] == "dropped" and why["reason"] == "exact_duplicate" and why["kept_id"] == "a"
+        assert inspect_stats.why(out, "a#3")["status"] == "kept"
+    dup = results[1].stats["duplicate_ids"]
+    assert dup["renamed"] == 3 and dup == results[3].stats["duplicate_ids"]
+    assert dup["examples"] == [{"id": "a", "renamed_to": "a#3"}, {"id": "a", "renamed_to": "a#4"},
+                               {"id": "a#2", "renamed_to": "a#2#2"}]
+
+
+# ------------------------------------------------------------------------- nothing survives
+
+
+@pytest.mark.parametrize("case", ["empty", "all_bad", "all_filtered"])
+def test_nothing_surviving_is_a_clear_message_with_stats(tmp_path: Path, case: str, capsys: pytest.CaptureFixture) -> None:
+    data = tmp_path / "data.jsonl"
+    filters = "{}"
+    if case == "empty":
+        data.write_bytes(b"")
+    elif case == "all_bad":
+        data.write_bytes(b'not json\n{"text": ""}\n{"id": 3}\n')
+    else:
+        write_jsonl(data, docs("d", 10))
+        filters = "{'*': {gopher_quality: {min_doc_words: 100000}}}"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"inputs: [{{path: '{data}'}}]\nfilters: {filters}\ntokenizer: {{train: {{vocab_size: 300}}}}\n")
+    out = tmp_path / "out"
+    code = cli.main(["curate", str(cfg), "--output", str(out), "--executor", "local", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert "no document survived curation" in err and f"datapipe stats {out}" in err
+    expected = {"empty": "0 records read from 1 input(s)",
+                "all_bad": "3 quarantined while reading (",
+                "all_filtered": "10 dropped by filters (gopher_quality:word_count 10)"}[case]
+    assert expected in err
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["nothing_survived"] and all(row["balanced"] for row in stats["inputs"])
+    assert not (out / "manifest.json").exists() and not (out / "work").exists()
+    figures = inspect_stats.collect(out)  # `datapipe stats` can show why
+    assert figures["summary"]["docs"] == 0 and not figures["complete"]
+    # a rerun says the same, it does not trip over the folder the first run left
+    assert cli.main(["curate", str(cfg), "--output", str(out), "--executor", "local", "--no-progress"]) == 1
+    assert expected in capsys.readouterr().err
