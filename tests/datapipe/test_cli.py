@@ -21,11 +21,14 @@ def test_run_curates_the_embedded_corpus(tmp_path, monkeypatch, capsys):
     few = embedded._stdlib_files()[:40]  # the real files, fewer of them: a fast test
     monkeypatch.setattr(embedded, "_stdlib_files", lambda: few)
     out = tmp_path / "out"
-    code = main(["run", "--output", str(out), "--man-pages", "12", "--executor", "local", "--no-progress",
-                 "--set", "tokenizer.train.vocab_size=600", "--set", "tokenizer.train.sample_bytes=300000"])
+    args = ["run", "--output", str(out), "--man-pages", "12", "--executor", "local", "--no-progress", "--train-steps", "4",
+            "--set", "tokenizer.train.vocab_size=600", "--set", "tokenizer.train.sample_bytes=300000"]
+    code = main(args)
     assert code == 0
     printed = capsys.readouterr().out
     assert "stage" in printed and "exact_dedup" in printed and "filters" in printed
+    metrics = [json.loads(line) for line in (tmp_path / "out-train" / "metrics.jsonl").read_text().splitlines()]
+    assert "eval_loss" in metrics[-1] and "eval" in read_manifest(out).get("splits", {})  # evaluated on the eval split
     manifest = read_manifest(out)
     assert "code" in manifest["domains"] and "prose" in manifest["domains"]
     corpus = embedded.prepare(12)
@@ -35,8 +38,7 @@ def test_run_curates_the_embedded_corpus(tmp_path, monkeypatch, capsys):
         assert all(p["text"] and "\x08" not in p["text"] for p in pages)  # rendered, overstrike removed
         assert len({p["lang"] for p in pages}) > 1  # translated pages come first: several languages
     # a second run with the same config finds the work done
-    assert main(["run", "--output", str(out), "--man-pages", "12", "--executor", "local", "--no-progress",
-                 "--set", "tokenizer.train.vocab_size=600", "--set", "tokenizer.train.sample_bytes=300000"]) == 0
+    assert main(args) == 0
 
 
 def test_config_errors_exit_2_with_the_key_named(tmp_path, capsys):
