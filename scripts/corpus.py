@@ -38,7 +38,7 @@ _CURATE = (
 
 
 def curate_in_fresh_process(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """Run `datapipe.runner.curate` on plain config data in a new Python process, so Ray starts with
+    """Run `datapipe.curate.runner.curate` on plain config data in a new Python process, so Ray starts with
     exactly `ray.num_cpus` CPUs and timings share no caches. Returns (summary, the run's stderr)."""
     proc = subprocess.run([sys.executable, "-c", _CURATE, json.dumps(cfg)], capture_output=True, text=True)
     if proc.returncode != 0:

@@ -1,6 +1,6 @@
 """Usage: python -m scripts.experiment_prioritization [--data DIR] [--out DIR] [--steps 600] [--seeds 0 1 2] [--variant NAME:KEY=V,KEY=V]
 
-Uniform sampling vs loss-aware prioritization (datapipe/prioritize.py) on the bundled tiny GPT, same
+Uniform sampling vs loss-aware prioritization (datapipe/loader/prioritize.py) on the bundled tiny GPT, same
 compute: the same steps, rows and seq_len, so the same tokens per step. DIR is a curated folder; when it
 is missing it is made from --corpus (../shared/data): a seeded sample of 2,500 man pages, 300 license
 texts and 600 stdlib files (text cut at 20,000 characters), curated with configs/quickstart.yaml.

@@ -16,7 +16,7 @@ record (e.g. "<|endoftext|>" in a prompt) stays text, never a special id. Respon
 (reason `empty_prompt`, in OUT/quarantine/records.jsonl, counted in the manifest's `quarantined`):
 its responses would be predicted from no prompt position at all. Token ids are stored as uint16 when
 the largest id fits, and the manifest's vocabulary size is the largest id + 1. Shards have the curated shard layout and manifest
-(`datapipe.shards`) with columns `id`, `domain`, `prompt_tokens`, `chosen_tokens`, `rejected_tokens`
+(`datapipe.core.shards`) with columns `id`, `domain`, `prompt_tokens`, `chosen_tokens`, `rejected_tokens`
 and `num_tokens` (prompt + chosen + rejected), and the manifest says `"kind": "preference"`.
 
 Packing lives in datapipe/loader/preference_packing.py, the DPO loss in datapipe/train/dpo.py.

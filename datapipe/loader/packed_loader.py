@@ -149,7 +149,7 @@ class PackedLoader:
         loss_memory: the most documents whose reported loss is remembered (least recently reported go first).
         cache_shards: shards kept open per process.
         prefetch_factor: batches each worker prepares ahead.
-        prioritize: loss-aware document selection (`datapipe.prioritize.Prioritize`, a mapping of its fields,
+        prioritize: loss-aware document selection (`datapipe.loader.prioritize.Prioritize`, a mapping of its fields,
             or True for the defaults); its predictor learns from `report_losses`. None: off.
         verify: check each shard when first opened, before any of its tokens is served: its size and
             sha256 against the manifest, its token ids below the tokenizer's vocab_size (a `ShardError`

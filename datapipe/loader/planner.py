@@ -21,7 +21,7 @@ The document stream is a pure function of (seed, rank, world_size, position):
   epoch every token of the rank's part is served exactly once, and the ranks' parts partition the
   manifest. With a `mixture`, each domain restarts its next pass (a fresh permutation) whenever it
   runs out, and an epoch is `ceil(total_tokens / world_size)` tokens drawn on the rank.
-- **Prioritization** (optional, `datapipe.prioritize`): the domain's documents are drawn a pool at
+- **Prioritization** (optional, `datapipe.loader.prioritize`): the domain's documents are drawn a pool at
   a time and only some are kept, sampled by predicted loss under a floor; the others are skipped in
   this pass. The pools waiting and the predictor snapshot are part of the planner state.
 - **Packing** (`packing.BFDPacker`) packs the drawn documents into rows; it is flushed at each
@@ -80,7 +80,7 @@ class PlanConfig:
     curriculum: Curriculum | None
     cache_shards: int
     natural: MixtureSchedule  # the manifest's token shares: the weights when schedule is None
-    prioritize: prio.Prioritize | None = None  # loss-aware document selection (datapipe/prioritize.py)
+    prioritize: prio.Prioritize | None = None  # loss-aware document selection (datapipe/loader/prioritize.py)
     verify: bool = True  # check each shard against the manifest when first opened (reader.ShardVerifier)
 
     def fingerprint(self, layout: Layout) -> dict[str, Any]:

@@ -184,7 +184,7 @@ class ShardData:
 
 
 class Reader:
-    """Shards opened through `datapipe.shards`, kept in a small LRU (local shards are memory-mapped).
+    """Shards opened through `datapipe.core.shards`, kept in a small LRU (local shards are memory-mapped).
 
     Thread-safe: the loader's iteration and the trainer's loss reports (document features) share one.
     """

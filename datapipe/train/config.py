@@ -44,7 +44,7 @@ class ScheduleConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class PrioritizeConfig:
-    enabled: bool = note(False, help="loss-aware document selection (datapipe/prioritize.py): keep the documents predicted hardest")
+    enabled: bool = note(False, help="loss-aware document selection (datapipe/loader/prioritize.py): keep the documents predicted hardest")
     pool: int = note(Prioritize.pool, help="candidate documents per selection")
     keep: float = note(Prioritize.keep, help="fraction of each pool kept; the rest are skipped this pass")
     temperature: float = note(Prioritize.temperature, help="softmax temperature over predicted losses, in nats (lower = greedier)")

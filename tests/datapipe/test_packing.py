@@ -1,4 +1,4 @@
-"""Tests of datapipe.packing: cutting policies, the best-fit packer's invariants and resume,
+"""Tests of datapipe.loader.packing: cutting policies, the best-fit packer's invariants and resume,
 the arrays of a packed batch, and the block-diagonal causal mask."""
 
 from __future__ import annotations

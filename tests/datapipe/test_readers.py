@@ -1,4 +1,4 @@
-"""Tests of datapipe.readers: every format, order keys, ids, domains, quarantine and plan errors."""
+"""Tests of datapipe.curate.readers: every format, order keys, ids, domains, quarantine and plan errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of datapipe.schedule: mixture phases and their interpolation, validation, the deficit
+"""Tests of datapipe.loader.schedule: mixture phases and their interpolation, validation, the deficit
 sampler's realised token shares, and the curriculum spec."""
 
 from __future__ import annotations
