@@ -35,7 +35,8 @@ its keys, and `--set KEY=VALUE` overrides any of them."""
 
 SET_HELP = "override a config key (dotted; a number indexes a list); the value is YAML, e.g. --set {}; repeatable"
 EXECUTOR_HELP = "'ray' (default): Ray runs the tasks; 'local': every task runs in this process, one at a time (debugging)"
-RAY_HELP = "an existing Ray cluster ('auto' after `ray start`, or HOST:PORT); default: an embedded local Ray (config ray.address)"
+RAY_HELP = ("an existing Ray cluster ('auto' after `ray start`, or HOST:PORT); default: config ray.address, else "
+            "$RAY_ADDRESS when set, else an embedded local Ray")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -203,13 +204,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  [f"train.steps={steps}", f"train.eval_every={max(steps // 2, 1)}",
                                   f"train.ckpt_every={steps}", "data.holdout_shards=0"],  # eval: the run's eval split
                                  data=args.output, output=str(run_dir))
-        print(f"\ntraining a tiny GPT for {steps} steps on {args.output} -> {tcfg.train.output}")
-        train(tcfg, resume=(run_dir / "checkpoint.pt").exists())  # a rerun continues (or finds done) the run
+        if result.reused and _finished_training(run_dir, steps):  # new shards: `train` checks the run against them
+            print(f"\n{run_dir} is a finished training run of {steps} steps: reusing it (nothing to train)")
+        else:
+            print(f"\ntraining a tiny GPT for {steps} steps on {args.output} -> {tcfg.train.output}")
+            train(tcfg, resume=(run_dir / "checkpoint.pt").exists())  # a rerun continues the run (or names what differs)
         from datapipe.inspect.plots import plot_run
 
         print(f"wrote {plot_run(tcfg.train.output)}\n")
         print(stats.render_text(stats.collect(args.output)))
     return 0
+
+
+def _finished_training(run_dir: Path, steps: int) -> bool:
+    """Whether `run_dir` holds a training run that reached exactly `steps` steps (another count: `train`
+    resumes it, or refuses naming the differing key)."""
+    from datapipe.train.checkpoint import load_checkpoint
+
+    ckpt = run_dir / "checkpoint.pt"
+    return ckpt.exists() and int(load_checkpoint(ckpt, what="datapipe run")["step"]) == steps
 
 
 def _input_yaml(domain: str, path: Path) -> str:

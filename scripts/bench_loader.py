@@ -19,6 +19,13 @@ Reports, side by side in one run:
   against the raw read rate: one epoch at seq_len 2048 with verify off, on with an empty cache (every
   shard hashed) and on with the cache warm (no re-hash). `--only verify` runs just this part, on the
   synthetic 1,000-shard folder unless --source is given (no curation: a short run).
+- many small shards (issue 17): `--only many_shards [--baseline DIR]` writes the same long-tailed
+  documents (3 domains, median 665 tokens) once as ~3,000 shards of ~8 KiB and once as shards of
+  ~8 MiB, and reports, per source, the raw Arrow read rate (every shard opened and its tokens read
+  into numpy, in manifest order) and one whole epoch of the loader (seq_len 2048, batch 8, 0 workers,
+  shards verified with the cache warm) in real tokens/s with its shard opens. With --baseline (a
+  `git archive` copy of an older tree) the same epoch runs on that code too, in a subprocess with
+  PYTHONPATH=DIR; repeats interleave and each figure is the median.
 Absolute seconds depend on the machine; compare within one run.
 """
 
@@ -211,16 +218,119 @@ def synthetic_1000(out: Path) -> None:
     shards.write_manifest(out, shards.build_manifest(infos, tokenizer=tok, config={}, config_hash="bench"))
 
 
+def write_many_shards(out: Path, shard_tokens: int, seed: int = 0, tokens: int = 17_000_000) -> None:
+    """Curated-like shards of long-tailed documents: each domain's documents in input order, a new
+    shard once the current one holds `shard_tokens` tokens (as `output.shard_bytes` does)."""
+    from datapipe.testing.shards import write_fake_shards
+
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(rng.lognormal(np.log(665), 1.1, size=tokens // 1000).astype(np.int64) + 2, 60_000)
+    lengths = lengths[np.cumsum(lengths) <= tokens]
+    domain = rng.choice(["man", "code", "license"], size=len(lengths), p=[0.67, 0.31, 0.02])
+    pool = rng.integers(1, 8192, size=int(lengths.max()) + 1, dtype=np.uint16)
+    specs: list[list[dict]] = []
+    for d in ("code", "license", "man"):
+        shard: list[dict] = []
+        used = 0
+        for g in np.flatnonzero(domain == d):
+            n = int(lengths[g])
+            shard.append({"id": f"d{g}", "domain": d, "tokens": np.append(pool[g % 97 : g % 97 + n - 1], 0)})
+            used += n
+            if used >= shard_tokens:
+                specs.append(shard)
+                shard, used = [], 0
+        if shard:
+            specs.append(shard)
+    write_fake_shards(out, specs, vocab_size=8192, dtype="uint16")
+
+
+def raw_read_rate(source: str) -> float:
+    """Real tokens/s of reading every shard's tokens into numpy, shard after shard (no loader)."""
+    m = shards.read_manifest(source)
+    t0 = time.perf_counter()
+    n = 0
+    for s in m["shards"]:
+        tokens = shards.open_shard(source, s["path"]).column("tokens").combine_chunks()
+        n += len(tokens.values.to_numpy(zero_copy_only=False))
+    return n / (time.perf_counter() - t0)
+
+
+def loader_epoch_rate(source: str) -> dict:
+    """One whole epoch (seq_len 2048, batch 8, 0 workers): real tokens/s and shard opens."""
+    opens = 0
+    real = shards.open_shard
+
+    def counting(src: str, rel: str):
+        nonlocal opens
+        opens += 1
+        return real(src, rel)
+
+    shards.open_shard = counting
+    try:
+        t0 = time.perf_counter()
+        loader = PackedLoader(source, seq_len=2048, batch_size=8, seed=0, epochs=1, num_workers=0)
+        tokens = sum(int((b["doc_ids"] >= 0).sum()) for b in loader)
+        return {"tokens_per_s": tokens / (time.perf_counter() - t0), "opens": opens, "tokens": tokens,
+                "datapipe": str(Path(sys.modules["datapipe"].__file__).parent)}
+    finally:
+        shards.open_shard = real
+
+
+def many_shards(tmp: Path, baseline: str | None, repeats: int = 3) -> dict:
+    os.environ["DATAPIPE_CACHE_DIR"] = str(tmp / "cache")  # shared by both trees: the same pass stamps
+    here = str(Path(__file__).resolve().parents[1])
+    results: dict = {}
+    for name, shard_tokens in (("8KiB_shards", 4096), ("8MiB_shards", 4 * 2**20)):
+        source = tmp / name
+        write_many_shards(source, shard_tokens)
+        m = shards.read_manifest(source)
+        # warm the verification cache (every shard hashed once, untimed), as in any later epoch
+        for _ in PackedLoader(str(source), seq_len=2048, batch_size=8, epochs=1, cache_shards=m["num_shards"]):
+            pass
+        runs: dict[str, list[dict]] = {"raw": [], "after": [], "before": []}
+        for _ in range(repeats):  # interleaved: the machine is shared and noisy
+            runs["raw"].append({"tokens_per_s": raw_read_rate(str(source))})
+            for label, tree in (("after", here), ("before", baseline)):
+                if tree is None:
+                    continue
+                # run as a file, not -m from this tree, so that `datapipe` comes from PYTHONPATH=tree
+                out = subprocess.run([sys.executable, __file__, "--epoch-rate", str(source)], cwd=tree,
+                                     env={**os.environ, "PYTHONPATH": tree}, check=True,
+                                     capture_output=True, text=True).stdout
+                runs[label].append(json.loads(out))
+        med = {k: float(np.median([r["tokens_per_s"] for r in v])) for k, v in runs.items() if v}
+        results[name] = {
+            "shards": m["num_shards"], "docs": m["total_docs"], "tokens": m["total_tokens"],
+            "median_shard_bytes": int(np.median([s["bytes"] for s in m["shards"]])),
+            "raw_arrow_tokens_per_s": round(med["raw"]),
+            **{f"loader_{k}_tokens_per_s": round(med[k]) for k in ("before", "after") if k in med},
+            **{f"loader_{k}_opens_per_epoch": runs[k][0]["opens"] for k in ("before", "after") if runs[k]},
+            **{f"loader_{k}_vs_raw": round(med[k] / med["raw"], 3) for k in ("before", "after") if k in med},
+        }
+    return results
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--source", default=None, help="a curated output folder (default: curate --corpus first)")
     p.add_argument("--corpus", default="../shared/data/corpus.jsonl.gz")
     p.add_argument("--seq-lens", default="512,2048,8192")
     p.add_argument("--batches", type=int, default=1500, help="batches timed for throughput")
-    p.add_argument("--only", choices=["verify"], default=None, help="run one part only (see above)")
+    p.add_argument("--only", choices=["verify", "many_shards"], default=None, help="run one part only (see above)")
+    p.add_argument("--baseline", default=None, help="many_shards: an older tree to compare (PYTHONPATH)")
+    p.add_argument("--epoch-rate", default=None, help=argparse.SUPPRESS)  # many_shards' subprocess: one epoch
     args = p.parse_args()
+    if args.epoch_rate:
+        print(json.dumps(loader_epoch_rate(args.epoch_rate)))
+        return
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-loader-"))
+    if args.only == "many_shards":
+        try:
+            print(json.dumps({"cpus": os.cpu_count(), "many_shards": many_shards(tmp, args.baseline)}, indent=1))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     if args.only == "verify":
         try:
             source = args.source

@@ -56,7 +56,7 @@ class ExactDedupStage(GlobalStage):
     def resolve(self, run_tasks: RunTasks, folder: Path, out_dir: Path) -> dict[str, Any]:
         """One task per partition: `folder/losers-pNNN.arrow` from `folder/keys/pNNN/`."""
         items = [(p,) for p in range(self.config.partitions)]
-        return {"removed": sum(run_tasks(partition_task, str(folder), items, self.name))}
+        return {"removed": sum(run_tasks(partition_task, str(folder), items, f"{self.name} resolve"))}
 
     @staticmethod
     def partition_losers(keys: pa.Table) -> pa.Table:

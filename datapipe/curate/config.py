@@ -77,7 +77,7 @@ class OutputConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RayConfig:
-    address: str | None = note(None, help="Ray cluster address ('auto', 'ray://host:port', host:port); null = embedded local Ray")
+    address: str | None = note(None, help="Ray cluster address ('auto', 'ray://host:port', host:port); null = $RAY_ADDRESS when set, else an embedded local Ray")
     num_cpus: int | None = note(None, help="CPUs for the embedded local Ray (null = all)")
     max_retries: int = note(3, help="times a task whose worker died is retried")
 
@@ -152,6 +152,26 @@ _EXECUTION_ONLY = {
 }
 
 
+# Execution-only keys that also decide how the unfinished work in OUT/work/ is cut up: the blocks of
+# `read.block_bytes` (their ids and keys are written as each input is read) and the hash partitions the
+# global stages shuffle their keys into. Any value gives the same output, but work left under one value
+# cannot be finished under another (keys written to 8 partitions are not all found by a resolve over 3),
+# so an unfinished run is resumed only with the values it was started with (`runner._check_output`).
+WORK_LAYOUT_KEYS = (("read", "block_bytes"), ("dedup", "exact", "partitions"), ("dedup", "minhash", "partitions"))
+
+
+def work_layout(cfg: CurateConfig) -> dict[str, Any]:
+    """{dotted key: value} of the WORK_LAYOUT_KEYS, for the run record."""
+    data = to_dict(cfg)
+    layout = {}
+    for key in WORK_LAYOUT_KEYS:
+        node = data
+        for part in key:
+            node = node[part]
+        layout[".".join(key)] = node
+    return layout
+
+
 def result_affecting(cfg: CurateConfig) -> dict[str, Any]:
     data = to_dict(cfg)
     for key in _EXECUTION_ONLY:
@@ -179,4 +199,4 @@ def diff_configs(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix}: {old!r} -> {new!r}"]
 
 
-__all__ = ["CurateConfig", "ConfigError", "InputConfig", "load_config", "config_hash", "diff_configs"]
+__all__ = ["CurateConfig", "ConfigError", "InputConfig", "load_config", "config_hash", "diff_configs", "work_layout"]

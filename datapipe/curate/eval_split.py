@@ -223,7 +223,7 @@ def split(
 
     # exact: identical tokens
     hashes = {b: read_table(Path(f)).column("hash").combine_chunks()
-              for b, f in zip(names, run_tasks(hash_task, str(work), [(b,) for b in names], "eval exact"))}
+              for b, f in zip(names, run_tasks(hash_task, str(work), [(b,) for b in names], "eval_split exact"))}
     eval_hashes = pa.concat_arrays([hashes[b].filter(pa.array(eval_rows[b])) for b in names]) if names else pa.array([], pa.binary(16))
     eval_ids = pa.concat_arrays([meta[b].column("id").combine_chunks().filter(pa.array(eval_rows[b])) for b in names]) if names else pa.array([], pa.string())
     exact: dict[str, np.ndarray] = {}
@@ -244,11 +244,11 @@ def split(
             keys_root = work / "minhash"
         else:
             keys_root = work / EVAL_DIR
-            run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names], "eval minhash")
+            run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names], "eval_split minhash")
         eval_orders = np.concatenate([orders[b][eval_rows[b]] for b in names])
         shingle_index = ShingleStore.index(keys_root / "shingles" / "p000") if minhash.exact else []
         files = run_tasks(match_task, (str(keys_root), str(work / EVAL_DIR), eval_orders, minhash, shingle_index),
-                          [(p,) for p in range(minhash.partitions)], "eval near")
+                          [(p,) for p in range(minhash.partitions)], "eval_split near")
         pairs = pa.concat_tables([read_table(Path(f)) for f in files]).sort_by([("order", "ascending"), ("eval_order", "ascending")])
         if pairs.num_rows:
             order_col = pairs.column("order").to_numpy()

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
 import sys
+import threading
 import time
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from tqdm.auto import tqdm
 
@@ -121,8 +124,109 @@ def _user_errors(ray: Any) -> Iterator[None]:
 _WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
+class WorkerDeathFilter:
+    """Turns a dead worker's fatal-error dump, which Ray forwards to the driver (`log_to_driver`), into
+    one line: "tokenize: a Ray worker (pid 123) died (SIGABRT); Ray retries its work ...".
+
+    A worker process that dies of a signal prints a native stack dump (Ray's `*** SIGABRT received`,
+    Python's `Fatal Python error`, the extension module list) and the raylet adds "A worker died or
+    was killed..." and "Task ... will be retried": dozens of lines, for a failure the run recovers
+    from (the task is retried, the actor restarted; the output is identical). The dump stays in the
+    worker's log file in Ray's session folder. Every other worker line (a stage's warnings) passes
+    through unchanged. `handler` is Ray's printer of a batch of forwarded lines; `say` prints our line;
+    `phase` names the running phase (read when a worker dies)."""
+
+    _FATAL = re.compile(r"\*\*\* (SIG[A-Z]+) received|RAW: Check .* failed: (.*)|Check failed: (.*)|Fatal Python error: (.*)")
+    _RAYLET_DIED = re.compile(r"A worker died or was killed while executing.*?Worker PID: (\d+)")
+    _RAYLET_RETRY = re.compile(r"failed\. There are \d+ retries remaining, so the task will be retried|will be restarted")
+
+    def __init__(
+        self, handler: Callable[..., None], say: Callable[[str], None], phase: Callable[[], str], wait_s: float = 2.0
+    ) -> None:
+        self.handler, self.say, self.phase, self.wait_s = handler, say, phase, wait_s
+        self.dead: dict[str, str] = {}  # pid -> why: its later lines are the rest of the dump
+        self.reported: set[str] = set()
+        self._lock = threading.Lock()  # the raylet's messages and the workers' lines come on two threads
+
+    def _died(self, pid: str, why: str, phase: str | None = None) -> None:
+        with self._lock:
+            if pid in self.reported:
+                return
+            self.reported.add(pid)
+        self.say(f"{phase or self.phase()}: a Ray worker (pid {pid}) died ({why})")
+
+    def _raylet_says_died(self, pid: str) -> None:
+        """The raylet's message comes first, the worker's dump (naming the signal) a moment later, or never
+        (killed by SIGKILL, the OOM killer): wait `wait_s` for the dump before saying it without the signal."""
+        phase = self.phase()
+        timer = threading.Timer(self.wait_s, lambda: self._died(pid, self.dead.get(pid) or "it exited unexpectedly", phase))
+        timer.daemon = True
+        timer.start()
+
+    def __call__(self, data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        pid = str(data.get("pid"))
+        keep = []
+        for line in data.get("lines", []):
+            if pid == "raylet":
+                if died := self._RAYLET_DIED.search(line):
+                    self._raylet_says_died(died.group(1))
+                elif not self._RAYLET_RETRY.search(line):
+                    keep.append(line)
+            elif pid in self.dead:
+                continue
+            elif fatal := self._FATAL.search(line):
+                signal = fatal.group(1)
+                self.dead[pid] = signal or next(g for g in fatal.groups() if g).strip()[:120]
+                if signal != "SIGTERM":  # SIGTERM: Ray stopping an idle worker at shutdown, not a failure
+                    self._died(pid, self.dead[pid])
+            else:
+                keep.append(line)
+        if keep:
+            self.handler({**data, "lines": keep}, *args, **kwargs)
+
+
+def _filter_worker_deaths(say: Callable[[str], None], phase: Callable[[], str]) -> Callable[[], None]:
+    """Wrap Ray's printer of forwarded lines (`print_to_stdstream`: the workers' output and the raylet's
+    error messages) in `WorkerDeathFilter`, before `ray.init` binds it; returns the undo, for shutdown.
+    Ray has no public hook for this: with other internals (another Ray version) the lines stay as Ray
+    prints them."""
+    try:
+        from ray._private import worker as ray_worker
+
+        original = ray_worker.print_to_stdstream
+    except (ImportError, AttributeError):
+        return lambda: None
+    ray_worker.print_to_stdstream = WorkerDeathFilter(original, say, phase)
+
+    def undo() -> None:
+        ray_worker.print_to_stdstream = original
+
+    return undo
+
+
+def ray_address(configured: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """Where to run: the configured address (`--ray-address`, `ray.address`), else `RAY_ADDRESS` as
+    `ray.init()` reads it (set and non-empty), else None: an embedded local Ray."""
+    if configured:
+        return configured
+    return environ.get("RAY_ADDRESS") or None
+
+
+class _DropTokenAuthNotice(logging.Filter):
+    """Ray (2.5x+) turns on token authentication for every new local cluster and logs a warning saying so
+    ("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out"). For
+    the embedded instance, which only this process uses, that is noise: drop that one record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+# The logger of Ray's token-authentication setup (ray/_private/authentication/authentication_token_setup.py).
+_RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
 class RayExecutor:
-    """Runs tasks on Ray: an embedded local instance (address None) or an existing cluster."""
+    """Runs tasks on Ray: an existing cluster (`address`, else `RAY_ADDRESS`) or an embedded local instance."""
 
     def __init__(
         self,
@@ -138,18 +242,34 @@ class RayExecutor:
         self.max_retries = max_retries
         self.progress = progress
         self._owns_ray = False
+        self.phase = "starting"  # the running phase's name, for the line about a dead worker
+        self._unfilter: Callable[[], None] = lambda: None
         if not ray.is_initialized():
             kwargs: dict[str, Any] = dict(logging_level=logging.WARNING, log_to_driver=True)
+            # A worker that dies mid-run (its task is retried) is one line, not a native stack dump.
+            self._unfilter = _filter_worker_deaths(self._say_worker_died, lambda: self.phase)
+            address = ray_address(address)
             if address is None:
                 # "local" always starts a fresh embedded instance, never a stale cluster from `ray start`
-                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+                notice, auth_log = _DropTokenAuthNotice(), logging.getLogger(_RAY_AUTH_LOGGER)
+                auth_log.addFilter(notice)
+                try:
+                    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+                finally:
+                    auth_log.removeFilter(notice)
             else:
                 ray.init(address=address, **kwargs)
             self._owns_ray = True
         self.num_workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
 
+    def _say_worker_died(self, line: str) -> None:
+        then = (f"Ray retries its work (up to ray.max_retries = {self.max_retries} times; the output is the same)"
+                if self.max_retries else "ray.max_retries is 0, so the run stops")
+        print(f"{line}; {then}. Its log is in Ray's session folder (/tmp/ray/session_latest/logs)", file=sys.stderr, flush=True)
+
     def _gather(self, refs: list[Any], desc: str) -> list[Any]:
         ray = self.ray
+        self.phase = desc
         pending = list(refs)
         with _bar(len(refs), desc, self.progress) as bar, _user_errors(ray):
             while pending:
@@ -180,6 +300,7 @@ class RayExecutor:
 
         # The pool hands the next item to whichever actor is free; results come back in item order.
         pool = ActorPool(actors)
+        self.phase = desc
         results = []
         try:
             with _bar(len(items), desc, self.progress) as bar, _user_errors(self.ray):
@@ -194,6 +315,7 @@ class RayExecutor:
     def shutdown(self) -> None:
         if self._owns_ray:
             self.ray.shutdown()
+        self._unfilter()
 
 
 def make_executor(kind: str, address: str | None, *, num_cpus: int | None, max_retries: int, progress: bool) -> Executor:

@@ -256,20 +256,20 @@ def resolve(run_tasks: RunTasks, folder: Path, stage: MinHashStage, out_dir: Pat
     config = stage.config
     partitions = range(config.partitions)
     shared = (str(folder), stage)
-    found = run_tasks(edges_task, shared, [(p,) for p in partitions], "minhash edges")
+    found = run_tasks(edges_task, shared, [(p,) for p in partitions], f"{stage.name} edges")
     checked = []
     if sum(x["near"] for x in found):
         shingle_index = ShingleStore.index(folder / "shingles" / "p000")
-        checked = run_tasks(exact_task, (*shared, shingle_index), [(p,) for p in partitions], "minhash exact")
+        checked = run_tasks(exact_task, (*shared, shingle_index), [(p,) for p in partitions], f"{stage.name} exact")
     edges = sum(x["edges"] for x in found) + sum(x["edges"] for x in checked)
     if edges <= config.one_task_edges:
-        rounds = run_tasks(components_task, shared, [()], "minhash components")[0]["rounds"]
+        rounds = run_tasks(components_task, shared, [()], f"{stage.name} components")[0]["rounds"]
         converged = "one-task"
     else:
         rounds = _component_rounds(run_tasks, shared, config)
         converged = f"r{rounds - 1:03d}"  # the input of the last round
-    run_tasks(members_task, shared, [(converged, p) for p in partitions], "minhash members")
-    losers = sum(x["losers"] for x in run_tasks(winners_task, shared, [(p,) for p in partitions], "minhash keep"))
+    run_tasks(members_task, shared, [(converged, p) for p in partitions], f"{stage.name} members")
+    losers = sum(x["losers"] for x in run_tasks(winners_task, shared, [(p,) for p in partitions], f"{stage.name} keep"))
     clusters = [read_table(f) for f in sorted(folder.glob("clusters-p*.arrow"))]
     table = pa.concat_tables(clusters) if clusters else CLUSTER_SCHEMA.empty_table()
     table = table.sort_by([("order", "ascending")]).drop(["order"])
@@ -291,7 +291,7 @@ def _component_rounds(run_tasks: RunTasks, shared: tuple[str, Any], config: Any)
     checksums: list[tuple[int, int]] = []
     r = 0
     while True:
-        results = run_tasks(round_task, shared, [(r, p) for p in range(config.partitions)], f"minhash cc r{r}")
+        results = run_tasks(round_task, shared, [(r, p) for p in range(config.partitions)], f"{shared[1].name} components round {r}")
         checksums.append((sum(x["input_edges"] for x in results), sum(x["checksum"] for x in results) % 2**64))
         # A large-star round whose input equals the previous large-star round's input: converged.
         if r % 2 == 0 and r >= 2 and checksums[r] == checksums[r - 2]:

@@ -8,6 +8,8 @@ Reading has two steps so that the runner can spread the work:
    that cannot be opened, an extension it cannot map to a format, a folder mixing formats, a JSON
    file holding one JSON array (JSON Lines only), a Hugging Face dataset that does not load, a
    columnar file without a string text column.
+   `input_fingerprints(units, inputs)` gives each file they read a fingerprint (size and mtime, or
+   size and ETag for a remote object), which the run record keeps so a resume notices an edited input.
 2. `read_unit(unit, unit_index, inp, read)` streams one unit and yields `(batch, quarantined)`: a
    batch of at most `read.batch_size` documents and the records set aside while reading it.
 
@@ -54,6 +56,7 @@ from __future__ import annotations
 import bz2
 import contextlib
 import lzma
+import os
 import posixpath
 import re
 import zlib
@@ -151,6 +154,60 @@ def plan_units(inputs: list[InputConfig]) -> list[InputUnit]:
         except (OSError, ValueError, ImportError) as exc:  # fsspec/URL trouble (ImportError: protocol package missing)
             raise InputError(f"{where}: cannot be read: {exc}") from exc
     return units
+
+
+def unit_files(unit: InputUnit, inp: InputConfig) -> list[str]:
+    """The files a unit reads: its file, a text unit's files, every file of a saved dataset's folder,
+    a hub dataset's local `data_files` (a hub dataset by name has no file of ours to look at)."""
+    if unit.format == "text":
+        return list(unit.files)
+    if unit.format == "hf":
+        return list(inp.data_files)
+    if unit.format == "hf_disk":
+        fs, root = fsspec.core.url_to_fs(unit.path)
+        return [_rejoin(fs, unit.path.rstrip("/") + "/", root.rstrip("/") + "/", p) for p in sorted(fs.find(root))]
+    return [unit.path]
+
+
+# fs.info keys that change when a remote object is rewritten, most specific first (S3/HTTP ETag, GCS
+# md5Hash/generation, Azure etag/last_modified, ...); the first one present is recorded beside the size.
+_VERSION_KEYS = ("ETag", "etag", "md5Hash", "generation", "VersionId", "version_id", "LastModified",
+                 "last_modified", "mtime", "modified", "created")
+
+
+def file_fingerprint(path: str) -> dict[str, Any]:
+    """What a file is now, cheaply: size and modification time (ns) for a local file; size and the
+    object's version (ETag, generation, modification time: what `fs.info` gives) for a remote one."""
+    fs, stripped = fsspec.core.url_to_fs(path)
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        st = os.stat(stripped)
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    info = fs.info(stripped)
+    fingerprint: dict[str, Any] = {"size": info.get("size")}
+    for key in _VERSION_KEYS:
+        if info.get(key) is not None:
+            fingerprint[key] = str(info[key])
+            break
+    return fingerprint
+
+
+def input_fingerprints(units: list[InputUnit], inputs: list[InputConfig]) -> dict[str, dict[str, Any]]:
+    """{path: fingerprint} of every file the units read, so a resume can tell an input edited since the
+    run started (the run record keeps them; `runner._check_output` compares)."""
+    found: dict[str, dict[str, Any]] = {}
+    seen_datasets: set[tuple[int, str]] = set()
+    for unit in units:
+        if unit.format in ("hf", "hf_disk"):  # row-range units of one dataset share its files: list them once
+            if (unit.input_index, unit.path) in seen_datasets:
+                continue
+            seen_datasets.add((unit.input_index, unit.path))
+        for path in unit_files(unit, inputs[unit.input_index]):
+            if path not in found:
+                try:
+                    found[path] = file_fingerprint(path)
+                except (OSError, ValueError) as exc:
+                    raise InputError(f"input {unit.input_index} ({path!r}): cannot be read: {exc}") from exc
+    return found
 
 
 def _plan_input(i: int, inp: InputConfig, where: str) -> list[InputUnit]:

@@ -24,13 +24,16 @@ Phases, each a set of independent tasks whose outputs are files in `OUT/work/`:
 
 Every task writes its outputs atomically, then a small `.json` record of its counters: a rerun
 finds that record and skips the task, so a killed run resumes where it stopped and, since every
-task is deterministic, produces the same shards (same checksums) as an uninterrupted one.
+task is deterministic, produces the same shards (same checksums) as an uninterrupted one. The
+output folder's `run.json` says which run that is (the config, each input file's fingerprint, a loaded
+tokenizer's sha256, the work layout: `_check_output`); a rerun that is not the same run is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -45,11 +48,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from datapipe.curate.config import CurateConfig, config_hash, diff_configs, result_affecting
+from datapipe.curate.config import CurateConfig, config_hash, diff_configs, result_affecting, work_layout
 from datapipe.core.config import ConfigError, RunStopped
 from datapipe.curate.counters import Counters
 from datapipe.curate.executors import Executor, make_executor
-from datapipe.curate.readers import InputUnit, plan_units, read_unit
+from datapipe.curate.readers import InputUnit, input_fingerprints, plan_units, read_unit
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, unit_of
 from datapipe.core.shards import (
     ShardInfo,
@@ -83,11 +86,13 @@ class RunConflict(ConfigError):
 
 @dataclass
 class Segment:
-    """Map stages run back to back on a block, then (optionally) a global stage's key emission."""
+    """Map stages run back to back on a block, then (optionally) a global stage's key emission.
+    `name` names its folder in work/; `title` names it to the user (progress lines, phase seconds)."""
 
     name: str
     stages: list[Stage]
     global_stage: GlobalStage | None = None
+    title: str = ""
 
 
 @dataclass
@@ -110,6 +115,7 @@ class CurateResult:
     stats: dict[str, Any]
     seconds: float
     resumed_tasks: int = 0
+    reused: bool = False  # the folder already held this run, finished: nothing was done
 
 
 def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage] = ()) -> list[Segment]:
@@ -133,6 +139,11 @@ def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage] = 
             segments.append(Segment(f"seg{len(segments)}", []))
         else:
             segments[-1].stages.append(stage)
+    for previous, seg in zip([None, *segments], segments):
+        # By the stages' own names, as in stats.json's funnel: "normalize+exact_dedup" (its global stage's
+        # keys are computed here), or "minhash drop" for a segment that only drops a global stage's losers.
+        names = [s.name for s in seg.stages] + ([seg.global_stage.name] if seg.global_stage else [])
+        seg.title = "+".join(names) if names else f"{previous.global_stage.name} drop" if previous else "copy"
     return segments
 
 
@@ -465,33 +476,85 @@ def write_eval_manifest(plan: Plan, shards: list[ShardInfo], info: Any) -> dict[
 # ---------------------------------------------------------------- the whole run
 
 
-def _check_output(plan: Plan) -> dict[str, Any] | None:
-    """Refuse an output folder made with another config; return its manifest if already complete."""
-    out = Path(plan.out_dir)
+def _run_record(plan: Plan, tokenizer_text: str | None) -> dict[str, Any]:
+    """The run's identity, kept in OUT/run.json: what decides the output (the config, the input units,
+    each input file's fingerprint, the loaded tokenizer's sha256) and the work layout it was started with."""
     record = {
         "config": result_affecting(plan.cfg),
         "config_hash": config_hash(plan.cfg),
         "units": [dataclasses.asdict(u) for u in plan.units],
+        "input_files": input_fingerprints(plan.units, list(plan.cfg.inputs)),
+        "work_layout": work_layout(plan.cfg),
     }
+    if tokenizer_text is not None:
+        record["tokenizer_sha256"] = hashlib.sha256(tokenizer_text.encode()).hexdigest()
+    return json.loads(json.dumps(record))  # as it reads back from the file (tuples are lists)
+
+
+def _unit_paths(units: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(f for u in units for f in (u["files"] or [u["path"]])))
+
+
+def _identity_conflict(plan: Plan, old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """Why the run recorded in `old` is not the run `new` describes, or None when it is."""
+    out = plan.out_dir
+    if old["config_hash"] != new["config_hash"] or old["units"] != new["units"]:
+        diffs = diff_configs(old["config"], new["config"])
+        if old["units"] != new["units"]:
+            before, now = _unit_paths(old["units"]), _unit_paths(new["units"])
+            gone, added = [p for p in before if p not in now], [p for p in now if p not in before]
+            detail = "; ".join(
+                part for part in (f"no longer found: {gone[:3]}" if gone else "", f"new: {added[:3]}" if added else "") if part
+            ) or "the same files, cut into other units (a dataset's row count changed?)"
+            diffs.append(f"inputs: the input files differ ({detail})")
+        return (f"output folder {out} holds a run made with a different config: " + "; ".join(diffs[:10])
+                + ". Use another --output, or delete the folder.")
+    old_files = old.get("input_files", {})  # absent in a record written before fingerprints were kept
+    for path, fingerprint in new["input_files"].items():
+        if path in old_files and old_files[path] != fingerprint:
+            was, now = old_files[path], fingerprint
+            change = (f"size {was['size']:,} -> {now['size']:,} bytes" if was.get("size") != now.get("size")
+                      else "same size, modified since")
+            return (f"input file {path!r} changed since the run in output folder {out} started ({change}); "
+                    "the work already done there read the old version. Restore the file as it was, or curate "
+                    "the new version into another --output (or delete the folder).")
+    if "tokenizer_sha256" in old and old["tokenizer_sha256"] != new.get("tokenizer_sha256"):
+        return (f"tokenizer.path {plan.cfg.tokenizer.path!r} changed since the run in output folder {out} started "
+                f"(sha256 {old['tokenizer_sha256'][:12]}... -> {str(new.get('tokenizer_sha256'))[:12]}...); documents "
+                "already tokenized there used the old tokenizer. Restore the file as it was, or use another "
+                "--output (or delete the folder).")
+    return None
+
+
+def _layout_conflict(plan: Plan, old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """Why an unfinished run's work cannot be carried on with this config's work layout, or None."""
+    for key, started in old.get("work_layout", {}).items():
+        if new["work_layout"].get(key) != started:
+            return (f"output folder {plan.out_dir} holds an unfinished run started with {key}={started!r}, not "
+                    f"{new['work_layout'].get(key)!r}: its work so far is cut up by that value. Resume it with "
+                    f"`--set {key}={started}` (any value gives the same output), or start over in another --output.")
+    return None
+
+
+def _check_output(plan: Plan, tokenizer_text: str | None = None) -> dict[str, Any] | None:
+    """Refuse an output folder holding another run (another config, other or edited inputs, another
+    tokenizer, or, unfinished, another work layout); return its manifest if already complete."""
+    out = Path(plan.out_dir)
+    record = _run_record(plan, tokenizer_text)
     existing = out / RUN_RECORD
-    if existing.exists():
-        old = json.loads(existing.read_text())
-        if old["config_hash"] != record["config_hash"] or old["units"] != json.loads(json.dumps(record["units"])):
-            diffs = diff_configs(old["config"], record["config"])
-            if old["units"] != json.loads(json.dumps(record["units"])):
-                diffs.append("inputs: the input files differ")
-            raise RunConflict(
-                f"output folder {plan.out_dir} holds a run made with a different config: "
-                + "; ".join(diffs[:10])
-                + ". Use another --output, or delete the folder."
-            )
-        manifest = out / "manifest.json"
-        if manifest.exists():
-            return json.loads(manifest.read_text())
-    else:
+    if not existing.exists():
         if out.exists() and any(p.name != "work" for p in out.iterdir()):
             raise RunConflict(f"output folder {plan.out_dir} is not empty and holds no {RUN_RECORD}; use an empty folder")
         atomic_write_json(existing, record)
+        return None
+    old = json.loads(existing.read_text())
+    if (conflict := _identity_conflict(plan, old, record)) is not None:
+        raise RunConflict(conflict)
+    manifest = out / "manifest.json"
+    if manifest.exists():
+        return json.loads(manifest.read_text())
+    if (conflict := _layout_conflict(plan, old, record)) is not None:
+        raise RunConflict(conflict)
     return None
 
 
@@ -600,6 +663,7 @@ def curate(
     """Run the whole curation pipeline described by `cfg`; see the module docstring."""
     t0 = time.perf_counter()
     units = plan_units(list(cfg.inputs))  # a missing or unreadable input fails here, before any work
+    tokenizer_text = None
     if cfg.tokenizer.path is not None:
         try:
             tokenizer_text = Path(cfg.tokenizer.path).read_text()
@@ -615,15 +679,15 @@ def curate(
         cwd=os.getcwd(),
     )
     make_folder(plan.out_dir)  # a read-only or full disk: an OutputError naming the folder
-    finished = _check_output(plan)
+    finished = _check_output(plan, tokenizer_text)
     # No writer works in this folder now: temporaries left by a killed or failed run are garbage.
     remove_temporaries(plan.out_dir)
     if finished is not None:
         if not cfg.output.keep_work:  # a run killed between its manifest and this clean-up
             shutil.rmtree(plan.work, ignore_errors=True)
-        log(f"{plan.out_dir}: already complete (config {finished['config_hash']}); nothing to do")
+        log(f"{cfg.output.dir} is a finished run of the same config: reusing it (nothing to do)")
         stats = json.loads((Path(plan.out_dir) / "stats.json").read_text())
-        return CurateResult(plan.out_dir, finished, stats, 0.0)
+        return CurateResult(plan.out_dir, finished, stats, 0.0, reused=True)
 
     own_executor = executor is None
     if executor is None:
@@ -648,22 +712,22 @@ def curate(
         damaged = [d for r in read_results for d in r.get("damaged", [])]
         n_parts = cfg.dedup.exact.partitions  # the shuffle's width; the renames do not depend on it
         id_partitions = [(p, n_parts) for p in range(n_parts)]
-        id_results = executor.run_tasks(unique_ids.resolve, plan.work, id_partitions, "unique ids")
+        id_results = executor.run_tasks(unique_ids.resolve, plan.work, id_partitions, "unique_ids")
         lap("unique_ids")
 
         kept_bytes = kept_docs = 0
         for s, seg in enumerate(plan.segments):
             losers = _losers_by_unit(plan, s - 1) if s > 0 and plan.segments[s - 1].global_stage else None
             items = [(s, u, b, None if losers is None else losers.get(u, LOSER_SCHEMA.empty_table())) for u, b in blocks]
-            results = executor.run_tasks(segment_task, plan, items, seg.name)
+            results = executor.run_tasks(segment_task, plan, items, seg.title)
             for r in results:
                 total.merge(Counters.from_json(r["counters"]))
             kept_bytes = sum(r["bytes"] for r in results)
             kept_docs = sum(r["rows"] for r in results)
-            lap(seg.name)
+            lap(seg.title)
             if (stage := seg.global_stage) is not None:  # its resolve half, the same way for every global stage
                 global_summaries[stage.name] = stage.resolve(executor.run_tasks, plan.work / stage.name, Path(plan.out_dir))
-                lap(f"{stage.name}_resolve")
+                lap(f"{stage.name} resolve")
 
         if kept_docs == 0:
             raise _nothing_survived(plan, total, t0, damaged, id_results)
@@ -698,7 +762,7 @@ def curate(
         shard_results = executor.run_tasks(shard_task, plan, list(enumerate(shard_plan)), "shards")
         if cfg.eval.enabled:
             eval_plan = plan_shards(plan, blocks, itemsize, {b: m.astype(np.int64) for b, m in held.eval_rows.items()})
-            eval_results = executor.run_tasks(eval_shard_task, plan, list(enumerate(eval_plan)), "eval shards")
+            eval_results = executor.run_tasks(eval_shard_task, plan, list(enumerate(eval_plan)), "eval_split shards")
         lap("shards")
     finally:
         if own_executor:

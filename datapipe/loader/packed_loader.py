@@ -45,7 +45,7 @@ from datapipe.loader.planner import PlanConfig, Planner
 from datapipe.loader.reader import Layout, Reader
 from datapipe.loader.schedule import Curriculum, MixtureSchedule
 
-STATE_VERSION = 2  # 2: ranks split long documents at chunk boundaries (loader states of 1 cannot resume)
+STATE_VERSION = 3  # 2: ranks split long documents at chunk boundaries; 3: windows bounded by shuffle_shards
 BATCH_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids", "segment_ids")
 
 
@@ -122,6 +122,7 @@ class PackedLoader:
         long_docs: str | Mapping[str, str] = "split",
         shuffle: bool = True,
         shuffle_window: int = 8192,
+        shuffle_shards: int = 16,
         lookahead: int = 512,
         max_open_bins: int = 16,
         loss_memory: int = 100_000,
@@ -145,9 +146,12 @@ class PackedLoader:
         long_docs: what to do with documents longer than seq_len: 'split', 'truncate' or 'drop', or a
             mapping {domain or '*': policy}.
         shuffle, shuffle_window: shuffle shard order and documents within windows of this many documents.
+        shuffle_shards: the most shards one window draws from (a window ends early rather than touch
+            more): each domain's window holds these shards open, so small shards are read once per pass.
         lookahead, max_open_bins: the packer's look-ahead buffer (pieces) and the bins kept open across it.
         loss_memory: the most documents whose reported loss is remembered (least recently reported go first).
-        cache_shards: shards kept open per process.
+        cache_shards: shards kept open per process besides those in use (the shuffle windows' shards and
+            those of pieces waiting to be built, which stay open while needed).
         prefetch_factor: batches each worker prepares ahead.
         prioritize: loss-aware document selection (`datapipe.loader.prioritize.Prioritize`, a mapping of its fields,
             or True for the defaults); its predictor learns from `report_losses`. None: off.
@@ -163,6 +167,7 @@ class PackedLoader:
             epochs = _check_int("epochs", epochs, 1)
         self.num_workers = _check_int("num_workers", num_workers, 0)
         shuffle_window = _check_int("shuffle_window", shuffle_window, 1)
+        shuffle_shards = _check_int("shuffle_shards", shuffle_shards, 1)
         lookahead = _check_int("lookahead", lookahead, 1)
         max_open_bins = _check_int("max_open_bins", max_open_bins, 0)
         self.loss_memory = _check_int("loss_memory", loss_memory, 0)
@@ -221,8 +226,8 @@ class PackedLoader:
 
         self._cfg = PlanConfig(
             source=self.source, seq_len=seq_len, batch_size=batch_size, seed=seed, epochs=epochs, rank=rank,
-            world_size=world_size, shuffle=shuffle, shuffle_window=shuffle_window, lookahead=lookahead,
-            max_open_bins=max_open_bins, policies=policies, schedule=schedule, curriculum=curriculum,
+            world_size=world_size, shuffle=shuffle, shuffle_window=shuffle_window, shuffle_shards=shuffle_shards,
+            lookahead=lookahead, max_open_bins=max_open_bins, policies=policies, schedule=schedule, curriculum=curriculum,
             cache_shards=cache_shards, natural=MixtureSchedule.natural(self.manifest),
             prioritize=prio.Prioritize.from_value(prioritize), verify=verify,
         )
@@ -303,9 +308,11 @@ class PackedLoader:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
             got = state.get("version") if isinstance(state, Mapping) else state
-            old = (" (a state of version 1 was written before ranks were balanced by tokens: the same position now "
-                   "holds other documents, so it cannot resume exactly; start the data from the beginning)"
-                   if got == 1 else "")
+            old = {1: " (a state of version 1 was written before ranks were balanced by tokens: the same position "
+                      "now holds other documents, so it cannot resume exactly; start the data from the beginning)",
+                   2: " (a state of version 2 was written before shuffle windows were bounded by shuffle_shards: on "
+                      "small shards the same position now holds other documents, so it cannot resume exactly; start "
+                      "the data from the beginning)"}.get(got, "")
             raise ConfigError(f"state['version'] must be {STATE_VERSION}, got {got!r}{old}")
         ours = self._cfg.fingerprint(self._layout)
         theirs = state.get("config", {})

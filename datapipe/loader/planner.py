@@ -8,9 +8,13 @@ The document stream is a pure function of (seed, rank, world_size, position):
   `seq_len` chunks (a document that fits a row is never cut); in epoch mode each domain's cut also
   makes up the rounding of the domains before it, so every rank's epoch holds the same tokens to
   within one row and the ranks end it within one batch of each other (`DomainPass`). The rank's range is
-  cut into windows of `shuffle_window` documents, each permuted by (seed, p, rank, d, window): a
-  bounded shuffle whose position is one integer, not a buffer. With a `Curriculum`, the whole range
-  is instead ordered by the score column (ties in shuffled order).
+  cut into windows of `shuffle_window` documents that touch at most `shuffle_shards` shards, each
+  permuted by (seed, p, rank, d, window): a bounded shuffle whose position is one integer, not a
+  buffer. The shard bound keeps the reads independent of the shard count: a window opens its few
+  shards once, reads their lengths, and holds them open until the next window (`reader.ShardHolds`),
+  so many small shards are each opened once per pass rather than once per document drawn (on big
+  shards a window is `shuffle_window` documents, as without the bound). With a `Curriculum`, the
+  whole range is instead ordered by the score column (ties in shuffled order).
 - **Domains interleave** by `schedule.DeficitSampler` at the schedule's weights for the tokens
   consumed so far (this rank's tokens × world_size, an estimate of the global count that does not
   depend on batch size or world size). The curated shards are cut in input order, so one shard
@@ -26,7 +30,9 @@ The document stream is a pure function of (seed, rank, world_size, position):
   this pass. The pools waiting and the predictor snapshot are part of the planner state.
 - **Packing** (`packing.BFDPacker`) packs the drawn documents into rows; it is flushed at each
   epoch end, so no row mixes two epochs. Rows are grouped `batch_size` at a time; only the very
-  last batch of a finite run can hold padding rows.
+  last batch of a finite run can hold padding rows. The planner holds the shard of every piece
+  from its draw until the batch after its own is planned (its tokens are built by then), so a
+  piece waiting in the look-ahead never costs a reopen.
 
 The planner's state (a JSON-ready dict) is: the epoch, tokens drawn, per-domain (pass, position,
 done), the sampler's credit and served tokens, the packer's buffered pieces and open bins, the rows
@@ -49,7 +55,7 @@ import numpy as np
 from datapipe.core.config import ConfigError
 from datapipe.loader import prioritize as prio
 from datapipe.loader.packing import SPLIT, BFDPacker, Piece, Row, served_lengths, split_document
-from datapipe.loader.reader import Layout, Reader
+from datapipe.loader.reader import Layout, Reader, ShardHolds
 from datapipe.loader.schedule import Curriculum, DeficitSampler, MixtureSchedule
 
 _TAG_SHARDS, _TAG_WINDOW, _TAG_PRIO = 1, 2, 3
@@ -73,6 +79,7 @@ class PlanConfig:
     world_size: int
     shuffle: bool
     shuffle_window: int
+    shuffle_shards: int
     lookahead: int
     max_open_bins: int
     policies: dict[str, str]
@@ -93,6 +100,7 @@ class PlanConfig:
             "world_size": self.world_size,
             "shuffle": self.shuffle,
             "shuffle_window": self.shuffle_window,
+            "shuffle_shards": self.shuffle_shards,
             "lookahead": self.lookahead,
             "max_open_bins": self.max_open_bins,
             "long_docs": dict(sorted(self.policies.items())),
@@ -173,10 +181,12 @@ class DomainStream:
     start, end), where [start, end) is the rank's part of the document (all of it but at the two
     ends of a rank's range, see `DomainPass`).
 
-    Window w holds positions [w * window, (w + 1) * window) of the rank's range; position k draws
-    the window's document perm[k mod window]. The permutation needs only the manifest's counts,
-    so a document's shard is opened only when that document is drawn (a resumed loader opens no
-    shard of the window it does not draw from). A curriculum needs every score of the range at once.
+    Window w holds positions [bounds[w], bounds[w + 1]) of the rank's range: `shuffle_window`
+    documents, ending earlier where that would touch more than `shuffle_shards` shards. Position k
+    draws the window's document perm[k - bounds[w]]. The bounds and permutations need only the
+    manifest's counts; loading a window reads the lengths of its shards (a resumed loader opens no
+    shard of the windows it does not draw from) and holds them open while the window is drawn
+    from. A curriculum needs every score of the range at once: its one window is the whole range.
     """
 
     def __init__(self, cfg: PlanConfig, layout: Layout, reader: Reader, dpass: DomainPass,
@@ -187,55 +197,67 @@ class DomainStream:
         self.order, self.starts = dpass.order, dpass.starts
         (self.lo, self.lo_off), (self.hi, self.hi_off) = lo, hi
         self.n = self.hi - self.lo + (1 if self.hi_off > 0 else 0)  # the last document, when only part of it
-        self.window = max(self.n, 1) if cfg.curriculum else cfg.shuffle_window
-        self._w = -1
+        self.bounds = self._window_bounds()
+        self._a, self._b = 0, 0  # the positions [a, b) of the window loaded
         self._perm = np.zeros(0, dtype=np.int64)
+        self._ids = self._lens = np.zeros(0, dtype=np.int64)  # the window's documents in range order
+        self._holds: ShardHolds | None = None  # the window's shards, held open while it is drawn from
         self._docs: np.ndarray | None = None  # curriculum: (doc, length, start, end) in order
 
+    def _window_bounds(self) -> np.ndarray:
+        """The first position of each window, and n last."""
+        if self.cfg.curriculum:
+            return np.array([0, self.n], dtype=np.int64)
+        bounds = [0]
+        a, end, last = self.lo, self.lo + self.n, len(self.starts) - 1
+        while a < end:
+            i = int(np.searchsorted(self.starts, a, side="right")) - 1  # the shard holding position a
+            a = min(a + self.cfg.shuffle_window, int(self.starts[min(i + self.cfg.shuffle_shards, last)]), end)
+            bounds.append(a - self.lo)
+        return np.array(bounds, dtype=np.int64)
+
     def doc(self, k: int) -> tuple[int, int, int, int]:
-        w = k // self.window
-        if w != self._w:
-            self._load_window(w)
-        i = k - w * self.window
+        if not self._a <= k < self._b:
+            self._load_window(int(np.searchsorted(self.bounds, k, side="right")) - 1)
+        i = k - self._a
         if self._docs is not None:
             return tuple(int(v) for v in self._docs[i])
-        c = self.lo + w * self.window + int(self._perm[i])
-        doc, n = self._locate(c)
-        return (doc, n, *self._part(c, n))
+        j = int(self._perm[i])
+        n = int(self._lens[j])
+        return (int(self._ids[j]), n, *self._part(self.lo + self._a + j, n))
 
     def _part(self, c: int, n: int) -> tuple[int, int]:
         """The rank's token range [start, end) of the document at position c, of length n."""
         return (self.lo_off if c == self.lo else 0), (self.hi_off if c == self.hi and self.hi_off > 0 else n)
 
-    def _locate(self, c: int) -> tuple[int, int]:
-        """Position c of the domain's concatenation: (global doc id, length); opens its shard."""
-        i = int(np.searchsorted(self.starts, c, side="right")) - 1
-        s = int(self.order[i])
-        row = self.reader.domain_row(s, self.domain, c - int(self.starts[i]))
-        return int(self.layout.offsets[s]) + row, int(self.reader.lengths(s)[row])
-
     def _load_window(self, w: int) -> None:
-        size = min(self.window, self.n - w * self.window)
+        a, b = int(self.bounds[w]), int(self.bounds[w + 1])
+        size = b - a
         perm = np.arange(size)
         if self.cfg.shuffle:
             perm = keyed_rng(self.cfg.seed, _TAG_WINDOW, self.pass_, self.cfg.rank, self.d_idx, w).permutation(size)
-        self._perm, self._w = perm, w
-        if self.cfg.curriculum:  # order the whole range by score; ties keep the shuffled order
-            ids, lens, scores = [], [], []
-            a, b = self.lo, self.lo + self.n
-            i = int(np.searchsorted(self.starts, a, side="right")) - 1
-            while a < b:
-                s = int(self.order[i])
-                x, y = a - int(self.starts[i]), min(b, int(self.starts[i + 1])) - int(self.starts[i])
-                rows = self.reader.domain_rows(s, self.domain)[x:y]
-                ids.append(self.layout.offsets[s] + rows)
-                lens.append(self.reader.lengths(s)[rows].astype(np.int64))
+        self._perm, self._a, self._b = perm, a, b
+        # the window's documents: ids and lengths, shard by shard (the previous window's holds end here)
+        self._holds = None if self.cfg.curriculum else self.reader.holds()
+        ids, lens, scores = [], [], []
+        x, y = self.lo + a, self.lo + b
+        i = int(np.searchsorted(self.starts, x, side="right")) - 1
+        while x < y:
+            s = int(self.order[i])
+            if self._holds is not None:
+                self._holds.add(s)
+            first, stop = x - int(self.starts[i]), min(y, int(self.starts[i + 1])) - int(self.starts[i])
+            rows = self.reader.domain_rows(s, self.domain)[first:stop]
+            ids.append(self.layout.offsets[s] + rows)
+            lens.append(self.reader.lengths(s)[rows].astype(np.int64))
+            if self.cfg.curriculum:
                 scores.append(self.reader.column(s, self.cfg.curriculum.column)[rows])
-                a += y - x
-                i += 1
-            lens_all = np.concatenate(lens)
-            parts = np.array([self._part(self.lo + x, int(n)) for x, n in enumerate(lens_all)], dtype=np.int64)
-            docs = np.column_stack([np.concatenate(ids), lens_all, parts.reshape(-1, 2)])
+            x += stop - first
+            i += 1
+        self._ids, self._lens = np.concatenate(ids).astype(np.int64), np.concatenate(lens)
+        if self.cfg.curriculum:  # order the whole range by score; ties keep the shuffled order
+            parts = np.array([self._part(self.lo + x, int(n)) for x, n in enumerate(self._lens)], dtype=np.int64)
+            docs = np.column_stack([self._ids, self._lens, parts.reshape(-1, 2)])
             sc = np.concatenate(scores)[perm]
             self._docs = docs[perm[np.argsort(-sc if self.cfg.curriculum.descending else sc, kind="stable")]]
 
@@ -259,6 +281,10 @@ class Planner:
         self.done = {d: False for d in self.domains}
         self.excluded: set[str] = set()  # mixture mode: domains this rank never gets a document of
         self.pending: list[Row] = []
+        # the shards of the pieces in the packer and in `pending`, and of the rows last handed out
+        # (their tokens are built before the next call): held open until then
+        self.holds = reader.holds()
+        self._handed: list[Row] = []
         self.counters = {"docs_drawn": 0, "docs_split": 0, "docs_truncated": 0, "docs_dropped": 0, "tokens_dropped": 0}
         self._streams: dict[str, DomainStream] = {}
         self._passes: dict[tuple[str, int], DomainPass] = {}  # recent passes, for the cuts
@@ -384,6 +410,7 @@ class Planner:
         self.tokens_drawn += kept
         self.epoch_tokens += kept
         for p in pieces:
+            self.holds.add(self.layout.shard_of(p.doc))
             self.pending += self.packer.push(p)
 
     def _draw_prioritized(self, d: str) -> tuple[int, int, int, int]:
@@ -415,6 +442,10 @@ class Planner:
     def next_rows(self) -> list[Row] | None:
         """The rows of the next batch (fewer than batch_size only at the very end), or None."""
         bs = self.cfg.batch_size
+        for row in self._handed:  # built by now: their shards may close
+            for p in row:
+                self.holds.remove(self.layout.shard_of(p.doc))
+        self._handed = []
         first_epoch = self.epoch
         while len(self.pending) < bs and not self.finished:
             self._advance()
@@ -424,6 +455,7 @@ class Planner:
         if not self.pending:
             return None
         rows, self.pending = self.pending[:bs], self.pending[bs:]
+        self._handed = rows
         return rows
 
     def state_dict(self) -> dict[str, Any]:
@@ -454,6 +486,10 @@ class Planner:
         self.sampler.load_state_dict(state["sampler"])
         self.packer.load_state_dict(state["packer"])
         self.pending = [[Piece.from_list(p) for p in row] for row in state["pending"]]
+        self.holds, self._handed = self.reader.holds(), []
+        packer = state["packer"]
+        for piece in [*packer["buffer"], *(p for b in packer["bins"] for p in b[2]), *(p for r in state["pending"] for p in r)]:
+            self.holds.add(self.layout.shard_of(int(piece[0])))
         self.counters = {k: int(v) for k, v in state["counters"].items()}
         self._streams = {}
         if self.cfg.prioritize:

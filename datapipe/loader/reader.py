@@ -2,10 +2,16 @@
 
 `Layout` arranges what the manifest says (shard paths, rows, per-domain counts, tokenizer) for
 planning and opens no shard. `Reader` opens shards through `datapipe.core.shards` when a document
-of theirs is needed, keeps a small LRU of them (local shards are memory-mapped), and serves a
-document's tokens, a shard's lengths, a domain's rows, a numeric column, and the documents' static
-features for prioritization. A `Reader` is thread-safe: the loader's iteration and the trainer's
-loss reports share one.
+of theirs is needed and serves a document's tokens, a shard's lengths, a domain's rows, a numeric
+column, and the documents' static features for prioritization. A `Reader` is thread-safe: the
+loader's iteration and the trainer's loss reports share one.
+
+Open shards (local shards are memory-mapped) stay open while someone holds them, plus the
+`cache_shards` most recently used others. Holders are `ShardHolds` objects that the planner owns:
+one for the shards of the pieces waiting to be built into a batch, one per domain for the shards
+of its current shuffle window. So each shard is opened once while its documents are drawn and
+built, however many shards the corpus has (an LRU alone reopened small shards up to 12 times each:
+BENCHMARKS.md). A hold dies with its owner: the reader refers to holders weakly.
 
 Verification (`ShardVerifier`, on by default). The first time a shard is opened, before any of its
 tokens or lengths is used, its size is compared with the manifest's `bytes`, its sha256 is computed
@@ -19,9 +25,11 @@ and is checked again.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -48,6 +56,7 @@ class Layout:
         self.bytes = [s.get("bytes") for s in infos]  # file size in bytes (None: not recorded)
         rows = np.array([int(s["rows"]) for s in infos], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)  # global doc id of each shard's row 0
+        self._offsets = self.offsets.tolist()  # for bisect: a scalar lookup per piece, 10x cheaper than numpy's
         self.domains = tuple(sorted(d for d, c in manifest.get("domains", {}).items() if c.get("docs", 0) > 0))
         self.domain_docs = {
             d: np.array([int(s.get("domains", {}).get(d, {}).get("docs", 0)) for s in infos], dtype=np.int64)
@@ -66,6 +75,10 @@ class Layout:
         self.wire_dtype = np.int32 if isinstance(vocab, int) and vocab < 2**31 else np.int64
         digest = hashlib.sha256("".join(s["sha256"] for s in infos).encode()).hexdigest()
         self.fingerprint = digest[:16]
+
+    def shard_of(self, doc: int) -> int:
+        """The shard that holds global document `doc`."""
+        return bisect.bisect_right(self._offsets, doc) - 1
 
 
 class ShardError(ConfigError):
@@ -90,7 +103,8 @@ class ShardVerifier:
     def __init__(self, source: str, layout: Layout) -> None:
         self.source, self.layout = source, layout
         fs, root = fsspec.core.url_to_fs(source)
-        where = os.path.realpath(root) if isinstance(fs, LocalFileSystem) else f"{fs.protocol}://{root}"
+        self._local_root = os.path.realpath(root) if isinstance(fs, LocalFileSystem) else None
+        where = self._local_root or f"{fs.protocol}://{root}"
         self.log = verified_cache_dir() / f"{hashlib.sha256(where.encode()).hexdigest()[:32]}.txt"
         self._logged: set[str] = set()  # the log's stamps read so far
         self._log_read = 0  # bytes of the log read so far
@@ -101,10 +115,11 @@ class ShardVerifier:
         """(file system, path, size in bytes, modification time or None) of shard s."""
         where = self._where.get(s)
         if where is None:
-            fs, path = fsspec.core.url_to_fs(self.source.rstrip("/") + "/" + self.layout.paths[s])
-            if isinstance(fs, LocalFileSystem):
-                path = os.path.realpath(path)  # held-out subsets link their shards
-            where = self._where[s] = (fs, path)
+            if self._local_root is not None:  # held-out subsets link their shards: the real file is checked
+                where = (LocalFileSystem(), os.path.realpath(os.path.join(self._local_root, self.layout.paths[s])))
+            else:
+                where = fsspec.core.url_to_fs(self.source.rstrip("/") + "/" + self.layout.paths[s])
+            self._where[s] = where
         fs, path = where
         if isinstance(fs, LocalFileSystem):
             st = os.stat(path)
@@ -183,8 +198,29 @@ class ShardData:
         self.columns: dict[str, np.ndarray] = {}
 
 
+class ShardHolds:
+    """Shards that one owner still needs, with a count each: the reader keeps them open while this
+    object lives (see the module docstring). Get one from `Reader.holds()`."""
+
+    __slots__ = ("counts", "__weakref__")
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+
+    def add(self, s: int) -> None:
+        self.counts[s] = self.counts.get(s, 0) + 1
+
+    def remove(self, s: int) -> None:
+        n = self.counts[s] - 1
+        if n:
+            self.counts[s] = n
+        else:
+            del self.counts[s]
+
+
 class Reader:
-    """Shards opened through `datapipe.core.shards`, kept in a small LRU (local shards are memory-mapped).
+    """Shards opened through `datapipe.core.shards`: those held open (`holds()`) plus an LRU of
+    `cache_shards` others (local shards are memory-mapped).
 
     Thread-safe: the loader's iteration and the trainer's loss reports (document features) share one.
     """
@@ -195,6 +231,8 @@ class Reader:
         self.cache_shards = cache_shards
         self.verifier = ShardVerifier(source, layout) if verify else None
         self._cache: OrderedDict[int, ShardData] = OrderedDict()
+        self._holders: weakref.WeakSet[ShardHolds] = weakref.WeakSet()
+        self._evict_at = cache_shards  # the cache size that triggers the next eviction
         self._lock = threading.RLock()
         self._ref: tuple[np.ndarray, np.ndarray] | None = None
         self._served: dict[tuple[int, str, str, int], int] = {}
@@ -205,11 +243,30 @@ class Reader:
             if data is None:
                 data = self.verifier.check(s, lambda: self._open(s)) if self.verifier else self._open(s)
                 self._cache[s] = data
-                while len(self._cache) > self.cache_shards:
-                    self._cache.popitem(last=False)
+                self._evict(keep=s)
             else:
                 self._cache.move_to_end(s)
             return data
+
+    def holds(self) -> ShardHolds:
+        """A new, empty set of holds: the shards added to it stay open while it lives."""
+        holds = ShardHolds()
+        with self._lock:
+            self._holders.add(holds)
+        return holds
+
+    def _evict(self, keep: int) -> None:
+        """Close the least recently used shards that nobody holds, down to `cache_shards` unheld.
+
+        Checked in steps of a quarter of `cache_shards` opens: gathering the holds costs more than an open.
+        """
+        if len(self._cache) <= self._evict_at:
+            return
+        held = set().union(*(h.counts for h in list(self._holders)))
+        excess = len(self._cache.keys() - held) - self.cache_shards
+        for s in [s for s in self._cache if s not in held and s != keep][:max(excess, 0)]:
+            del self._cache[s]
+        self._evict_at = max(len(self._cache), self.cache_shards) + max(self.cache_shards // 4, 1) - 1
 
     def _open(self, s: int) -> ShardData:
         return ShardData(shards.open_shard(self.source, self.layout.paths[s]))
@@ -271,7 +328,7 @@ class Reader:
         return v if isinstance(v, int) and v <= 1 << 22 else None
 
     def tokens(self, doc: int) -> np.ndarray:
-        s = int(np.searchsorted(self.layout.offsets, doc, side="right")) - 1
+        s = self.layout.shard_of(doc)
         data = self._shard(s)
         row = doc - int(self.layout.offsets[s])
         return data.values[data.offsets[row] : data.offsets[row + 1]]

@@ -453,7 +453,9 @@ def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
     manifest = shards.read_manifest(tmp_path)
     manifest["tokenizer"]["vocab_size"] = 10 * STRIDE  # shard 0 (documents 0-9) fits, shards 1 and 2 do not
     shards.write_manifest(tmp_path, manifest)
-    batches, error = served_until_error(PackedLoader(tmp_path, seq_len=64, batch_size=2, shuffle=False, lookahead=2))
+    # one shard per window: shard 0 is read (and served) before shard 1 is opened
+    batches, error = served_until_error(PackedLoader(tmp_path, seq_len=64, batch_size=2, shuffle=False, lookahead=2,
+                                                     shuffle_shards=1))
     assert error is not None and "token ids >= the manifest's tokenizer vocab_size=100000" in str(error)
     assert "shards/" + path.name in str(error)
     assert batches and not {g for b in batches for g in b["doc_ids"].unique().tolist()} - set(range(-1, 10))
@@ -509,3 +511,35 @@ def test_errors_name_the_argument_and_value(source, tmp_path):
     write_source(tmp_path, [[("a", 5)]])
     with pytest.raises(ConfigError, match=r"world_size must be at most the manifest's total_docs=1 .*got 4"):
         PackedLoader(tmp_path, seq_len=8, batch_size=1, rank=0, world_size=4)
+
+
+def test_an_epoch_of_many_tiny_shards_opens_each_shard_about_once(tmp_path, monkeypatch):
+    # 400 shards of 3 documents, three domains, long-tailed lengths: the default window of 8,192
+    # documents spans every shard, far more than the 16 cached. Bounding each window to a few shards
+    # and holding the shards of waiting pieces open must open each shard O(1) times per epoch.
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+    rng = np.random.default_rng(1)
+    spec = [[("abc"[s % 3], int(min(rng.lognormal(3.0, 1.0) + 2, 300))) for _ in range(3)] for s in range(400)]
+    docs = write_source(tmp_path, spec)
+    opened: Counter = Counter()
+    real = shards.open_shard
+
+    def counting(source, rel):
+        opened[rel] += 1
+        return real(source, rel)
+
+    monkeypatch.setattr(shards, "open_shard", counting)
+    for workers in (0, 2):  # workers plan every batch and build their share: each process opens ≤ 2× shards
+        opened.clear()
+        loader = PackedLoader(tmp_path, seq_len=64, batch_size=4, seed=0, lookahead=64, num_workers=workers)
+        batches, open_now = [], []
+        for b in loader:
+            batches.append(b)
+            open_now.append(len(loader._reader._cache))
+        assert served(batches) == expected(docs)  # the whole epoch, every token once
+        if workers == 0:  # worker processes open shards out of sight of this counter
+            assert len(opened) == 400 and sum(opened.values()) <= 2 * 400, (len(opened), sum(opened.values()))
+            assert max(opened.values()) <= 2, opened.most_common(3)
+            # held shards are let go: 3 windows of 16 shards, those of the pieces in the look-ahead (64), the
+            # open bins and the planned rows, and the LRU's 16 (+4 between evictions): far below the 400 of a leak
+            assert max(open_now) <= 160, max(open_now)

@@ -1,0 +1,148 @@
+"""The user's path without a traceback (issue 16): progress lines named by the stages, a dead Ray worker
+as one line, `datapipe run` on a finished folder, and the README's own curate command writing only
+under its output folder."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import ASSETS, small_config
+from datapipe.cli import main
+from datapipe.curate import embedded
+from datapipe.curate.executors import LocalExecutor, WorkerDeathFilter
+from datapipe.curate.runner import curate
+
+REPO = Path(__file__).resolve().parents[2]
+PROGRESS = re.compile(r"^(?P<name>[^:]+): [\d,]+(/[\d,]+)? tasks")
+
+
+def test_progress_lines_are_named_by_the_stages(tmp_path, capsys):
+    cfg = small_config(tmp_path / "out", [{"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}],
+                       dedup={"exact": {"partitions": 3}, "minhash": {"enabled": True}}, langid={"enabled": True},
+                       eval={"enabled": True, "fraction": 0.2})
+    result = curate(cfg, executor=LocalExecutor(progress=True), log=lambda _: None)
+    lines = capsys.readouterr().err.splitlines()  # not a terminal: plain lines
+    names = [m["name"] for line in lines if (m := PROGRESS.match(line))]
+    assert len(names) == len(lines) > 10
+    # each name's stages ("langid+filters+minhash components round 2" -> langid, filters, minhash) are stats.json's
+    # funnel stages or its phases
+    known = {f["stage"] for f in result.stats["funnel"]} | {p.split()[0] for p in result.stats["phase_seconds"]}
+    for name in names:
+        assert not name.startswith("seg")
+        assert set(name.split(" ")[0].split("+")) <= known, name
+    # a segment is named by its stages, a global stage's resolve by the stage and its step
+    assert {"normalize+exact_dedup", "exact_dedup resolve", "langid+filters+minhash", "minhash edges", "minhash drop",
+            "tokenize", "eval_split exact", "shards"} <= set(names)
+
+
+def _batch(pid, *lines, is_err=True):
+    return {"pid": pid, "lines": list(lines), "is_err": is_err}
+
+
+def test_a_dead_worker_is_one_line_and_other_lines_pass():
+    printed, said = [], []
+    phase = ["tokenize"]
+    f = WorkerDeathFilter(lambda data, *_: printed.extend(data["lines"]), said.append, lambda: phase[0], wait_s=0.2)
+    f(_batch(111, "tokenizer.json: encoding with tokenizers (slower): not provably equivalent"), True)
+    # the raylet's message comes first, the dump that names the signal a moment later
+    f(_batch("raylet", "A worker died or was killed while executing a task by an unexpected system error. ... "
+                       "Worker PID: 222 Worker exit type: SYSTEM_ERROR ...",
+             "Task TokenizeWorker.run failed. There are 3 retries remaining, so the task will be retried. Error: ",
+             is_err=False))
+    f(_batch(222, "[mutex.cc : 1416] RAW: Check (v & (kMuWait | kMuWrWait)) != kMuWrWait failed: Lock: Mutex corrupt: "
+                  "waiting writer with no waiters: 0x55", "*** SIGABRT received at time=1796101595 on cpu 0 ***",
+             "PC: @     0x7fbdbcca8eec  (unknown)  (unknown)"))
+    f(_batch(222, "[2026-12-01 05:06:35,939 E 222 222] logging.cc:474:     @     0x7fbdbcc5a050  (unknown)",
+             "Fatal Python error: Aborted", "Extension modules: msgpack._cmsgpack, ..."))
+    time.sleep(0.5)
+    phase[0] = "shards"  # a worker killed without a dump (the OOM killer): the raylet's message only
+    f(_batch("raylet", "A worker died or was killed while executing a task by an unexpected system error. "
+                       "Worker PID: 333 ...", is_err=False))
+    f(_batch(444, "*** SIGTERM received at time=1796101600 on cpu 1 ***", "PC: @ 0x7f"))  # shutdown: nothing to say
+    time.sleep(0.5)
+    assert printed == ["tokenizer.json: encoding with tokenizers (slower): not provably equivalent"]
+    assert said == ["tokenize: a Ray worker (pid 222) died (Lock: Mutex corrupt: waiting writer with no waiters: 0x55)",
+                    "shards: a Ray worker (pid 333) died (it exited unexpectedly)"]
+
+
+def _tiny_embedded_corpus(tmp_path: Path, monkeypatch) -> None:
+    """`datapipe run` on three small domain files instead of the embedded corpus (minutes to build)."""
+    rows = [json.loads(line) for line in (ASSETS / "corpus_slice.jsonl").read_text().splitlines()]
+    files = {}
+    for domain, source in (("code", "code"), ("prose", "license"), ("manual", "man")):
+        files[domain] = tmp_path / f"{domain}.jsonl"
+        files[domain].write_text("".join(json.dumps({"id": r["id"], "text": r["text"]}) + "\n"
+                                         for r in rows if r["source"] == source))
+    monkeypatch.setattr(embedded, "prepare", lambda n: files)
+
+
+def test_run_on_a_finished_folder_says_it_reuses_it(tmp_path, monkeypatch, capsys):
+    _tiny_embedded_corpus(tmp_path, monkeypatch)
+    out = tmp_path / "run"
+    args = ["run", "--output", str(out), "--executor", "local", "--no-progress", "--train-steps", "0",
+            "--set", "tokenizer.train.vocab_size=400", "--set", "diversity.enabled=false"]
+    assert main(args) == 0
+    assert "finished run" not in capsys.readouterr().out
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"{out} is a finished run of the same config: reusing it (nothing to do)" in printed
+    # other settings: refused, the differing key named, nothing touched
+    manifest = (out / "manifest.json").read_bytes()
+    assert main([*args, "--set", "eval.fraction=0.2"]) == 2
+    assert "eval.fraction" in capsys.readouterr().err
+    assert (out / "manifest.json").read_bytes() == manifest
+
+
+def test_run_reuses_a_finished_training_too(tmp_path, monkeypatch, capsys):
+    _tiny_embedded_corpus(tmp_path, monkeypatch)
+    out = tmp_path / "run"
+    args = ["run", "--output", str(out), "--executor", "local", "--no-progress", "--train-steps", "2",
+            "--set", "tokenizer.train.vocab_size=400", "--set", "diversity.enabled=false"]
+    assert main(args) == 0
+    metrics = (tmp_path / "run-train" / "metrics.jsonl").read_bytes()
+    capsys.readouterr()
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"{out} is a finished run of the same config" in printed
+    assert f"{tmp_path / 'run-train'} is a finished training run of 2 steps: reusing it (nothing to train)" in printed
+    assert (tmp_path / "run-train" / "metrics.jsonl").read_bytes() == metrics  # not trained again
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file of the checkout (size, mtime), but git's own and Python's caches."""
+    skip = {".git", "__pycache__", ".pytest_cache", ".import_linter_cache"}
+    out = {}
+    for path in root.rglob("*"):
+        rel = path.relative_to(root)
+        if skip & set(rel.parts) or rel.parts[0].endswith(".egg-info") or not path.is_file():
+            continue
+        st = path.stat()
+        out[str(rel)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _git_status() -> str | None:
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        return None
+    return subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=REPO, capture_output=True, text=True).stdout
+
+
+def test_the_readme_quickstart_writes_only_under_its_output_folder(tmp_path, monkeypatch, capsys):
+    tokenizer = REPO / "tokenizers" / "quickstart" / "tokenizer.json"
+    before = (_tree(REPO), _git_status(), hashlib.sha256(tokenizer.read_bytes()).hexdigest(), tokenizer.stat().st_mtime_ns)
+    monkeypatch.chdir(REPO)  # the config's input path is relative to the checkout, as in the README
+    out = tmp_path / "qs"
+    code = main(["curate", "configs/quickstart.yaml", "--output", str(out), "--executor", "local", "--no-progress",
+                 "--set", "tokenizer.train.vocab_size=400", "--set", "tokenizer.train.sample_bytes=100000"])
+    assert code == 0, capsys.readouterr().err
+    assert (out / "manifest.json").exists() and (out / "tokenizer.json").exists()
+    after = (_tree(REPO), _git_status(), hashlib.sha256(tokenizer.read_bytes()).hexdigest(), tokenizer.stat().st_mtime_ns)
+    assert after == before
