@@ -7,6 +7,7 @@
     datapipe train CONFIG [--data DIR] [--output DIR] [--set KEY=VALUE ...] [--resume]   # train a GPT on shards
     datapipe curate-preferences CONFIG [--input PATH ...] [--output DIR] [--set KEY=VALUE ...]
     datapipe plot RUN_DIR                   # loss, lr, tokens/s and data-wait of a training run, to PNG
+    datapipe experiment CONFIG [--output DIR] [--set KEY=VALUE ...]   # arms x seeds at the same compute, compared
 
 Every command's config goes through the one strict loader (`datapipe.core.config.load`). A user's
 mistake (ConfigError, a path that cannot be read) prints one paragraph and exits 2; a run stopped on
@@ -81,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     cr = sub.add_parser("config-reference", help="print every config key with its type, default and note",
                         description="Print every key of a config with its type, default and a one-line note.")
     cr.add_argument("which", nargs="?", choices=sorted(ROOTS), default="curate",
-                    help="whose config: curate (default; also `datapipe run`), train or preferences (curate-preferences)")
+                    help="whose config: curate (default; also `datapipe run`), train, preferences (curate-preferences) "
+                         "or experiment")
 
     s = sub.add_parser("stats", help="inspect a finished run: funnel, drop reasons, mixture, lengths; or why one document went")
     s.add_argument("output", metavar="OUTPUT_DIR", help="a curated output folder (holds stats.json and manifest.json)")
@@ -114,7 +116,35 @@ def _parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plot", help="draw loss (train and eval), lr, tokens/s and data-wait of a run to PNG")
     pl.add_argument("run_dir", metavar="RUN_DIR", help="a training run folder (holds metrics.jsonl); writes RUN_DIR/training.png")
+
+    ex = sub.add_parser("experiment", help="run arms x seeds of the trainer at the same compute; compare eval loss and "
+                                           "tokens to a target",
+                        description="Train every arm of an experiment once per seed with the same steps, batch and "
+                                    "sequence length, evaluate all on one eval set, and write OUTPUT/results.json "
+                                    "and OUTPUT/results.png. Rerunning the command reads finished cells back and "
+                                    "resumes a killed one from its last checkpoint.")
+    ex.add_argument("config", help="an experiment YAML, e.g. configs/experiment-tiny.yaml (keys: base, arms, "
+                                   "baseline, seeds, budget, target, eval_source, output)")
+    ex.add_argument("--output", default=None, metavar="DIR", help="output folder (config output)")
+    ex.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                    help=SET_HELP.format("budget.steps=500") + " (experiment keys)")
     return p
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from datapipe.inspect.experiment_plot import plot_experiment
+    from datapipe.train.experiment import load_experiment_config, run_experiment
+
+    exp = load_experiment_config(args.config, args.overrides, output=args.output)
+    results = run_experiment(exp)
+    for name, arm in results["arms"].items():
+        reach, ratio = arm["tokens_to_target"], arm["ratio_to_baseline"]["of_means"]
+        print(f"{name}: final eval loss {arm['final_eval_loss']['mean']:.4f} ± {arm['final_eval_loss']['std']:.4f}; "
+              f"tokens to {results['target']:.4f}: " + ("never reached" if reach["mean"] is None else
+                                                        f"{reach['mean']:,.0f} ± {reach['std']:,.0f} ({reach['n']}/{reach['of']} seeds)")
+              + (f", x{ratio:.2f} the baseline" if ratio is not None else ""))
+    print(f"wrote {Path(exp.output) / 'results.json'} and {plot_experiment(Path(exp.output) / 'results.json')}")
+    return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -247,8 +277,14 @@ def _preferences_root() -> type:
     return PreferenceConfig
 
 
+def _experiment_root() -> type:
+    from datapipe.train.experiment import ExperimentConfig
+
+    return ExperimentConfig
+
+
 # The config root of each command, by the name `config-reference` takes (imported lazily: torch is slow to load).
-ROOTS = {"curate": _curate_root, "train": _train_root, "preferences": _preferences_root}
+ROOTS = {"curate": _curate_root, "train": _train_root, "preferences": _preferences_root, "experiment": _experiment_root}
 
 
 def cmd_config_reference(args: argparse.Namespace) -> int:
@@ -283,7 +319,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 HANDLERS = {"curate": cmd_curate, "run": cmd_run, "config-reference": cmd_config_reference, "stats": cmd_stats,
-            "train": cmd_train, "plot": cmd_plot, "curate-preferences": cmd_curate_preferences}
+            "train": cmd_train, "plot": cmd_plot, "curate-preferences": cmd_curate_preferences,
+            "experiment": cmd_experiment}
 
 # What Ctrl-C leaves behind, per command: how to carry on.
 AFTER_CTRL_C = {
@@ -291,6 +328,7 @@ AFTER_CTRL_C = {
     "run": "rerun the same command to resume: finished curation work is kept (the tiny model trains again)",
     "train": "rerun the same command with --resume to continue from the last checkpoint",
     "curate-preferences": "rerun the same command to curate the preference records again",
+    "experiment": "rerun the same command to continue: finished cells are kept, a killed one resumes from its checkpoint",
 }
 
 

@@ -208,14 +208,15 @@ def test_help_describes_every_command_and_flag_and_version(capsys):
     out = capsys.readouterr().out
     assert "datapipe turns raw text into training data" in out and "The command line:" not in out
     commands = _parser()._subparsers._group_actions[0].choices
-    assert set(commands) == {"curate", "run", "config-reference", "stats", "train", "curate-preferences", "plot"}
+    assert set(commands) == {"curate", "run", "config-reference", "stats", "train", "curate-preferences", "plot",
+                             "experiment"}
     for name, command in commands.items():
         for action in command._actions:
             assert action.help, f"datapipe {name} {action.option_strings or action.dest} has no help text"
 
 
 @pytest.mark.parametrize("which,key", [("train", "train.objective: 'lm' | 'dpo' = 'lm'"), ("preferences", "shard_rows: int"),
-                                       ("curate", "dedup.exact.enabled: bool = True")])
+                                       ("curate", "dedup.exact.enabled: bool = True"), ("experiment", "budget.steps: int")])
 def test_config_reference_of_each_command(which, key, capsys):
     assert main(["config-reference", which]) == 0
     assert key in capsys.readouterr().out
