@@ -1,6 +1,13 @@
 """Benchmark the curation pipeline on the shared corpus; prints one JSON object.
 
 usage: python -m scripts.bench_curate [--corpus ../shared/data/corpus.jsonl.gz] [--docs N] [--workers 1,2]
+       python -m scripts.bench_curate --quickstart [--corpus ...] [--workers 1,2] [--set KEY=VALUE ...]
+
+--quickstart: what a user does first, `datapipe curate configs/quickstart.yaml --input CORPUS` (the shipped
+recipe, its `auto` blocks and shards), once per worker count (`--set ray.num_cpus=N`), each in a fresh
+process: wall seconds, CPU seconds of the whole process tree (the CLI, Ray's daemons and workers: read from
+/proc every 0.1 s, so a process's last <0.1 s can be missed), stats.json's `seconds` and `phase_seconds`
+(work/ clean-up included), shard count, and whether the shards are identical across worker counts.
 
 Reports, in one run on the same documents:
 - per stage: documents/s and MB/s, each stage timed alone in this process on the same batches;
@@ -95,12 +102,108 @@ def kept_texts(out: Path) -> list[str]:
     return texts
 
 
+def _tree_cpu_seconds(root: int, seen: dict[int, float]) -> None:
+    """Record the CPU seconds (user + system) of `root` and every process under it into `seen` {pid: s}."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])  # fields after "(comm)": state, ppid, ...; utime, stime at 11, 12
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                frontier.append(pid)
+    for pid in tree & set(times):
+        seen[pid] = max(seen.get(pid, 0.0), times[pid])
+
+
+def quickstart_run(corpus: Path, out: Path, workers: int, overrides: list[str]) -> dict:
+    """`datapipe curate configs/quickstart.yaml --input CORPUS` with `workers` CPUs, in a fresh process tree."""
+    import subprocess
+    import sys
+    import threading
+
+    repo = Path(__file__).parents[1]
+    cmd = [sys.executable, "-m", "datapipe.cli", "curate", str(repo / "configs" / "quickstart.yaml"),
+           "--input", str(corpus), "--output", str(out), "--set", f"ray.num_cpus={workers}", "--no-progress"]
+    cmd += [arg for o in overrides for arg in ("--set", o)]
+    env = {**os.environ, "PYTHONPATH": str(repo)}  # this checkout's code, in the CLI and in every Ray worker
+    seen: dict[int, float] = {}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            _tree_cpu_seconds(proc.pid, seen)
+            done.wait(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    _, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"curate failed:\n{err.decode()[-4000:]}")
+    stats = json.loads((out / "stats.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    run = json.loads((out / "run.json").read_text())
+    return {
+        "wall_seconds": round(wall, 1),
+        "cpu_seconds": round(sum(seen.values()), 1),
+        "stats_seconds": stats["seconds"],
+        "phase_seconds_sum": round(sum(stats["phase_seconds"].values()), 1),
+        "phase_seconds": stats["phase_seconds"],
+        "block_bytes": run["work_layout"]["read.block_bytes"],
+        "shards": manifest["num_shards"],
+        "docs": manifest["total_docs"],
+        "tokens": manifest["total_tokens"],
+        "sha256": [s["sha256"] for s in manifest["shards"]],
+        "load_before": os.getloadavg()[0],
+    }
+
+
+def quickstart(corpus: Path, workers: list[int], overrides: list[str]) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-quickstart-"))
+    try:
+        runs = {}
+        for w in workers:
+            load = os.getloadavg()
+            runs[w] = quickstart_run(corpus.resolve(), tmp / f"w{w}", w, overrides)
+            runs[w]["load_avg_1min_before_after"] = [round(load[0], 2), round(os.getloadavg()[0], 2)]
+            del runs[w]["load_before"]
+        hashes = {tuple(r.pop("sha256")) for r in runs.values()}
+        extra = "".join(f" --set {o}" for o in overrides)
+        return {"command": f"datapipe curate configs/quickstart.yaml --input {corpus} --set ray.num_cpus=N{extra}",
+                "cpus": os.cpu_count(), "runs": {f"{w}_workers": r for w, r in runs.items()},
+                "identical_shards": len(hashes) == 1}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--corpus", default="../shared/data/corpus.jsonl.gz")
     p.add_argument("--docs", type=int, default=None, help="use the first N documents (default: all)")
     p.add_argument("--workers", default="1,2")
+    p.add_argument("--quickstart", action="store_true", help="time the shipped quickstart recipe on the corpus (see above)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="with --quickstart: a config override, e.g. read.block_bytes=16384 (the former recipe's)")
     args = p.parse_args()
+    if args.quickstart:
+        print(json.dumps(quickstart(Path(args.corpus), [int(w) for w in args.workers.split(",")], args.overrides), indent=1))
+        return
 
     docs = load_docs(Path(args.corpus), args.docs)
     tmp = Path(tempfile.mkdtemp(prefix="bench-curate-"))

@@ -50,12 +50,14 @@ class InputConfig:
 class ReadConfig:
     batch_size: int = note(2000, help="documents per record batch flowing through the stages")
     max_bytes_per_doc: int = note(10_000_000, help="longer documents are quarantined (reason 'too_long')")
-    block_bytes: int = note(8 * 2**20, help="text bytes per work block: the unit of parallelism after reading")
+    block_bytes: int | Literal["auto"] = note(
+        "auto", help="text bytes per work block, the unit of parallelism after reading; auto = from the input size "
+        "(at least 16 blocks, at most 8 MiB each: `auto_block_bytes`)")
 
     def __post_init__(self) -> None:
         check(self.batch_size > 0, f"batch_size must be > 0, got {self.batch_size!r}")
         check(self.max_bytes_per_doc > 0, f"max_bytes_per_doc must be > 0, got {self.max_bytes_per_doc!r}")
-        check(self.block_bytes > 0, f"block_bytes must be > 0, got {self.block_bytes!r}")
+        check(self.block_bytes == "auto" or self.block_bytes > 0, f"block_bytes must be > 0 or 'auto', got {self.block_bytes!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,12 +69,42 @@ class DedupConfig:
 @dataclass(frozen=True, kw_only=True)
 class OutputConfig:
     dir: str = note("out/", help="output folder (shards, manifest.json, stats.json, dropped/, quarantine/)")
-    shard_bytes: int = note(64 * 2**20, help="target size of one shard file in bytes (token bytes)")
+    shard_bytes: int | Literal["auto"] = note(
+        "auto", help="target size of one shard file in bytes (token bytes); auto = from the data (at least 4 shards, "
+        "at most 64 MiB each: `auto_shard_bytes`)")
     keep_dropped_text: bool = note(False, help="store the text of dropped documents in dropped/")
     keep_work: bool = note(False, help="keep the intermediate work/ folder after a successful run")
 
     def __post_init__(self) -> None:
-        check(self.shard_bytes > 0, f"shard_bytes must be > 0, got {self.shard_bytes!r}")
+        check(self.shard_bytes == "auto" or self.shard_bytes > 0, f"shard_bytes must be > 0 or 'auto', got {self.shard_bytes!r}")
+
+
+# `auto` work units. Both depend on the data alone, never on the worker count: `output.shard_bytes` decides
+# the shards (identical for 1 or 100 CPUs), and `read.block_bytes` decides the work layout, which a resume
+# on another machine (other CPUs) must find unchanged. Tiny blocks and shards cost more than their work:
+# the quickstart's former 16 KiB blocks and 8 KiB shards made ~60,000 work files and 3,442 shards of the
+# 151 MB shared corpus and tripled its CPU time (BENCHMARKS.md, issue 17).
+BLOCK_TARGET_BYTES = 8 * 2**20  # large inputs: blocks of this size (fewer, larger tasks and files)
+MIN_BLOCKS = 16  # small inputs: at least this many blocks, so up to 8 workers get 2 each
+BLOCK_FLOOR_BYTES = 16 * 2**10  # but no block smaller than this: a tiny input gets fewer blocks
+SHARD_TARGET_BYTES = 64 * 2**20  # large outputs: shards of this size
+MIN_SHARDS = 4  # small outputs: at least this many shards (a trainer can hold one out, 2 ranks get 2 each)
+
+
+def auto_block_bytes(input_bytes: int | None) -> int:
+    """The block size for `read.block_bytes: auto`, from an estimate of the input's text bytes (None: unknown).
+    Blocks of BLOCK_TARGET_BYTES for large inputs, at least MIN_BLOCKS of them for small ones, never under
+    BLOCK_FLOOR_BYTES."""
+    if input_bytes is None:
+        return BLOCK_TARGET_BYTES
+    return max(BLOCK_FLOOR_BYTES, min(BLOCK_TARGET_BYTES, -(-input_bytes // MIN_BLOCKS)))
+
+
+def auto_shard_bytes(token_bytes: int) -> int:
+    """The shard size for `output.shard_bytes: auto`, from the token bytes to be written: shards of
+    SHARD_TARGET_BYTES for a large output, at least MIN_SHARDS for a small one (documents are never cut,
+    so an output of fewer documents gets as many shards as documents)."""
+    return max(1, min(SHARD_TARGET_BYTES, -(-token_bytes // MIN_SHARDS)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,7 +185,7 @@ _EXECUTION_ONLY = {
 
 
 # Execution-only keys that also decide how the unfinished work in OUT/work/ is cut up: the blocks of
-# `read.block_bytes` (their ids and keys are written as each input is read) and the hash partitions the
+# `read.block_bytes` (recorded resolved: `auto` is a number of bytes by then) (their ids and keys are written as each input is read) and the hash partitions the
 # global stages shuffle their keys into. Any value gives the same output, but work left under one value
 # cannot be finished under another (keys written to 8 partitions are not all found by a resolve over 3),
 # so an unfinished run is resumed only with the values it was started with (`runner._check_output`).
@@ -199,4 +231,7 @@ def diff_configs(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix}: {old!r} -> {new!r}"]
 
 
-__all__ = ["CurateConfig", "ConfigError", "InputConfig", "load_config", "config_hash", "diff_configs", "work_layout"]
+__all__ = [
+    "CurateConfig", "ConfigError", "InputConfig", "load_config", "config_hash", "diff_configs", "work_layout",
+    "auto_block_bytes", "auto_shard_bytes",
+]

@@ -3,7 +3,8 @@
 Phases, each a set of independent tasks whose outputs are files in `OUT/work/`:
 
 1. read       one task per input unit (a file, or a slice of a dataset/folder): parse, quarantine
-              what cannot be read, cut the documents into blocks of `read.block_bytes` of text;
+              what cannot be read, cut the documents into blocks of `read.block_bytes` of text
+              (`auto`: sized from the input files' bytes, `resolve_block_bytes`);
    unique ids one task per hash partition of the ids: a later document with a taken id `x` is
               renamed `x#2`, ... in input order (`unique_ids.py`), applied as segment 0 reads;
 2. segments   one task per block: the map stages (normalize, filters, ...) up to the next global
@@ -19,8 +20,10 @@ Phases, each a set of independent tasks whose outputs are files in `OUT/work/`:
               exact and near copies dropped from training (`datapipe/curate/eval_split.py`);
    select     diversity sampling and the mixture over the training documents (`selection.py`);
 5. shards     rows cut into shards of `output.shard_bytes` in input order, one task per shard
+              (`auto`: sized from the token bytes to write, `plan_shards`)
               (and the eval split's into OUT/eval/shards/);
-6. manifest.json and stats.json, written last.
+6. manifest.json and stats.json, written last; then work/ is deleted (unless `output.keep_work`) and
+   stats.json rewritten with that clean-up's seconds: its `phase_seconds` add up to the whole run.
 
 Every task writes its outputs atomically, then a small `.json` record of its counters: a rerun
 finds that record and skips the task, so a killed run resumes where it stopped and, since every
@@ -48,11 +51,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from datapipe.curate.config import CurateConfig, config_hash, diff_configs, result_affecting, work_layout
+from datapipe.curate.config import (
+    CurateConfig, auto_block_bytes, auto_shard_bytes, config_hash, diff_configs, result_affecting, work_layout,
+)
 from datapipe.core.config import ConfigError, RunStopped
 from datapipe.curate.counters import Counters
 from datapipe.curate.executors import Executor, make_executor
-from datapipe.curate.readers import InputUnit, input_fingerprints, plan_units, read_unit
+from datapipe.curate.readers import InputUnit, estimated_text_bytes, input_fingerprints, plan_units, read_unit
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, unit_of
 from datapipe.core.shards import (
     ShardInfo,
@@ -145,6 +150,15 @@ def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage] = 
         names = [s.name for s in seg.stages] + ([seg.global_stage.name] if seg.global_stage else [])
         seg.title = "+".join(names) if names else f"{previous.global_stage.name} drop" if previous else "copy"
     return segments
+
+
+def resolve_block_bytes(cfg: CurateConfig, units: list[InputUnit]) -> CurateConfig:
+    """`cfg` with `read.block_bytes: auto` replaced by a number of bytes, sized from the input files (their
+    sizes only, so the same inputs always give the same blocks, on any number of workers)."""
+    if cfg.read.block_bytes != "auto":
+        return cfg
+    size = auto_block_bytes(estimated_text_bytes(input_fingerprints(units, list(cfg.inputs))))
+    return dataclasses.replace(cfg, read=dataclasses.replace(cfg.read, block_bytes=size))
 
 
 # ---------------------------------------------------------------- block naming and task records
@@ -408,11 +422,11 @@ class TokenizeWorker:
 def plan_shards(
     plan: Plan, blocks: list[tuple[int, int]], itemsize: int, copies: dict[str, np.ndarray] | None = None
 ) -> list[list[tuple[str, np.ndarray]]]:
-    """Cut the rows of all blocks, in input order, into shards of about `shard_bytes` token bytes.
-    Each shard is a list of (block, row indices). With `copies` (from selection), a row written k
-    times appears in passes 0..k-1: every pass is the corpus in input order again, so repeats of a
-    document land far apart. Independent of the worker count."""
-    target = plan.cfg.output.shard_bytes
+    """Cut the rows of all blocks, in input order, into shards of about `shard_bytes` token bytes
+    (`auto`: `auto_shard_bytes` of the token bytes these rows hold). Each shard is a list of (block, row
+    indices). With `copies` (from selection), a row written k times appears in passes 0..k-1: every pass
+    is the corpus in input order again, so repeats of a document land far apart. Independent of the
+    worker count."""
     passes = 1 if copies is None else max([int(c.max()) for c in copies.values() if len(c)] or [0])
     shards: list[list[tuple[str, np.ndarray]]] = []
     current: list[tuple[str, np.ndarray]] = []
@@ -421,19 +435,24 @@ def plan_shards(
         block_name(u, b): read_table(plan.work / "tokens" / f"{block_name(u, b)}.arrow").column("num_tokens").to_numpy()
         for u, b in blocks
     }
-    for k in range(passes):
-        for u, b in blocks:
-            name = block_name(u, b)
-            rows = np.arange(len(lengths[name])) if copies is None else np.flatnonzero(copies[name] > k)
-            start = 0
-            for i, row in enumerate(rows):
-                size += int(lengths[name][row]) * itemsize
-                if size >= target:
-                    current.append((name, rows[start : i + 1]))
-                    shards.append(current)
-                    current, size, start = [], 0, i + 1
-            if start < len(rows):
-                current.append((name, rows[start:]))
+    passes_rows = [
+        (block_name(u, b), np.arange(len(lengths[block_name(u, b)])) if copies is None
+         else np.flatnonzero(copies[block_name(u, b)] > k))
+        for k in range(passes) for u, b in blocks
+    ]
+    target = plan.cfg.output.shard_bytes
+    if target == "auto":
+        target = auto_shard_bytes(sum(int(lengths[name][rows].sum()) for name, rows in passes_rows) * itemsize)
+    for name, rows in passes_rows:
+        start = 0
+        for i, row in enumerate(rows):
+            size += int(lengths[name][row]) * itemsize
+            if size >= target:
+                current.append((name, rows[start : i + 1]))
+                shards.append(current)
+                current, size, start = [], 0, i + 1
+        if start < len(rows):
+            current.append((name, rows[start:]))
     if current:
         shards.append(current)
     return shards
@@ -663,6 +682,7 @@ def curate(
     """Run the whole curation pipeline described by `cfg`; see the module docstring."""
     t0 = time.perf_counter()
     units = plan_units(list(cfg.inputs))  # a missing or unreadable input fails here, before any work
+    cfg = resolve_block_bytes(cfg, units)
     tokenizer_text = None
     if cfg.tokenizer.path is not None:
         try:
@@ -695,7 +715,7 @@ def curate(
     total = Counters()
     global_summaries: dict[str, Any] = {}
     phases: dict[str, float] = {}
-    clock = time.perf_counter()
+    clock = t0  # every second of the run is in some phase: "start" is planning, checks and starting Ray
 
     def lap(name: str) -> None:
         nonlocal clock
@@ -703,6 +723,7 @@ def curate(
         phases[name] = round(phases.get(name, 0.0) + now - clock, 3)
         clock = now
 
+    lap("start")
     try:
         read_results = executor.run_tasks(read_task, plan, [(u,) for u in range(len(units))], "read")
         lap("read")
@@ -767,6 +788,7 @@ def curate(
     finally:
         if own_executor:
             executor.shutdown()
+    lap("shutdown")
 
     if sum(r["rows"] for r in shard_results) == 0:  # the selection took the last documents
         raise _nothing_survived(plan, total, t0, damaged, id_results)
@@ -782,6 +804,7 @@ def curate(
         eval_manifest = write_eval_manifest(plan, [ShardInfo(**r) for r in eval_results], info)
         manifest["splits"] = {"eval": {**{k: eval_manifest[k] for k in ("num_shards", "total_docs", "total_tokens", "domains")},
                                        "path": eval_split.EVAL_DIR}}
+    lap("write")  # the writes below take milliseconds: counted in "clean_up"
     seconds = time.perf_counter() - t0
     stats = build_stats(plan, total, seconds)
     stats["phase_seconds"] = phases
@@ -799,4 +822,10 @@ def curate(
     write_manifest(plan.out_dir, manifest)  # last: its presence means the run is complete
     if not cfg.output.keep_work:
         shutil.rmtree(plan.work, ignore_errors=True)
+    # Rewritten with the clean-up's seconds (deleting thousands of work files can take longer than a phase);
+    # a run killed before this keeps the first stats.json, complete but for this figure.
+    lap("clean_up")
+    seconds = time.perf_counter() - t0
+    stats["seconds"] = round(seconds, 3)
+    atomic_write_json(Path(plan.out_dir) / "stats.json", stats, durable=True)
     return CurateResult(plan.out_dir, manifest, stats, seconds)

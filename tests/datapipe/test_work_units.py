@@ -1,0 +1,109 @@
+"""Work units sized from the data (issue 17): `read.block_bytes: auto` and `output.shard_bytes: auto`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import ASSETS, small_config
+from datapipe.core.config import ConfigError, from_dict
+from datapipe.curate.config import CurateConfig, auto_block_bytes, auto_shard_bytes, load_config
+from datapipe.curate.executors import LocalExecutor
+from datapipe.curate.readers import estimated_text_bytes
+from datapipe.curate.runner import curate
+
+MiB = 2**20
+REPO = Path(__file__).parents[2]
+
+
+# ---------------------------------------------------------------- the sizing functions (pure)
+
+
+@pytest.mark.parametrize(
+    ("input_bytes", "block_bytes"),
+    [
+        (10 * 2**30, 8 * MiB),  # a large input: blocks of the 8 MiB target (1,280 of them)
+        (151_000_000, 8 * MiB),  # the shared corpus's text: 18 blocks of 8 MiB
+        (64 * MiB, 4 * MiB),  # smaller: 16 blocks, so 8 workers get 2 each
+        (1 * MiB, 64 * 2**10),
+        (49_627, 16 * 2**10),  # the quickstart slice: the 16 KiB floor, 3 blocks
+        (1_000, 16 * 2**10),  # never a block under 16 KiB
+        (None, 8 * MiB),  # sizes unknown (a remote store that gives none): the target
+    ],
+)
+def test_auto_block_bytes(input_bytes, block_bytes):
+    assert auto_block_bytes(input_bytes) == block_bytes
+
+
+@pytest.mark.parametrize(
+    ("token_bytes", "shard_bytes"),
+    [
+        (10 * 2**30, 64 * MiB),  # a large output: 64 MiB shards
+        (100 * MiB, 25 * MiB),  # smaller: 4 shards
+        (40_000, 10_000),
+        (3, 1),  # a few bytes: one document per shard
+    ],
+)
+def test_auto_shard_bytes(token_bytes, shard_bytes):
+    assert auto_shard_bytes(token_bytes) == shard_bytes
+
+
+def test_estimated_text_bytes_counts_compressed_files_larger():
+    assert estimated_text_bytes({"a.jsonl": {"size": 1000}, "b.jsonl.gz": {"size": 1000}, "c.parquet": {"size": 10}}) == 5040
+    assert estimated_text_bytes({"a.jsonl": {"size": 1000}, "s3://b/c.jsonl": {"size": None}}) is None
+
+
+# ---------------------------------------------------------------- the config
+
+
+def test_auto_is_the_default_and_numbers_still_work():
+    cfg = from_dict(CurateConfig, {"inputs": [{"path": "x.jsonl"}]})
+    assert cfg.read.block_bytes == "auto" and cfg.output.shard_bytes == "auto"
+    cfg = from_dict(CurateConfig, {"inputs": [{"path": "x.jsonl"}], "read": {"block_bytes": 4096}, "output": {"shard_bytes": 8192}})
+    assert cfg.read.block_bytes == 4096 and cfg.output.shard_bytes == 8192
+
+
+@pytest.mark.parametrize(("section", "key", "value"), [("read", "block_bytes", "big"), ("read", "block_bytes", 0),
+                                                        ("output", "shard_bytes", -1)])
+def test_a_bad_size_names_its_key(section, key, value):
+    with pytest.raises(ConfigError, match=rf"{section}\.{key}.*'auto'"):
+        from_dict(CurateConfig, {"inputs": [{"path": "x.jsonl"}], section: {key: value}})
+
+
+def test_the_quickstart_recipe_sizes_from_the_data():
+    cfg = load_config(REPO / "configs" / "quickstart.yaml")
+    assert cfg.read.block_bytes == "auto" and cfg.output.shard_bytes == "auto"
+
+
+# ---------------------------------------------------------------- a run
+
+
+def test_auto_on_a_tiny_input_gives_several_blocks_and_shards_and_counts_every_second(tmp_path):
+    out = tmp_path / "out"
+    # The shipped slice (49 KB) with the defaults: auto blocks and shards.
+    cfg = small_config(out, [{"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}],
+                       read={"block_bytes": "auto", "batch_size": 16}, output={"dir": str(out), "shard_bytes": "auto", "keep_work": True})
+    result = curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
+    blocks = sorted((out / "work" / "read").glob("u*-b*.arrow"))
+    assert len(blocks) >= 3  # the tasks after reading run in parallel
+    run = json.loads((out / "run.json").read_text())
+    assert run["work_layout"]["read.block_bytes"] == 16 * 2**10  # recorded resolved: a resume finds the same blocks
+    assert run["config"]["output"]["shard_bytes"] == "auto"  # result-affecting, and decided by the data alone
+    assert result.manifest["num_shards"] >= 4  # one can be held out; 2 ranks get 2 each
+    # every second of the run is in a phase, from planning and starting the executor to the work/ clean-up
+    stats = json.loads((out / "stats.json").read_text())
+    phases = stats["phase_seconds"]
+    assert {"start", "read", "tokenize", "shards", "write", "clean_up"} <= set(phases)
+    assert sum(phases.values()) == pytest.approx(stats["seconds"], abs=0.02)
+
+
+def test_clean_up_of_work_is_in_stats(tmp_path):
+    out = tmp_path / "out"
+    cfg = small_config(out, [{"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}])
+    result = curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
+    assert not (out / "work").exists()
+    stats = json.loads((out / "stats.json").read_text())
+    assert "clean_up" in stats["phase_seconds"] and stats == result.stats
+    assert sum(stats["phase_seconds"].values()) == pytest.approx(stats["seconds"], abs=0.02)
