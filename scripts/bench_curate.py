@@ -135,7 +135,10 @@ def quickstart_run(corpus: Path, out: Path, workers: int, overrides: list[str]) 
 
     repo = Path(__file__).parents[1]
     cmd = [sys.executable, "-m", "datapipe.cli", "curate", str(repo / "configs" / "quickstart.yaml"),
-           "--input", str(corpus), "--output", str(out), "--set", f"ray.num_cpus={workers}", "--no-progress"]
+           "--input", str(corpus), "--output", str(out), "--set", f"ray.num_cpus={workers}", "--no-progress",
+           # the shared corpus names each record's domain in `source` (code, license, man): without this every
+           # document lands in `default` and none of the recipe's per-domain filters runs
+           "--set", "inputs.0.domain_field=source"]
     cmd += [arg for o in overrides for arg in ("--set", o)]
     env = {**os.environ, "PYTHONPATH": str(repo)}  # this checkout's code, in the CLI and in every Ray worker
     seen: dict[int, float] = {}
@@ -185,7 +188,7 @@ def quickstart(corpus: Path, workers: list[int], overrides: list[str]) -> dict:
             del runs[w]["load_before"]
         hashes = {tuple(r.pop("sha256")) for r in runs.values()}
         extra = "".join(f" --set {o}" for o in overrides)
-        return {"command": f"datapipe curate configs/quickstart.yaml --input {corpus} --set ray.num_cpus=N{extra}",
+        return {"command": f"datapipe curate configs/quickstart.yaml --input {corpus} --set inputs.0.domain_field=source --set ray.num_cpus=N{extra}",
                 "cpus": os.cpu_count(), "runs": {f"{w}_workers": r for w, r in runs.items()},
                 "identical_shards": len(hashes) == 1}
     finally:
