@@ -92,7 +92,7 @@ def _output_error(path: Path, exc: OSError) -> OutputError:
 
 
 @contextlib.contextmanager
-def _replacing(path: Path, durable: bool) -> Iterator[Path]:
+def replacing(path: Path, durable: bool) -> Iterator[Path]:
     """Yield a temporary name next to `path` to write; on success (fsync it when `durable` and)
     rename it to `path`. On any failure the temporary file is removed; an OSError becomes an
     OutputError naming `path`."""
@@ -121,7 +121,7 @@ def _replacing(path: Path, durable: bool) -> Iterator[Path]:
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = False) -> None:
     path = Path(path)
-    with _replacing(path, durable) as tmp, open(tmp, "wb") as f:
+    with replacing(path, durable) as tmp, open(tmp, "wb") as f:
         f.write(data)
 
 
@@ -134,7 +134,7 @@ def atomic_write_table(path: str | Path, table: pa.Table, *, format: str = "arro
     if format not in ("arrow", "parquet"):
         raise ValueError(f"format must be one of {{'arrow', 'parquet'}}, got {format!r}")
     path = Path(path)
-    with _replacing(path, durable) as tmp:
+    with replacing(path, durable) as tmp:
         if format == "arrow":
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table)

@@ -46,7 +46,10 @@ almost always a wrong `text_field`. `read_unit` checks again and raises the same
 type null (all values null) is accepted; its rows are quarantined as `missing_text`.
 
 Memory: JSONL is read in 1 MiB blocks split into lines (compressed ones decompressed 64 KiB of
-input at a time, so damage loses little that came before it), parquet by row batches, Arrow IPC one record
+input at a time, so damage loses little that came before it, into pieces of at most 1 MiB; zstd, which
+has no output bound, 1 KiB of input at a time); a line longer than 6 x `max_bytes_per_doc` (more than
+JSON escaping can make of an allowed text) is quarantined as too_long after its first bytes and the
+rest of it skipped to the next newline unheld, parquet by row batches, Arrow IPC one record
 batch at a time, text files up to `max_bytes_per_doc + 1` bytes, hf datasets (memory-mapped) by
 `batch_size` row slices.
 """
@@ -521,35 +524,95 @@ def _domain_of(value: object, default: str) -> str:
     return value if isinstance(value, str) and value.strip() else default
 
 
+_RAW_BYTES = RAW_CHARS * 4  # enough bytes for RAW_CHARS characters (at most 4 bytes each)
+
+
 def _raw_bytes(data: bytes) -> str:
-    # Decode a little more than needed: at most 4 bytes per character.
-    return data[: RAW_CHARS * 4].decode("utf-8", "replace")[:RAW_CHARS]
+    return data[:_RAW_BYTES].decode("utf-8", "replace")[:RAW_CHARS]
 
 
-def _decompressors() -> dict[str, Any]:
-    import zstandard
+class _MaxLength:
+    """A zlib/bz2/lzma decompressor whose output comes in pieces of at most _BLOCK bytes (`max_length`),
+    so a small compressed step of a highly repetitive text (gzip inflates up to ~1000x) is not
+    decompressed whole at once."""
 
+    def __init__(self, d: Any) -> None:
+        self.d = d
+
+    @property
+    def eof(self) -> bool:
+        return self.d.eof
+
+    @property
+    def unused_data(self) -> bytes:
+        return self.d.unused_data
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        zlib_like = hasattr(self.d, "unconsumed_tail")
+        while True:
+            out = self.d.decompress(data, _BLOCK)
+            if out:
+                yield out
+            if self.d.eof:
+                return
+            if zlib_like:  # unconsumed input waits in unconsumed_tail; a full piece may leave output pending
+                data = self.d.unconsumed_tail
+                if not data and len(out) < _BLOCK:
+                    return
+            else:  # bz2/lzma keep unconsumed input themselves and say when they need more
+                data = b""
+                if self.d.needs_input:
+                    return
+
+
+class _ZstdSlices:
+    """A zstd decompressor fed _ZSTD_SLICE bytes at a time: zstandard's decompressobj has no output bound,
+    and a zstd block of a repeated byte inflates ~32,000x, so a small input slice is the bound."""
+
+    def __init__(self) -> None:
+        import zstandard
+
+        self.d = zstandard.ZstdDecompressor().decompressobj()
+        self.unused_data = b""
+
+    @property
+    def eof(self) -> bool:
+        return self.d.eof
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        for at in range(0, len(data), _ZSTD_SLICE):
+            if out := self.d.decompress(data[at : at + _ZSTD_SLICE]):
+                yield out
+            if self.d.eof:
+                self.unused_data = self.d.unused_data + data[at + _ZSTD_SLICE :]
+                return
+
+
+_ZSTD_SLICE = 1 << 10  # compressed bytes per zstd call: at most ~32 MiB of output even for a run of one byte
+
+
+def _decompressors() -> dict[str, Callable[[], Any]]:
     return {
-        ".gz": lambda: zlib.decompressobj(wbits=31),  # 31: a gzip member, header and CRC checked
-        ".bz2": bz2.BZ2Decompressor,
-        ".xz": lzma.LZMADecompressor,
-        ".lzma": lzma.LZMADecompressor,
-        ".zst": lambda: zstandard.ZstdDecompressor().decompressobj(),
+        ".gz": lambda: _MaxLength(zlib.decompressobj(wbits=31)),  # 31: a gzip member, header and CRC checked
+        ".bz2": lambda: _MaxLength(bz2.BZ2Decompressor()),
+        ".xz": lambda: _MaxLength(lzma.LZMADecompressor()),
+        ".lzma": lambda: _MaxLength(lzma.LZMADecompressor()),
+        ".zst": _ZstdSlices,
     }
 
 
 def _decompressed(raw: Any, make: Callable[[], Any]) -> Iterator[bytes]:
     """Decompressed blocks of a stream of one or more members/frames, a small compressed step at a
     time, so that when the stream turns out damaged every block before the damage has been handed
-    over (gzip.GzipFile.read drops what it decoded in the failing call). A stream cut inside a
-    member raises EOFError: zstandard's own stream reader would end silently there."""
+    over (gzip.GzipFile.read drops what it decoded in the failing call), and in bounded pieces, so a
+    bomb-like step does not land in memory whole. A stream cut inside a member raises EOFError:
+    zstandard's own stream reader would end silently there."""
     member = None
     while chunk := raw.read(_STEP):
         while chunk:
             if member is None or member.eof:
                 member = make()
-            if out := member.decompress(chunk):
-                yield out
+            yield from member.pieces(chunk)
             chunk = member.unused_data if member.eof else b""
     if member is not None and not member.eof:
         raise EOFError("the file ends inside a compressed stream (truncated)")
@@ -560,31 +623,71 @@ def _raw_chunks(f: Any) -> Iterator[bytes]:
         yield chunk
 
 
-def _iter_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Lines (without '\\n') of a stream of byte blocks."""
+@dataclass(frozen=True)
+class _LongLine:
+    """A line longer than the line limit: only its first bytes were kept (the rest was skipped unread)."""
+
+    head: bytes
+
+
+def _first_bytes(pieces: list[bytes], n: int) -> bytes:
+    out, size = [], 0
+    for piece in pieces:
+        if size >= n:
+            break
+        out.append(piece[: n - size])
+        size += len(out[-1])
+    return b"".join(out)
+
+
+def _iter_lines(chunks: Iterable[bytes], limit: int) -> Iterator[bytes | _LongLine]:
+    """Lines (without '\\n') of a stream of byte blocks. A line longer than `limit` bytes comes as a
+    `_LongLine` holding its first bytes: the rest of it is skipped up to the next newline without
+    being held, so one huge line costs `limit` bytes of memory, not its length."""
     pending: list[bytes] = []
+    pending_bytes = 0
+    long_head: bytes | None = None  # set while skipping the rest of a long line
     for chunk in chunks:
         start = 0
-        while (nl := chunk.find(b"\n", start)) >= 0:
-            if pending:
+        while start < len(chunk):
+            nl = chunk.find(b"\n", start)
+            end = len(chunk) if nl < 0 else nl
+            if long_head is None and pending_bytes + end - start > limit:
+                long_head = _first_bytes([*pending, chunk[start : start + _RAW_BYTES]], _RAW_BYTES)
+                pending, pending_bytes = [], 0
+            if nl < 0:
+                if long_head is None:
+                    pending.append(chunk[start:])
+                    pending_bytes += len(chunk) - start
+                break
+            if long_head is not None:
+                yield _LongLine(long_head)
+                long_head = None
+            elif pending:
                 pending.append(chunk[start:nl])
                 yield b"".join(pending)
-                pending = []
+                pending, pending_bytes = [], 0
             else:
                 yield chunk[start:nl]
             start = nl + 1
-        if start < len(chunk):
-            pending.append(chunk[start:])
-    if pending:
+    if long_head is not None:
+        yield _LongLine(long_head)
+    elif pending:
         yield b"".join(pending)
 
 
 @contextlib.contextmanager
-def _line_stream(path: str) -> Iterator[Iterator[bytes]]:
-    """The lines of a JSONL file, decompressed by its extension."""
+def _line_stream(path: str, limit: int) -> Iterator[Iterator[bytes | _LongLine]]:
+    """The lines of a JSONL file, decompressed by its extension; lines over `limit` bytes as `_LongLine`."""
     make = _decompressors().get(posixpath.splitext(path.lower())[1])
     with fsspec.open(path, "rb") as raw:
-        yield _iter_lines(_raw_chunks(raw) if make is None else _decompressed(raw, make))
+        yield _iter_lines(_raw_chunks(raw) if make is None else _decompressed(raw, make), limit)
+
+
+# JSON escaping grows a text at most 6x ("\u0001" for one byte), so a line longer than this many times
+# `max_bytes_per_doc` cannot hold a text within the limit (unless its other fields are huge): it is
+# quarantined as too_long without being held or parsed.
+_LINE_FACTOR = 6
 
 
 def _is_decompression_error(exc: BaseException) -> bool:
@@ -600,8 +703,14 @@ def _jsonl_items(unit: InputUnit, inp: InputConfig, read: ReadConfig) -> Iterato
     path, lineno = unit.path, 0
     compressed = path.lower().endswith(_COMPRESSIONS)
     try:
-        with _line_stream(path) as lines:
+        line_limit = _LINE_FACTOR * read.max_bytes_per_doc
+        with _line_stream(path, line_limit) as lines:
             for lineno, line in enumerate(lines, start=1):
+                if isinstance(line, _LongLine):
+                    detail = (f"line is longer than {line_limit} bytes ({_LINE_FACTOR} x max_bytes_per_doc="
+                              f"{read.max_bytes_per_doc}), so its text is too; skipped unread")
+                    yield Quarantined(path, lineno, None, "too_long", detail, _raw_bytes(line.head))
+                    continue
                 line = line.rstrip(b"\r")
                 if lineno == 1 and line.startswith(_BOM):  # orjson refuses a BOM; editors write one
                     line = line[len(_BOM) :]

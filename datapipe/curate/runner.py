@@ -64,6 +64,7 @@ from datapipe.core.shards import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_table,
+    replacing,
     build_manifest,
     make_folder,
     read_table,
@@ -210,9 +211,52 @@ def _working_dir(path: str) -> Iterator[None]:
         os.chdir(before)
 
 
+class _QuarantineWriter:
+    """The quarantine file of one unit, written as records come in batches of ~1 MiB (not held for the
+    whole unit) to a temporary name, and renamed to `path` when the unit is done, so its content and
+    name are what one write at the end gave (none when nothing was quarantined) and a killed run
+    leaves no half file under the real name (`remove_temporaries` clears the temporary)."""
+
+    FLUSH_BYTES = 1 << 20
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.buffer: list[bytes] = []
+        self.buffered = 0
+        self.file: Any = None  # opened at the first flush: no file when nothing is quarantined
+        self.stack = contextlib.ExitStack()
+
+    def write(self, line: bytes) -> None:
+        self.buffer.append(line)
+        self.buffered += len(line)
+        if self.buffered >= self.FLUSH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.file is None:
+            tmp = self.stack.enter_context(replacing(self.path, False))
+            self.file = self.stack.enter_context(open(tmp, "wb"))
+        self.file.write(b"".join(self.buffer))
+        self.buffer, self.buffered = [], 0
+
+    def __enter__(self) -> "_QuarantineWriter":
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if exc is None and self.buffer:
+            try:
+                self._flush()
+            except BaseException as error:
+                if not self.stack.__exit__(type(error), error, error.__traceback__):
+                    raise
+                return
+        # Closes the file, then renames the temporary to `path` (or, after an error, removes it).
+        self.stack.__exit__(kind, exc, tb)
+
+
 def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any, record: Path) -> dict[str, Any]:
     counters = Counters()
-    quarantine_lines: list[bytes] = []
+    quarantine = _QuarantineWriter(Path(plan.out_dir) / "quarantine" / f"u{unit_index:06d}.jsonl")
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
     blocks = 0
@@ -227,29 +271,28 @@ def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any, record: Path) 
         pending, pending_bytes = [], 0
 
     damaged: list[dict[str, Any]] = []  # files cut or corrupt part-way (stats.json names them)
-    for batch, quarantined in read_unit(unit, unit_index, inp, plan.cfg.read):
-        counters.read[unit.input_index] += batch.num_rows + len(quarantined)
-        for q in quarantined:
-            counters.quarantined[(unit.input_index, q.reason)] += 1
-            if q.reason == "truncated_input":
-                damaged.append({"file": q.file, "input": unit.input_index, "last_good_line": q.line - 1, "detail": q.detail})
-            quarantine_lines.append(orjson.dumps(dataclasses.asdict(q)) + b"\n")
-        if batch.num_rows:
-            counters.count_stage("read", batch, batch)
-            # Cut blocks at document granularity, so parallelism does not hinge on the batch size.
-            start = 0
-            for row, n in enumerate(pc.binary_length(batch.column("text")).to_numpy()):
-                pending_bytes += int(n)
-                if pending_bytes >= plan.cfg.read.block_bytes:
-                    pending.append(batch.slice(start, row + 1 - start))
-                    flush()
-                    start = row + 1
-            if start < batch.num_rows:
-                pending.append(batch.slice(start))
-    if pending:
-        flush()
-    if quarantine_lines:
-        atomic_write_bytes(Path(plan.out_dir) / "quarantine" / f"u{unit_index:06d}.jsonl", b"".join(quarantine_lines))
+    with quarantine:  # renamed into place only when the whole unit was read
+        for batch, quarantined in read_unit(unit, unit_index, inp, plan.cfg.read):
+            counters.read[unit.input_index] += batch.num_rows + len(quarantined)
+            for q in quarantined:
+                counters.quarantined[(unit.input_index, q.reason)] += 1
+                if q.reason == "truncated_input":
+                    damaged.append({"file": q.file, "input": unit.input_index, "last_good_line": q.line - 1, "detail": q.detail})
+                quarantine.write(orjson.dumps(dataclasses.asdict(q)) + b"\n")
+            if batch.num_rows:
+                counters.count_stage("read", batch, batch)
+                # Cut blocks at document granularity, so parallelism does not hinge on the batch size.
+                start = 0
+                for row, n in enumerate(pc.binary_length(batch.column("text")).to_numpy()):
+                    pending_bytes += int(n)
+                    if pending_bytes >= plan.cfg.read.block_bytes:
+                        pending.append(batch.slice(start, row + 1 - start))
+                        flush()
+                        start = row + 1
+                if start < batch.num_rows:
+                    pending.append(batch.slice(start))
+        if pending:
+            flush()
     result = {"blocks": blocks, "counters": counters.to_json(), "damaged": damaged}
     atomic_write_json(record, result)
     return result
