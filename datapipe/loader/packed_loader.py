@@ -285,24 +285,30 @@ class PackedLoader:
         return int(self._planner_state["epoch"])
 
     # -- state -------------------------------------------------------------------------------------
+    def position(self) -> dict[str, Any]:
+        """Where the loader stands after the last batch served, without the feedback state: what a
+        prefetcher captures per batch (cheap), to be completed by `state_dict(position=...)`."""
+        return {
+            "version": STATE_VERSION,
+            "config": self._cfg.fingerprint(self._layout),
+            "planner": copy.deepcopy(self._planner_state),
+            "stats": {**self._stats, "domain_tokens": dict(self._stats["domain_tokens"])},
+        }
+
     def state_dict(self, position: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """A JSON-serialisable state: a loader given it continues with the next batch, bitwise.
 
-        position: a state returned earlier by `state_dict()` (a prefetcher captures one per batch):
-        the result is that position with the live feedback state (reported losses, loss predictor)
-        in place of the one it was captured with, taken under the feedback's own lock. Safe to call
-        from another thread than the one iterating. None: the position of the last batch served.
+        position: a state returned earlier by `position()` or `state_dict()` (a prefetcher captures
+        one per batch): the result is that position with the live feedback state (reported losses,
+        loss predictor), taken under the feedback's own lock. Safe to call from another thread than
+        the one iterating. None: the position of the last batch served.
         """
         if position is None:
-            position = {
-                "version": STATE_VERSION,
-                "config": self._cfg.fingerprint(self._layout),
-                "planner": copy.deepcopy(self._planner_state),
-                "stats": {**self._stats, "domain_tokens": dict(self._stats["domain_tokens"])},
-            }
+            position = self.position()
         elif not isinstance(position, Mapping) or position.get("version") != STATE_VERSION:
             got = position.get("version") if isinstance(position, Mapping) else position
-            raise ConfigError(f"position must be a state from state_dict() (version {STATE_VERSION}), got version {got!r}")
+            raise ConfigError(f"position must be a state from state_dict() or position() (version {STATE_VERSION}), "
+                              f"got version {got!r}")
         return {**{k: v for k, v in position.items() if k not in FEEDBACK_KEYS}, **self._feedback.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

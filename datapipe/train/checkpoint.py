@@ -13,7 +13,6 @@ every instant, and a flipped byte or a truncated file never loads. Loads use `we
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 
 from datapipe.core.config import ConfigError
-from datapipe.core.shards import atomic_write_bytes
+from datapipe.core.shards import atomic_write_bytes, file_sha256
 
 
 def previous_path(path: Path) -> Path:
@@ -32,14 +31,6 @@ def previous_path(path: Path) -> Path:
 def digest_path(path: Path) -> Path:
     """checkpoint.pt -> checkpoint.sha256: the digests of the checkpoint and of the previous one."""
     return path.with_name(f"{path.stem}.sha256")
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _read_digests(path: Path) -> dict[str, str]:

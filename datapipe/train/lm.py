@@ -157,7 +157,7 @@ class LMObjective:
         self._flops_per_token = model.flops_per_token(self.cfg.data.seq_len)  # for MFU
         self._peak = peak_flops(self.device)
         self.pf = Prefetcher(self.loader, depth=self.cfg.prefetch.depth, device=self.device,
-                             enabled=self.cfg.prefetch.enabled, state_fn=self.loader.state_dict,
+                             enabled=self.cfg.prefetch.enabled, state_fn=self.loader.position,
                              delay_s=self.cfg.prefetch.delay_s)
         self._batches = iter(self.pf)
         self._interval = self._fresh_interval()

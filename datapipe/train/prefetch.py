@@ -1,6 +1,6 @@
 """Prefetch: keep batches ready while the model computes, and measure how long the loop waits for data.
 
-    pf = Prefetcher(loader, depth=4, device=device, state_fn=loader.state_dict)
+    pf = Prefetcher(loader, depth=4, device=device, state_fn=loader.position)
     for batch in pf: ...            # tensors on `device`; pf.wait_seconds: time spent blocked on data
     pf.state                        # the state captured right after the batch last handed out
 

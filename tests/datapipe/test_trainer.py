@@ -222,7 +222,7 @@ def test_prioritization_lag_must_cover_a_step_of_micro_batches(source, tmp_path)
 
 
 def test_checkpoints_carry_a_sha256_keep_the_previous_one_and_refuse_damage(source, tmp_path, capsys):
-    from datapipe.train.checkpoint import file_sha256
+    from datapipe.core.shards import file_sha256
 
     run = tmp_path / "r"
     sets = ("data.holdout_shards=0", "train.steps=4", "train.ckpt_every=0")
