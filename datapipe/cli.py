@@ -5,6 +5,7 @@
     datapipe config-reference [curate|train|preferences]   # every config key with its type, default and note
     datapipe stats OUTPUT_DIR [--plot DIR] [--html FILE] [--json] [--why ID]   # inspect a finished run
     datapipe train CONFIG [--data DIR] [--output DIR] [--set KEY=VALUE ...] [--resume]   # train a GPT on shards
+    datapipe score CONFIG --data DIR --output DIR [--steps N] [--seed S] [--set KEY=VALUE ...]   # add ref_loss (RHO-LOSS)
     datapipe curate-preferences CONFIG [--input PATH ...] [--output DIR] [--set KEY=VALUE ...]
     datapipe plot RUN_DIR                   # loss, lr, tokens/s and data-wait of a training run, to PNG
     datapipe experiment CONFIG [--output DIR] [--set KEY=VALUE ...]   # arms x seeds at the same compute, compared
@@ -103,6 +104,26 @@ def _parser() -> argparse.ArgumentParser:
                    help=SET_HELP.format("train.steps=200"))
     t.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
 
+    sc = sub.add_parser("score", help="RHO-LOSS scoring pass: copy a curated folder, adding each document's "
+                                      "reference-model loss (ref_loss) for `train.rho`",
+                        description="Train two small reference models, one on each half of the documents (split by a "
+                                    "seeded hash of the id), and write a new curated folder whose shards add a "
+                                    "float32 column ref_loss: each document's mean token loss under the model of the "
+                                    "other half. Train on it with --set train.rho.enabled=true. The input is never "
+                                    "modified; rerunning the command resumes a killed pass, or does nothing when the "
+                                    "output is finished.")
+    sc.add_argument("config", help="a YAML training recipe for the reference models, e.g. configs/train-tiny.yaml "
+                                   "(its model, optim, schedule, data.seq_len, data.batch_size apply)")
+    sc.add_argument("--data", default=None, metavar="DIR", help="the curated folder to score (config data.source)")
+    sc.add_argument("--output", required=True, metavar="DIR", help="the new scored folder (must not exist, or hold "
+                                                                   "this same scoring)")
+    sc.add_argument("--steps", type=int, default=None, metavar="N", help="training steps of each reference model "
+                                                                         "(config train.steps)")
+    sc.add_argument("--seed", type=int, default=None, metavar="S", help="seed of the halves, the models and the data "
+                                                                        "order (config train.seed)")
+    sc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                    help=SET_HELP.format("model.n_layer=1") + " (training keys)")
+
     cp = sub.add_parser("curate-preferences", help="tokenize prompt/chosen/rejected records into preference shards",
                         description="Tokenize prompt/chosen/rejected records (JSONL, Parquet, Hugging Face datasets) "
                                     "into preference shards for DPO.")
@@ -156,6 +177,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.config, args.overrides, data=args.data, output=args.output)
     check_sources(cfg)
     train(cfg, resume=args.resume, default_preferences=default_preference_set)
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from datapipe.core.config import load
+    from datapipe.train.config import TrainConfig
+    from datapipe.train.reference import score
+
+    cfg = load(TrainConfig, args.config, args.overrides,
+               {"data.source": args.data, "train.steps": args.steps, "train.seed": args.seed})
+    score(cfg, args.output)
     return 0
 
 
@@ -215,6 +247,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.man_pages < 0:
         raise ConfigError(f"--man-pages must be >= 0, got {args.man_pages}")
+    if args.train_steps > 0 and "://" in args.output and not args.output.startswith("file://"):
+        raise ConfigError(f"--output: {args.output!r} is a URL, but `datapipe run` trains next to it (DIR-train), "
+                          "which must be a local folder; give a local --output, or --train-steps 0 to only curate")
     run_config({"code": Path("code.jsonl")})  # --set checked before the corpus is built (minutes, the first time)
     cfg = run_config(embedded.prepare(args.man_pages))
     from datapipe.curate.runner import curate
@@ -320,7 +355,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 HANDLERS = {"curate": cmd_curate, "run": cmd_run, "config-reference": cmd_config_reference, "stats": cmd_stats,
             "train": cmd_train, "plot": cmd_plot, "curate-preferences": cmd_curate_preferences,
-            "experiment": cmd_experiment}
+            "experiment": cmd_experiment, "score": cmd_score}
 
 # What Ctrl-C leaves behind, per command: how to carry on.
 AFTER_CTRL_C = {
@@ -329,6 +364,7 @@ AFTER_CTRL_C = {
     "train": "rerun the same command with --resume to continue from the last checkpoint",
     "curate-preferences": "rerun the same command to curate the preference records again",
     "experiment": "rerun the same command to continue: finished cells are kept, a killed one resumes from its checkpoint",
+    "score": "rerun the same command to resume: finished reference models are kept, a killed one resumes from its checkpoint",
 }
 
 

@@ -15,8 +15,9 @@ the word 5-gram sets >= 0.8 over all pairs, clustered by connected components. F
 precision and recall of the pairs it puts in one cluster (against the pairs of one true cluster), of
 the documents it removes (keeping the first document of each cluster, for every method alike), and
 the share of planted pairs put together, by level. Methods, at threshold 0.8 on word 5-grams:
-- datapipe, the default `dedup.minhash`; beside it `candidate_recall` 0.9 and 0.999, no exact
-  check (`exact_margin: 0`) and `bucket_window: 1`; and with `--baseline-tree` that tree's default
+- datapipe, the default `dedup.minhash` (`hash: vector`); beside it `hash: xxh3` (the same words,
+  each hashed by xxh3 in Python), `candidate_recall` 0.9 and 0.999, no exact check
+  (`exact_margin: 0`) and `bucket_window: 1`; and with `--baseline-tree` that tree's default
   (the previous commit's: 9 x 13 bands, star edges verified by the estimate alone);
 - datasketch `MinHashLSH` (128 permutations; every document inserted, then queried; components of the
   candidate pairs, as datasketch leaves them unverified);
@@ -26,11 +27,14 @@ the share of planted pairs put together, by level. Methods, at threshold 0.8 on 
 **Speed**: the near-dedup stage alone (the map half over 8 MB blocks of 2,000-document batches, the
 resolve, the drops) on the whole corpus, one fresh process per run. CPU seconds are user + system of
 the whole process (`RUSAGE_CHILDREN`, the tree: nothing here starts further processes), and of the
-stage itself (`process_time` around it). The runs alternate, A B C [D] then again, `--rounds` times:
+stage itself (`process_time` around it): CPU seconds, not wall time, so that other jobs on the
+machine slow the runs little (the load average before and after is reported). MB are the corpus's
+UTF-8 text. The runs alternate, A B C E [D] then again, `--rounds` times:
 - A datasketch at its best: `MinHash(128).update_batch(shingles)` (SHA-1, its default hash) and
   `MinHashLSH` query-then-insert;
 - B datapipe with `hash: sha1` (the same shingles, the same hash: like for like);
-- C datapipe's default (`hash: xxh3`);
+- C datapipe's default (`hash: vector`);
+- E datapipe with `hash: xxh3` (the previous default: the same words, hashed one by one in Python);
 - D (with `--baseline-tree`) C's config on another source tree, e.g. the previous commit's:
   `git archive <commit> | tar -x -C /tmp/datapipe-old`. Its default config is its own.
 """
@@ -59,7 +63,7 @@ THRESHOLD = 0.8
 ORIGINALS = 300
 LEVELS = (0.70, 0.75, 0.78, 0.80, 0.82, 0.85, 0.90, 0.95)
 # datapipe settings measured beside the default on the quality set: the trade-off `dedup.minhash` exposes
-TRADE_OFFS = [("candidate_recall", 0.9), ("candidate_recall", 0.999), ("exact_margin", 0.0), ("bucket_window", 1)]
+TRADE_OFFS = [("hash", "xxh3"), ("candidate_recall", 0.9), ("candidate_recall", 0.999), ("exact_margin", 0.0), ("bucket_window", 1)]
 REPO = Path(__file__).resolve().parent.parent
 
 # The near-dedup stage on its own, in a fresh process: argv = tree, input jsonl, work folder, config json.
@@ -310,12 +314,15 @@ def speed(docs: list[dict], tmp: Path, rounds: int, baseline_tree: Path | None) 
     jsonl = tmp / "speed" / "all.jsonl"
     jsonl.parent.mkdir(parents=True)
     jsonl.write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in docs))
+    megabytes = sum(len(d["text"].encode()) for d in docs) / 1e6
+    load_before = os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {}
     for r in range(rounds):
         plan: list[tuple[str, Any]] = [
             ("A_datasketch_sha1_update_batch", lambda: run_datasketch(jsonl, "stream")),
             ("B_datapipe_sha1", lambda: run_datapipe(REPO, jsonl, tmp / "speed" / f"b{r}", {"enabled": True, "hash": "sha1"})),
             ("C_datapipe_default", lambda: run_datapipe(REPO, jsonl, tmp / "speed" / f"c{r}", {"enabled": True})),
+            ("E_datapipe_xxh3", lambda: run_datapipe(REPO, jsonl, tmp / "speed" / f"e{r}", {"enabled": True, "hash": "xxh3"})),
         ]
         if baseline_tree is not None:
             plan.append(("D_baseline_tree_default", lambda: run_datapipe(baseline_tree, jsonl, tmp / "speed" / f"d{r}", {"enabled": True})))
@@ -332,15 +339,19 @@ def speed(docs: list[dict], tmp: Path, rounds: int, baseline_tree: Path | None) 
         stage = [x["stage_cpu_seconds"] for x in rs]
         table[name] = {"runs": rs, "process_cpu_mean": round(sum(cpu) / len(cpu), 2), "process_cpu_spread": [min(cpu), max(cpu)],
                        "stage_cpu_mean": round(sum(stage) / len(stage), 2), "stage_cpu_spread": [min(stage), max(stage)],
-                       "docs_per_stage_cpu_second": round(len(docs) / (sum(stage) / len(stage)), 1)}
+                       "docs_per_stage_cpu_second": round(len(docs) / (sum(stage) / len(stage)), 1),
+                       "mb_per_stage_cpu_second": round(megabytes / (sum(stage) / len(stage)), 2)}
     a, b, c = (table[k]["stage_cpu_mean"] for k in ("A_datasketch_sha1_update_batch", "B_datapipe_sha1", "C_datapipe_default"))
     ratios = {"like_for_like_sha1_vs_datasketch": round(a / b, 2), "default_vs_datasketch": round(a / c, 2)}
     pa_, pb, pc_ = (table[k]["process_cpu_mean"] for k in ("A_datasketch_sha1_update_batch", "B_datapipe_sha1", "C_datapipe_default"))
     ratios.update({"like_for_like_process_cpu": round(pa_ / pb, 2), "default_process_cpu": round(pa_ / pc_, 2)})
+    e = table["E_datapipe_xxh3"]["stage_cpu_mean"]
+    ratios.update({"xxh3_vs_datasketch": round(a / e, 2), "default_vs_xxh3": round(e / c, 2)})
     if baseline_tree is not None:
         d = table["D_baseline_tree_default"]["stage_cpu_mean"]
         ratios["default_throughput_vs_baseline_tree"] = round(d / c, 2)
-    return {"docs": len(docs), "rounds": rounds, "order": "A B C [D] per round", "runs": table, "ratios": ratios}
+    return {"docs": len(docs), "megabytes": round(megabytes, 1), "rounds": rounds, "order": "A B C E [D] per round",
+            "load_average_before_after": [round(x, 2) for x in load_before + os.getloadavg()], "runs": table, "ratios": ratios}
 
 
 def main() -> None:

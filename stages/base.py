@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 import pyarrow as pa
@@ -29,6 +28,7 @@ import pyarrow.compute as pc
 
 from datapipe.core.schema import DROPPED_SCHEMA
 from datapipe.core.shards import read_table
+from datapipe.core.storage import Location
 
 
 @dataclass(frozen=True)
@@ -81,17 +81,17 @@ class GlobalStage(ABC):
         """The map half: key tables by kind, each with a `partition` column."""
 
     @abstractmethod
-    def resolve(self, run_tasks: RunTasks, folder: Path, out_dir: Path) -> dict[str, Any]:
+    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location) -> dict[str, Any]:
         """The resolve half: write `folder/losers-pNNN.arrow`; return a summary for the stats."""
 
     @staticmethod
-    def losers(folder: Path) -> pa.Table:
+    def losers(folder: Location) -> pa.Table:
         """Every loser `resolve` wrote into `folder`."""
         tables = [read_table(f) for f in sorted(folder.glob("losers-p*.arrow"))]
         return pa.concat_tables(tables) if tables else LOSER_SCHEMA.empty_table()
 
 
-def read_partition(folder: Path, schema: pa.Schema | None = None) -> pa.Table | None:
+def read_partition(folder: Location, schema: pa.Schema | None = None) -> pa.Table | None:
     """All rows of the `.arrow` files in one partition folder (e.g. `folder/keys/p003/`), in file
     name order; None (or an empty table of `schema`) when there are none."""
     files = sorted(folder.glob("*.arrow")) if folder.is_dir() else []

@@ -11,7 +11,6 @@ winner does not depend on how many workers or partitions were used.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +19,7 @@ import xxhash
 
 from datapipe.core.config import check, note
 from datapipe.core.shards import atomic_write_table, read_table
+from datapipe.core.storage import Location, location
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks, read_partition
 
 KEY_SCHEMA = pa.schema(
@@ -53,7 +53,7 @@ class ExactDedupStage(GlobalStage):
         )
         return {"keys": keys}
 
-    def resolve(self, run_tasks: RunTasks, folder: Path, out_dir: Path) -> dict[str, Any]:
+    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location) -> dict[str, Any]:
         """One task per partition: `folder/losers-pNNN.arrow` from `folder/keys/pNNN/`."""
         items = [(p,) for p in range(self.config.partitions)]
         return {"removed": sum(run_tasks(partition_task, str(folder), items, f"{self.name} resolve"))}
@@ -85,10 +85,10 @@ class ExactDedupStage(GlobalStage):
 
 def partition_task(folder: str, partition: int) -> int:
     """The losers of one partition, written once to `folder/losers-pNNN.arrow`; their count."""
-    out = Path(folder) / f"losers-p{partition:03d}.arrow"
+    out = location(folder) / f"losers-p{partition:03d}.arrow"
     if out.exists():
         return read_table(out).num_rows
-    keys = read_partition(Path(folder) / "keys" / f"p{partition:03d}")
+    keys = read_partition(location(folder) / "keys" / f"p{partition:03d}")
     losers = ExactDedupStage.partition_losers(keys) if keys is not None else LOSER_SCHEMA.empty_table()
     atomic_write_table(out, losers)
     return losers.num_rows

@@ -8,9 +8,12 @@
    computed as numpy arrays over all shingles of a batch, never one Python object per document.
    With `hash: sha1` the 32-bit shingle hash is datasketch's default (`sha1_hash32` of the UTF-8
    shingle), so the signatures equal `datasketch.MinHash(num_perm, seed).update(shingle)` exactly;
-   the default `hash: xxh3` hashes each word (or character) once and combines n of them
-   polynomially, which is several times faster and equals
-   `datasketch.MinHash(..., hashfunc=shingle_hash32)`.
+   `hash: xxh3` hashes each word (or character) once and combines n of them polynomially, which
+   is several times faster and equals `datasketch.MinHash(..., hashfunc=shingle_hash32)`. The
+   default `hash: vector` sees the same words (those of `text.lower().split()`) but runs no Python
+   per word: the words of a whole batch are found by numpy over its UTF-8 bytes and each is hashed
+   as a byte polynomial (`vector_word_hash`), then combined into shingles as `xxh3` combines its
+   word hashes (for `shingle: char` the two are the same hash).
 2. **LSH**: `bands × rows` of the signature; each band's rows hash to a bucket key. Unless given,
    they are derived from `candidate_recall`: the steepest banding (most rows) whose probability of
    making a pair at exactly the threshold a candidate, `1 - (1 - t**rows)**bands`, reaches it, with
@@ -109,7 +112,12 @@ class MinHashConfig:
     bands: int | None = note(None, help="LSH bands; null = derived from candidate_recall (give both bands and rows, or neither)")
     rows: int | None = note(None, help="rows per band; null = derived from candidate_recall")
     seed: int = note(1, help="seed of the permutations (datasketch's MinHash seed)")
-    hash: Literal["xxh3", "sha1"] = note("xxh3", help="shingle hash: xxh3 (fast) or sha1 (datasketch's default)")
+    hash: Literal["vector", "xxh3", "sha1"] = note(
+        "vector",
+        help="shingle hash: vector (the fastest: words found and hashed by numpy over a batch's bytes, "
+        "stages.minhash.vector_word_hash), xxh3 (each word's xxh3-64 in Python) or sha1 (datasketch's default); "
+        "all three see the same words. With shingle: char, vector and xxh3 are the same hash",
+    )
     verify: bool = note(
         True, help="keep a candidate pair only if its Jaccard reaches the threshold (estimated, or exact near the threshold)"
     )
@@ -217,10 +225,155 @@ def _windows(unit_hashes: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
         return out
 
 
-def shingle_hashes64(texts: list[str], config: MinHashConfig) -> tuple[np.ndarray, np.ndarray]:
+# ------------------------------------------------------------------------------------- hash: vector
+
+_BYTE_POLY = _U64(0xC2B2AE3D27D4EB4F)  # odd: a word's bytes are the coefficients of a polynomial in it
+_BYTE_POLY_INVERSE = _U64(pow(int(_BYTE_POLY), -1, 1 << 64))
+_LENGTH_MIX = _U64(0x165667B19E3779F9)  # odd: times the length, which tells "a" from "a\0" (a zero byte adds 0)
+_VECTOR_CHUNK = 1 << 16  # bytes per hashing step: the fastest of 16 KiB-1 MiB (the step stays in cache)
+
+# The characters `str.split()` splits on (none above U+FFFF; a test checks the whole range), and the
+# UTF-8 encodings of the non-ASCII ones, by their length in bytes.
+_WHITESPACE = "".join(chr(c) for c in range(0x10000) if chr(c).isspace())
+_WIDE_WHITESPACE = {
+    size: np.array(sorted(int.from_bytes(ch.encode(), "big") for ch in _WHITESPACE if len(ch.encode()) == size), dtype=np.uint32)
+    for size in (2, 3)
+}
+_WIDE_LEADS = sorted({ch.encode()[0] for ch in _WHITESPACE if not ch.isascii()})
+assert all(len(ch.encode()) <= 3 for ch in _WHITESPACE) and min(_WIDE_LEADS) >= 0xC2
+
+
+class _Powers:
+    """`_BYTE_POLY ** i` and its inverse's, for i below the longest span asked for so far."""
+
+    def __init__(self) -> None:
+        self.up = self.down = np.ones(0, dtype=_U64)
+
+    def upto(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(self.up) < n:
+            size = max(n, _VECTOR_CHUNK + 1)
+            with np.errstate(over="ignore"):
+                self.up = np.cumprod(np.r_[_U64(1), np.full(size - 1, _BYTE_POLY)], dtype=_U64)  # wraps mod 2**64
+                self.down = np.cumprod(np.r_[_U64(1), np.full(size - 1, _BYTE_POLY_INVERSE)], dtype=_U64)
+        return self.up, self.down
+
+
+_POWERS = _Powers()
+
+
+def vector_word_hash(word: bytes) -> int:
+    """The `hash: vector` hash of one word's UTF-8 bytes `w` (a reference; `_vector_units` computes
+    it for every word of a batch at once): the polynomial `sum(w[j] * K**j) + len(w) * L mod 2**64`,
+    K = 0xC2B2AE3D27D4EB4F, L = 0x165667B19E3779F9, through MurmurHash3's 64-bit finalizer (`fmix`)
+    so that every byte reaches every output bit."""
+    value = (sum(b * pow(int(_BYTE_POLY), j, 1 << 64) for j, b in enumerate(word)) + len(word) * int(_LENGTH_MIX)) % (1 << 64)
+    return int(fmix(np.array([value], dtype=_U64), 64)[0])
+
+
+def _text_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(the UTF-8 bytes of all `texts`, concatenated; each text's start in them, and the end)."""
+    texts = texts.cast(pa.large_string()) if texts.type != pa.large_string() else texts
+    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset : texts.offset + len(texts) + 1]
+    data = texts.buffers()[2]
+    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
+    return data[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
+def _lowered(texts: pa.Array) -> pa.Array:
+    """`str.lower()` of every text. Arrow's `utf8_lower` maps each code point by itself, as Python
+    does, but for two special cases of Python's, `İ` (to `i̇`) and `Σ` (to `ς` at the end of a word):
+    the few texts holding either are lowered by Python. (Letters of a Unicode version newer than
+    Python's are lowered by Arrow only: a test checks every code point.)"""
+    lowered = pc.utf8_lower(texts)
+    data, offsets = _text_bytes(texts)
+    # U+03A3 is CE A3 in UTF-8 and U+0130 is C4 B0; a lead byte never appears inside another character
+    hit = np.flatnonzero((data == 0xA3) | (data == 0xB0))
+    hit = hit[hit > 0]
+    before = data[hit - 1]
+    special = hit[((data[hit] == 0xA3) & (before == 0xCE)) | ((data[hit] == 0xB0) & (before == 0xC4))]
+    if len(special) == 0:
+        return lowered
+    rows = np.unique(np.searchsorted(offsets, special, side="right") - 1)
+    mask = np.zeros(len(texts), dtype=bool)
+    mask[rows] = True
+    by_python = pa.array([t.lower() for t in texts.take(pa.array(rows)).to_pylist()], lowered.type)
+    return pc.replace_with_mask(lowered, pa.array(mask), by_python)
+
+
+def _word_bounds(data: np.ndarray, text_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) byte positions of the words of `str.split()` in `data`: the runs of bytes
+    between whitespace characters (`_WHITESPACE`), never across the end of a text."""
+    # ASCII whitespace is 9-13 and 28-32: (byte - 9) and (byte - 28) wrap below 0 to large values
+    space = np.subtract(data, 9, dtype=np.uint8) <= 4
+    space |= np.subtract(data, 28, dtype=np.uint8) <= 4
+    # the few non-ASCII whitespace characters: check the bytes at each possible lead byte
+    lead = np.flatnonzero(np.subtract(data, _WIDE_LEADS[0], dtype=np.uint8) <= _WIDE_LEADS[-1] - _WIDE_LEADS[0])
+    if len(lead):
+        last = len(data) - 1
+        b0 = data[lead].astype(np.uint32)
+        b1 = data[np.minimum(lead + 1, last)].astype(np.uint32)
+        b2 = data[np.minimum(lead + 2, last)].astype(np.uint32)
+        for size, key in ((2, (b0 << 8) | b1), (3, (b0 << 16) | (b1 << 8) | b2)):
+            at = lead[np.isin(key, _WIDE_WHITESPACE[size])]
+            for k in range(size):
+                space[at + k] = True
+    # the runs of non-whitespace bytes: they start and end where the mask changes
+    word = np.zeros(len(data) + 2, dtype=bool)  # with a whitespace byte before and after
+    np.invert(space, out=word[1:-1])
+    change = np.flatnonzero(word[1:] != word[:-1])
+    starts, ends = change[0::2], change[1::2]
+    # a run over the start of a text is two words, cut there
+    text_starts = text_offsets[:-1][(np.diff(text_offsets) > 0) & (text_offsets[:-1] > 0)]  # of non-empty texts
+    cut = text_starts[~space[text_starts] & ~space[text_starts - 1]]
+    if len(cut):
+        starts = np.insert(starts, np.searchsorted(starts, cut), cut)
+        ends = np.insert(ends, np.searchsorted(ends, cut), cut)
+    return starts, ends
+
+
+def _vector_units(texts: pa.Array, lowercase: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(`vector_word_hash` of every word of every text, in order; the number of words of each text),
+    the words being those of `text.lower().split()` (`text.split()` without `lowercase`)."""
+    data, text_offsets = _text_bytes(_lowered(texts) if lowercase else texts)
+    if len(data) == 0:
+        return np.empty(0, dtype=_U64), np.zeros(len(texts), dtype=np.int64)
+    starts, ends = _word_bounds(data, text_offsets)
+    counts = np.diff(np.searchsorted(starts, text_offsets)).astype(np.int64)
+    sums = np.empty(len(starts), dtype=_U64)
+    # Whole words per step, about _VECTOR_CHUNK bytes: each byte times K ** (its distance from the
+    # step's first byte), summed per word (a difference of running sums), then times
+    # K ** -(the word's distance from it).
+    cuts = np.unique(np.r_[np.searchsorted(starts, np.arange(0, len(data), _VECTOR_CHUNK)), len(starts)])
+    longest = int(max(np.max(ends[cuts[1:] - 1] - starts[cuts[:-1]]), 0)) if len(starts) else 0
+    up, down = _POWERS.upto(longest + 1)
+    running = np.zeros(longest + 1, dtype=_U64)  # running[i]: the sum of the step's first i products
+    with np.errstate(over="ignore"):
+        for w0, w1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            first, span = int(starts[w0]), int(ends[w1 - 1] - starts[w0])
+            step = running[1 : span + 1]
+            np.multiply(data[first : first + span], up[:span], out=step)  # wraps mod 2**64
+            np.cumsum(step, out=step)
+            word_starts = starts[w0:w1] - first
+            word_sums = running[ends[w0:w1] - first] - running[word_starts]
+            np.multiply(word_sums, down[word_starts], out=sums[w0:w1])
+        sums += (ends - starts).astype(_U64) * _LENGTH_MIX
+    return fmix(sums, 64), counts
+
+
+def shingle_hashes64(texts: list[str] | pa.Array, config: MinHashConfig) -> tuple[np.ndarray, np.ndarray]:
     """(64-bit hashes of the shingles of all `texts`, concatenated; the number of each text's
     shingles). Duplicates are kept (a signature's minimum does not care). `hash: sha1` takes the
-    first 8 bytes of each shingle's SHA-1, little-endian; `xxh3` combines the units' xxh3-64."""
+    first 8 bytes of each shingle's SHA-1, little-endian; `xxh3` combines the units' xxh3-64;
+    `vector` combines the words' `vector_word_hash` in the same way."""
+    if config.hash == "vector" and config.shingle == "word":
+        arrow_texts = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, pa.large_string())
+        if isinstance(arrow_texts, pa.ChunkedArray):
+            arrow_texts = arrow_texts.combine_chunks()
+        unit_hashes, unit_counts = _vector_units(arrow_texts, config.lowercase)
+        counts = np.where(unit_counts >= config.ngram, unit_counts - config.ngram + 1, (unit_counts > 0).astype(np.int64))
+        return _windows(unit_hashes, unit_counts, config.ngram), counts
+    if not isinstance(texts, list):
+        texts = texts.to_pylist()
     if config.hash == "sha1":
         per_doc = [shingles(t, config) for t in texts]
         counts = np.fromiter(map(len, per_doc), dtype=np.int64, count=len(texts))
@@ -238,7 +391,7 @@ def shingle_hashes64(texts: list[str], config: MinHashConfig) -> tuple[np.ndarra
 
 def to_hash32(hashes64: np.ndarray, config: MinHashConfig) -> np.ndarray:
     """The 32-bit shingle hashes the permutations see: datasketch's `sha1_hash32` (the first 4
-    digest bytes) for sha1, the top 32 bits for xxh3 (= `shingle_hash32`)."""
+    digest bytes) for sha1, the top 32 bits for xxh3 (= `shingle_hash32`) and vector."""
     if config.hash == "sha1":
         return (hashes64 & _U64(0xFFFFFFFF)).astype(np.uint32)
     return (hashes64 >> _U64(32)).astype(np.uint32)
@@ -282,12 +435,12 @@ class MinHasher:
         self.a = np.asarray(a, dtype=np.uint32)
         self.b = np.asarray(b, dtype=np.uint32)
 
-    def signatures(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def signatures(self, texts: list[str] | pa.Array) -> tuple[np.ndarray, np.ndarray]:
         """(signatures of shape (n, num_perm) uint32, mask of documents that have shingles)."""
         sig, has, _ = self.signatures_and_shingles(texts)
         return sig, has
 
-    def signatures_and_shingles(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    def signatures_and_shingles(self, texts: list[str] | pa.Array) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """Signatures, the mask of documents with shingles, and (the 64-bit shingle hashes of all
         documents concatenated, each document's count) as `shingle_hashes64` gives them."""
         hashes64, counts = shingle_hashes64(texts, self.config)
@@ -352,7 +505,7 @@ class MinHashStage:
         join after clustering); `shingles` (when `exact_margin` > 0): each document's 64-bit shingle
         hashes, all in partition 0 (not shuffled: read by order, for the few candidates near the
         threshold)."""
-        sig, has, (hashes64, counts) = self.hasher.signatures_and_shingles(batch.column("text").to_pylist())
+        sig, has, (hashes64, counts) = self.hasher.signatures_and_shingles(batch.column("text"))
         order = batch.column("order").to_numpy()
         length = pc.utf8_length(batch.column("text")).to_numpy().astype(np.int64)
         nodes = pa.table(

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -31,6 +36,55 @@ def verified_shard_cache(tmp_path_factory):
 @pytest.fixture
 def slice_input() -> dict[str, Any]:
     return {"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}
+
+
+# The settings that point s3fs (botocore) at the local S3 server of `s3_server`; Ray tasks get them from
+# the driver's environment (datapipe.curate.executors.worker_env).
+S3_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 API server on localhost: moto's server mode (`moto_server`, as s3fs tests itself), a separate
+    process speaking HTTP. Sets the AWS_* variables that s3fs reads and creates the bucket `datapipe-test`;
+    yields (endpoint, bucket). Tests write under their own prefix of the bucket."""
+    server = shutil.which("moto_server")
+    if server is None:
+        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+    pytest.importorskip("s3fs")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
+    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    before = {k: os.environ.get(k) for k in S3_ENV}
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"moto_server did not start on {endpoint} (see {log.name})")
+                time.sleep(0.1)
+        os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()  # an instance made before these settings would keep its endpoint
+        s3fs.S3FileSystem().mkdir("datapipe-test")
+        yield endpoint, "datapipe-test"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")

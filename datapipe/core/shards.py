@@ -15,6 +15,8 @@ A curated output folder holds:
 
 Every file is written under a temporary name in the same folder and renamed when complete, so a
 reader never sees half a file and a killed run leaves nothing it could mistake for finished work.
+The folder may be local or any writable fsspec URL (`datapipe.core.storage`): there the temporary is
+an object next to the final key, moved to it when complete, and the manifest is written last.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from datapipe.core.config import ConfigError
+from datapipe.core.storage import RemotePath, location
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -59,8 +62,8 @@ TEMP_MARK = ".tmp-"  # a temporary file is named `.{name}.tmp-{pid}-{8 hex}`, ne
 _TEMP_NAME = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
 
 
-def _temp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+def _temp_name(path: Path | RemotePath) -> Path | RemotePath:
+    return path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 class OutputError(ConfigError):
@@ -78,7 +81,7 @@ _WRITE_ADVICE = {
 }
 
 
-def _output_error(path: Path, exc: OSError) -> OutputError:
+def _output_error(path: Path | RemotePath, exc: OSError) -> OutputError:
     code = exc.errno
     if code is None:  # pyarrow raises OSError("... [Errno 28] ...") without setting errno
         found = re.search(r"\[Errno (\d+)\]", str(exc))
@@ -92,18 +95,22 @@ def _output_error(path: Path, exc: OSError) -> OutputError:
 
 
 @contextlib.contextmanager
-def replacing(path: Path, durable: bool) -> Iterator[Path]:
-    """Yield a temporary name next to `path` to write; on success (fsync it when `durable` and)
-    rename it to `path`. On any failure the temporary file is removed; an OSError becomes an
-    OutputError naming `path`."""
+def replacing(path: str | Path | RemotePath, durable: bool) -> Iterator[Path | RemotePath]:
+    """Yield a temporary name next to `path` to write (open it with its `.open`); on success (fsync it
+    when `durable` and) rename it to `path` (remote: move the temporary object to the final key). On any
+    failure the temporary file is removed; an OSError becomes an OutputError naming `path`."""
+    path = location(path)
     make_folder(path.parent)
     tmp = _temp_name(path)
     try:
         yield tmp
-        if durable:
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if isinstance(tmp, RemotePath):
+            tmp.move_to(path)
+        else:
+            if durable:
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -119,21 +126,23 @@ def replacing(path: Path, durable: bool) -> Iterator[Path]:
 # (shards, manifest, stats) ask for it, not the many small intermediate files under work/.
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = False) -> None:
-    path = Path(path)
-    with replacing(path, durable) as tmp, open(tmp, "wb") as f:
+def atomic_write_bytes(path: str | Path | RemotePath, data: bytes, *, durable: bool = False) -> None:
+    with replacing(path, durable) as tmp, (tmp.open("wb") if isinstance(tmp, RemotePath) else open(tmp, "wb")) as f:
         f.write(data)
 
 
-def atomic_write_json(path: str | Path, obj: Any, *, durable: bool = False) -> None:
+def atomic_write_json(path: str | Path | RemotePath, obj: Any, *, durable: bool = False) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n", durable=durable)
 
 
-def atomic_write_table(path: str | Path, table: pa.Table, *, format: str = "arrow", durable: bool = False) -> None:
+def atomic_write_table(path: str | Path | RemotePath, table: pa.Table, *, format: str = "arrow", durable: bool = False) -> None:
     """Write an Arrow IPC file (or Parquet) atomically. Output is byte-for-byte deterministic."""
     if format not in ("arrow", "parquet"):
         raise ValueError(f"format must be one of {{'arrow', 'parquet'}}, got {format!r}")
-    path = Path(path)
+    path = location(path)
+    if isinstance(path, RemotePath):  # serialised here, then one upload
+        atomic_write_bytes(path, table_bytes(table, format))
+        return
     with replacing(path, durable) as tmp:
         if format == "arrow":
             with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -142,17 +151,36 @@ def atomic_write_table(path: str | Path, table: pa.Table, *, format: str = "arro
             pq.write_table(table, tmp)
 
 
-def make_folder(path: str | Path) -> None:
-    """mkdir -p, with an OutputError naming the folder when the machine refuses (read-only, full)."""
+def table_bytes(table: pa.Table, format: str = "arrow") -> bytes:
+    """The bytes of `atomic_write_table`'s file for `table`."""
+    sink = pa.BufferOutputStream()
+    if format == "arrow":
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    else:
+        pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def make_folder(path: str | Path | RemotePath) -> None:
+    """mkdir -p, with an OutputError naming the folder when the machine refuses (read-only, full).
+    Nothing on an object store, which has no folders."""
+    path = location(path)
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise _output_error(Path(path), exc) from exc
+        raise _output_error(path, exc) from exc
 
 
-def remove_temporaries(folder: str | Path) -> list[Path]:
+def remove_temporaries(folder: str | Path | RemotePath) -> list[Path | RemotePath]:
     """Delete the temporary files (`.NAME.tmp-PID-XXXXXXXX`) that killed or failed writers left
     anywhere under `folder`; returns them. Call it only while no writer works in `folder`."""
+    folder = location(folder)
+    if isinstance(folder, RemotePath):
+        found = [f for f in folder.walk_files() if TEMP_MARK in f.name and _TEMP_NAME.match(f.name)]
+        for f in found:
+            f.unlink(missing_ok=True)
+        return found
     removed = []
     for dirpath, _dirs, files in os.walk(folder):
         for name in files:
@@ -164,15 +192,18 @@ def remove_temporaries(folder: str | Path) -> list[Path]:
     return sorted(removed)
 
 
-def read_table(path: str | Path) -> pa.Table:
-    """Read a local Arrow IPC file written by `atomic_write_table` (memory-mapped)."""
+def read_table(path: str | Path | RemotePath) -> pa.Table:
+    """Read an Arrow IPC file written by `atomic_write_table` (memory-mapped when local)."""
+    path = location(path)
+    if isinstance(path, RemotePath):
+        return pa.ipc.open_file(pa.py_buffer(path.read_bytes())).read_all()
     with pa.memory_map(str(path), "r") as source:
         return pa.ipc.open_file(source).read_all()
 
 
-def file_sha256(path: str | Path) -> str:
+def file_sha256(path: str | Path | RemotePath) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with location(path).open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -191,8 +222,14 @@ class ShardInfo:
 def write_shard(out_dir: str | Path, index: int, table: pa.Table) -> ShardInfo:
     """Write shard number `index` and describe it for the manifest."""
     rel = f"{SHARD_DIR}/shard-{index:05d}.arrow"
-    path = Path(out_dir) / rel
-    atomic_write_table(path, table.combine_chunks(), durable=True)
+    path = location(out_dir) / rel
+    if isinstance(path, RemotePath):  # checksum and size from the bytes uploaded, not a download
+        data = table_bytes(table.combine_chunks())
+        atomic_write_bytes(path, data)
+        size, sha256 = len(data), hashlib.sha256(data).hexdigest()
+    else:
+        atomic_write_table(path, table.combine_chunks(), durable=True)
+        size, sha256 = path.stat().st_size, file_sha256(path)
     domains: dict[str, dict[str, int]] = {}
     if table.num_rows:
         grouped = table.group_by("domain").aggregate([("num_tokens", "sum"), ("num_tokens", "count")])
@@ -202,8 +239,8 @@ def write_shard(out_dir: str | Path, index: int, table: pa.Table) -> ShardInfo:
         path=rel,
         rows=table.num_rows,
         tokens=int(pc.sum(table.column("num_tokens")).as_py() or 0),
-        bytes=path.stat().st_size,
-        sha256=file_sha256(path),
+        bytes=size,
+        sha256=sha256,
         domains=dict(sorted(domains.items())),
     )
 
@@ -230,8 +267,8 @@ def build_manifest(
     }
 
 
-def write_manifest(out_dir: str | Path, manifest: dict[str, Any]) -> None:
-    atomic_write_json(Path(out_dir) / MANIFEST_NAME, manifest, durable=True)
+def write_manifest(out_dir: str | Path | RemotePath, manifest: dict[str, Any]) -> None:
+    atomic_write_json(location(out_dir) / MANIFEST_NAME, manifest, durable=True)
 
 
 def read_manifest(source: str | Path) -> dict[str, Any]:
@@ -266,7 +303,7 @@ def open_shard(source: str | Path, rel_path: str) -> pa.Table:
 
 def verify_shard(source: str | Path, info: dict[str, Any]) -> None:
     """Raise if a shard's checksum differs from the manifest's."""
-    actual = file_sha256(Path(source) / info["path"])
+    actual = file_sha256(location(source) / info["path"])
     if actual != info["sha256"]:
         raise ValueError(f"{info['path']}: checksum {actual} differs from the manifest's {info['sha256']}")
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 
 from datapipe.core.config import ConfigError, check, load, note, to_dict
+from datapipe.core.storage import check_url, is_url
 from datapipe.curate.eval_split import EvalSplitConfig
 from stages.diversity import DiversityConfig
 from stages.exact_dedup import ExactDedupConfig
@@ -77,6 +78,8 @@ class OutputConfig:
 
     def __post_init__(self) -> None:
         check(self.shard_bytes == "auto" or self.shard_bytes > 0, f"shard_bytes must be > 0 or 'auto', got {self.shard_bytes!r}")
+        if is_url(self.dir):  # a URL is written there (datapipe.core.storage), never taken for a local folder
+            check_url(self.dir, "dir")
 
 
 # `auto` work units. Both depend on the data alone, never on the worker count: `output.shard_bytes` decides

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 from tqdm.auto import tqdm
 
 from datapipe.core.config import ConfigError
+from datapipe.core.storage import storage_env
 
 
 class Executor(Protocol):
@@ -122,6 +123,13 @@ def _user_errors(ray: Any) -> Iterator[None]:
 
 # Each Ray worker gets one core; keep native thread pools from oversubscribing it.
 _WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def worker_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment of every task and actor: `_WORKER_ENV` plus the driver's object-storage settings
+    (`AWS_*`, `FSSPEC_*`: credentials, endpoint, region), so that workers on nodes that share no folder
+    with the driver read and write the same `s3://…` output (`datapipe.core.storage`)."""
+    return {**storage_env(environ), **_WORKER_ENV}
 
 
 class WorkerDeathFilter:
@@ -280,7 +288,7 @@ class RayExecutor:
     def run_tasks(self, fn: Callable[..., Any], shared: Any, items: Sequence[tuple], desc: str) -> list[Any]:
         if not items:
             return []
-        remote = self.ray.remote(num_cpus=1, max_retries=self.max_retries, runtime_env={"env_vars": _WORKER_ENV})(fn)
+        remote = self.ray.remote(num_cpus=1, max_retries=self.max_retries, runtime_env={"env_vars": worker_env()})(fn)
         shared_ref = self.ray.put(shared)
         return self._gather([remote.remote(shared_ref, *item) for item in items], desc)
 
@@ -291,7 +299,7 @@ class RayExecutor:
             num_cpus=1,
             max_restarts=self.max_retries,
             max_task_retries=self.max_retries,
-            runtime_env={"env_vars": _WORKER_ENV},
+            runtime_env={"env_vars": worker_env()},
         )(cls)
         # Constructor arguments go by value (keep them small): an actor restarted after its process
         # died must not depend on an object-store copy that may be gone (ray-project/ray#53727).

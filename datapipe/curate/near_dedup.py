@@ -26,7 +26,10 @@ module runs:
 4. members     each node's component label (the component's first document) joined with its id and
                length, sent to the partition of its label;
 5. winners     one document kept per component; the others become `losers-pNNN.arrow` with reason
-               `near_duplicate` and the kept id, which the next segment drops like any global stage's.
+               `near_duplicate` and the kept id, which the next segment drops like any global stage's;
+               each partition's cluster members (`clusters-pNNN.arrow`, sorted by order);
+6. clusters    one task merges those files by order into `near_duplicates/clusters.parquet`, a range
+               of orders at a time (`clusters_task`). The driver only adds up the tasks' counts.
 
 Memory per task is bounded by the partition count (and `one_task_edges`), not by the corpus. Every
 task writes its output atomically and then a record, so a resumed run replays the same steps.
@@ -35,14 +38,15 @@ task writes its output atomically and then a record, so a resumed run replays th
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from datapipe.core.shards import atomic_write_json, atomic_write_table, read_table
+from datapipe.core.shards import atomic_write_json, atomic_write_table, read_table, replacing
+from datapipe.core.storage import Location, location
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks, read_partition
 from stages.minhash import (
     CLUSTER_SCHEMA,
@@ -64,7 +68,7 @@ EDGE_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64())])
 PAIR_SCHEMA = pa.schema([("u", pa.int64()), ("v", pa.int64())])
 
 
-def _send_edges(folder: Path, a: np.ndarray, b: np.ndarray, partitions: int, sender: str) -> None:
+def _send_edges(folder: Location, a: np.ndarray, b: np.ndarray, partitions: int, sender: str) -> None:
     """Write undirected edges (a, b) as directed edges in both directions to the partitions of
     their sources: `folder/pNNN/from-<sender>.arrow`."""
     src = np.concatenate([a, b])
@@ -79,7 +83,7 @@ def _send_edges(folder: Path, a: np.ndarray, b: np.ndarray, partitions: int, sen
             )
 
 
-def _directed(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+def _directed(folder: Location) -> tuple[np.ndarray, np.ndarray]:
     table = read_partition(folder, EDGE_SCHEMA)
     if table.num_rows == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
@@ -93,7 +97,7 @@ def _checksum(src: np.ndarray, dst: np.ndarray) -> int:
         return int(np.add.reduce(mixed, dtype=np.uint64))
 
 
-def _once(record: Path, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _once(record: Location, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     if record.exists():
         return json.loads(record.read_text())
     result = work()
@@ -110,7 +114,7 @@ class ShingleStore:
         self.first = np.array([first for _, first in index], dtype=np.int64)
 
     @staticmethod
-    def index(folder: Path) -> list[tuple[str, int]]:
+    def index(folder: Location) -> list[tuple[str, int]]:
         """(path, first order) of every shingles file under `folder`, by first order."""
         files = [(str(f), int(read_table(f).column("order")[0].as_py())) for f in sorted(folder.glob("*.arrow"))]
         return sorted(files, key=lambda x: x[1])
@@ -134,9 +138,14 @@ class ShingleStore:
         return out
 
 
+def shingle_index_task(folder: str, _: int = 0) -> list[tuple[str, int]]:
+    """`ShingleStore.index(folder)` as a task: it opens every shingles file, which the driver does not."""
+    return ShingleStore.index(location(folder))
+
+
 def edges_task(shared: tuple[str, Any], p: int) -> dict[str, Any]:
     folder, stage = shared
-    root = Path(folder)
+    root = location(folder)
 
     def work() -> dict[str, Any]:
         buckets = read_partition(root / "buckets" / f"p{p:03d}")
@@ -155,7 +164,7 @@ def edges_task(shared: tuple[str, Any], p: int) -> dict[str, Any]:
 
 def exact_task(shared: tuple[str, Any, list[tuple[str, int]]], p: int) -> dict[str, Any]:
     folder, stage, shingle_index = shared
-    root = Path(folder)
+    root = location(folder)
 
     def work() -> dict[str, Any]:
         pairs = read_partition(root / "exact" / f"p{p:03d}", PAIR_SCHEMA)
@@ -172,7 +181,7 @@ def exact_task(shared: tuple[str, Any, list[tuple[str, int]]], p: int) -> dict[s
 def components_task(shared: tuple[str, Any]) -> dict[str, Any]:
     """All edges in one task: components in memory, written as the converged rounds would be."""
     folder, stage = shared
-    root = Path(folder)
+    root = location(folder)
 
     def work() -> dict[str, Any]:
         edges = _all_edges(root / "cc" / "r000")
@@ -184,7 +193,7 @@ def components_task(shared: tuple[str, Any]) -> dict[str, Any]:
     return _once(root / "records" / "components.json", work)
 
 
-def _all_edges(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+def _all_edges(folder: Location) -> tuple[np.ndarray, np.ndarray]:
     """The directed edges of every partition under `folder`."""
     tables = [read_partition(part, EDGE_SCHEMA) for part in sorted(folder.glob("p*"))]
     table = pa.concat_tables(tables) if tables else EDGE_SCHEMA.empty_table()
@@ -193,7 +202,7 @@ def _all_edges(folder: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def round_task(shared: tuple[str, Any], r: int, p: int) -> dict[str, Any]:
     folder, stage = shared
-    root = Path(folder)
+    root = location(folder)
 
     def work() -> dict[str, Any]:
         src, dst = _directed(root / "cc" / f"r{r:03d}" / f"p{p:03d}")
@@ -208,7 +217,7 @@ def round_task(shared: tuple[str, Any], r: int, p: int) -> dict[str, Any]:
 def members_task(shared: tuple[str, Any], converged: str, p: int) -> dict[str, Any]:
     """Labels from the converged edges in `cc/<converged>/`, joined with the nodes' ids and lengths."""
     folder, stage = shared
-    root = Path(folder)
+    root = location(folder)
 
     def work() -> dict[str, Any]:
         node, label = labels(*_directed(root / "cc" / converged / f"p{p:03d}"))
@@ -227,7 +236,7 @@ def members_task(shared: tuple[str, Any], converged: str, p: int) -> dict[str, A
 
 def winners_task(shared: tuple[str, Any], p: int) -> dict[str, Any]:
     folder, stage = shared
-    root = Path(folder)
+    root = location(folder)
 
     def work() -> dict[str, Any]:
         members = read_partition(root / "members" / f"p{p:03d}")
@@ -235,21 +244,62 @@ def winners_task(shared: tuple[str, Any], p: int) -> dict[str, Any]:
             losers, clusters = LOSER_SCHEMA.empty_table(), CLUSTER_SCHEMA.empty_table()
         else:
             losers, clusters = choose_kept(members, stage.config.keep)
+        # By order, so that `clusters_task` merges the partitions without sorting them all at once.
+        clusters = clusters.sort_by([("order", "ascending")])
         atomic_write_table(root / f"clusters-p{p:03d}.arrow", clusters)
         atomic_write_table(root / f"losers-p{p:03d}.arrow", losers)
-        return {"losers": losers.num_rows}
+        # A cluster lives in one partition (members go to the partition of their label): counts add up.
+        n_clusters = len(pc.unique(clusters.column("cluster_id"))) if clusters.num_rows else 0
+        return {"losers": losers.num_rows, "clusters": n_clusters}
 
     return _once(root / "records" / f"winners-p{p:03d}.json", work)
+
+
+MERGE_ROWS = 1 << 16  # rows taken from each partition's file per step of `clusters_task`'s merge
+
+
+def clusters_task(shared: tuple[str, str], _: int = 0) -> dict[str, Any]:
+    """`out_dir/near_duplicates/clusters.parquet`: every partition's clusters (each file sorted by order)
+    merged by order, written a range of orders at a time: a step holds at most `MERGE_ROWS` rows of each
+    partition, so memory is bounded by the partition count, not by the corpus."""
+    folder, out_dir = location(shared[0]), location(shared[1])
+
+    def work() -> dict[str, Any]:
+        tables = [read_table(f) for f in sorted(folder.glob("clusters-p*.arrow"))]  # memory-mapped when local
+        orders = [t.column("order").to_numpy() for t in tables]
+        # Step boundaries: every MERGE_ROWS-th order of every file, so no step takes more from a file.
+        bounds = np.unique(np.concatenate([o[::MERGE_ROWS] for o in orders] + [np.empty(0, np.int64)]))
+        bounds = np.r_[bounds[1:], np.iinfo(np.int64).max] if len(bounds) else np.empty(0, np.int64)
+        schema = CLUSTER_SCHEMA.remove(CLUSTER_SCHEMA.get_field_index("order"))
+        rows, start = 0, [0] * len(tables)
+        path = out_dir / "near_duplicates" / "clusters.parquet"
+        with replacing(path, False) as tmp, tmp.open("wb") as sink, pq.ParquetWriter(sink, schema) as writer:
+            for bound in bounds:
+                parts = []
+                for i, (t, o) in enumerate(zip(tables, orders)):
+                    stop = int(np.searchsorted(o, bound, side="left")) if bound != np.iinfo(np.int64).max else len(o)
+                    if stop > start[i]:
+                        parts.append(t.slice(start[i], stop - start[i]))
+                        start[i] = stop
+                if parts:
+                    step = pa.concat_tables(parts).sort_by([("order", "ascending")]).drop(["order"])
+                    writer.write_table(step)
+                    rows += step.num_rows
+            if rows == 0:
+                writer.write_table(schema.empty_table())
+        return {"rows": rows}
+
+    return _once(folder / "records" / "clusters.json", work)
 
 
 class NearDedupStage(MinHashStage, GlobalStage):
     """Near dedup as a global stage: `MinHashStage`'s keys, resolved by this module's tasks."""
 
-    def resolve(self, run_tasks: RunTasks, folder: Path, out_dir: Path) -> dict[str, Any]:
+    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location) -> dict[str, Any]:
         return resolve(run_tasks, folder, self, out_dir)
 
 
-def resolve(run_tasks: RunTasks, folder: Path, stage: MinHashStage, out_dir: Path) -> dict[str, Any]:
+def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location) -> dict[str, Any]:
     """Run the whole resolution with `run_tasks(fn, shared, items, desc)` (an executor's: it calls
     `fn(shared, *item)` for each item); write
     `out_dir/near_duplicates/clusters.parquet`. Returns a summary for the stats."""
@@ -259,7 +309,7 @@ def resolve(run_tasks: RunTasks, folder: Path, stage: MinHashStage, out_dir: Pat
     found = run_tasks(edges_task, shared, [(p,) for p in partitions], f"{stage.name} edges")
     checked = []
     if sum(x["near"] for x in found):
-        shingle_index = ShingleStore.index(folder / "shingles" / "p000")
+        shingle_index = run_tasks(shingle_index_task, str(folder / "shingles" / "p000"), [(0,)], f"{stage.name} shingles")[0]
         checked = run_tasks(exact_task, (*shared, shingle_index), [(p,) for p in partitions], f"{stage.name} exact")
     edges = sum(x["edges"] for x in found) + sum(x["edges"] for x in checked)
     if edges <= config.one_task_edges:
@@ -269,12 +319,9 @@ def resolve(run_tasks: RunTasks, folder: Path, stage: MinHashStage, out_dir: Pat
         rounds = _component_rounds(run_tasks, shared, config)
         converged = f"r{rounds - 1:03d}"  # the input of the last round
     run_tasks(members_task, shared, [(converged, p) for p in partitions], f"{stage.name} members")
-    losers = sum(x["losers"] for x in run_tasks(winners_task, shared, [(p,) for p in partitions], f"{stage.name} keep"))
-    clusters = [read_table(f) for f in sorted(folder.glob("clusters-p*.arrow"))]
-    table = pa.concat_tables(clusters) if clusters else CLUSTER_SCHEMA.empty_table()
-    table = table.sort_by([("order", "ascending")]).drop(["order"])
-    atomic_write_table(out_dir / "near_duplicates" / "clusters.parquet", table, format="parquet")
-    n_clusters = len(pc.unique(table.column("cluster_id"))) if table.num_rows else 0
+    kept = run_tasks(winners_task, shared, [(p,) for p in partitions], f"{stage.name} keep")
+    run_tasks(clusters_task, (str(folder), str(out_dir)), [(0,)], f"{stage.name} clusters")
+    losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)
     return {
         "candidate_pairs": sum(x["candidates"] for x in found),  # distinct within each bucket partition
         "exact_checked": sum(x["checked"] for x in checked),

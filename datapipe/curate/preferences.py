@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 from datapipe.core import shards
 from datapipe.core.config import ConfigError, check, note
+from datapipe.core.storage import is_url
 from stages.fast_bpe import reference_tokenizer
 from stages.tokenize import id_bound, token_dtype
 
@@ -81,6 +82,8 @@ class PreferenceConfig:
 
     def __post_init__(self) -> None:
         check(len(self.inputs) > 0, "inputs must name at least one file, glob or dataset (in the config, or with --input PATH)")
+        check(not is_url(self.output), f"output must be a local folder (preference curation writes only there), got the "
+                                       f"URL {self.output!r}; write locally and copy the folder to object storage")
         for name in ("max_prompt_tokens", "max_response_tokens", "shard_rows"):
             check(getattr(self, name) >= 1, f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
 

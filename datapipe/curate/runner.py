@@ -12,18 +12,25 @@ Phases, each a set of independent tasks whose outputs are files in `OUT/work/`:
               (`work/<stage>/<kind>/pNNN/`);
    resolve    the global stage's resolve half, with its own tasks (exact dedup: one per partition;
               near dedup: shuffles and connected-components rounds) decides the losers over all
-              its keys; the next segment drops them first (so exact dedup is global across every
-              file, worker and node, and its winner is the first document in input order);
-3. tokenizer  trained once on a deterministic sample of the kept text (or loaded);
+              its keys; one task per losers file cuts them by input unit (`split_losers_task`),
+              and the next segment's task reads its unit's and drops them first (so exact dedup is
+              global across every file, worker and node, and its winner is the first document in
+              input order);
+3. tokenizer  trained once on a deterministic sample of the kept text, taken by one task per block (or loaded);
 4. tokenize   one task per block, on actors that each hold a tokenizer;
    eval split (`eval.enabled`) held-out documents chosen by a seeded hash of their id, and their
               exact and near copies dropped from training (`datapipe/curate/eval_split.py`);
    select     diversity sampling and the mixture over the training documents (`selection.py`);
 5. shards     rows cut into shards of `output.shard_bytes` in input order, one task per shard
-              (`auto`: sized from the token bytes to write, `plan_shards`)
+              (`auto`: sized from the token bytes to write, `plan_shards`: the driver reads the row
+              lengths and copies of one block at a time and hands each shard task row ranges)
               (and the eval split's into OUT/eval/shards/);
 6. manifest.json and stats.json, written last; then work/ is deleted (unless `output.keep_work`) and
    stats.json rewritten with that clean-up's seconds: its `phase_seconds` add up to the whole run.
+
+Memory is bounded by blocks and partitions, not by the corpus: every per-document decision is made in
+a task over a block or a partition, and the driver holds per-block, per-partition and per-shard
+summaries only (scripts/bench_driver_memory.py measures it).
 
 Every task writes its outputs atomically, then a small `.json` record of its counters: a rerun
 finds that record and skips the task, so a killed run resumes where it stopped and, since every
@@ -39,7 +46,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +65,7 @@ from datapipe.curate.counters import Counters
 from datapipe.curate.executors import Executor, make_executor
 from datapipe.curate.readers import InputUnit, estimated_text_bytes, input_fingerprints, plan_units, read_unit
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, unit_of
+from datapipe.core.storage import RemotePath, absolute, is_url, location, reachable, remove_tree
 from datapipe.core.shards import (
     ShardInfo,
     atomic_write_bytes,
@@ -73,9 +80,10 @@ from datapipe.core.shards import (
     write_manifest,
     write_shard,
 )
-from stages.base import LOSER_SCHEMA, FilterStage, GlobalStage, Stage
+from stages.base import LOSER_SCHEMA, FilterStage, GlobalStage, Stage, read_partition
 from datapipe.curate.near_dedup import NearDedupStage
 from datapipe.curate import eval_split, selection, unique_ids
+from datapipe.curate.selection import RowCopies
 from stages.exact_dedup import ExactDedupStage
 from stages.langid import LangIdStage
 from stages.minhash import MinHashStage
@@ -104,14 +112,19 @@ class Segment:
 @dataclass
 class Plan:
     cfg: CurateConfig
-    out_dir: str  # absolute
+    out_dir: str  # absolute, or a URL
     units: list[InputUnit]
     segments: list[Segment]
     cwd: str  # the driver's working folder: relative input paths mean the same on every worker
 
     @property
-    def work(self) -> Path:
-        return Path(self.out_dir) / "work"
+    def out(self) -> Path | RemotePath:
+        """The output folder: a local Path, or a RemotePath for a URL (`datapipe.core.storage`)."""
+        return location(self.out_dir)
+
+    @property
+    def work(self) -> Path | RemotePath:
+        return self.out / "work"
 
 
 @dataclass
@@ -184,7 +197,7 @@ def _write_dropped(plan: Plan, stage_name: str, block: str, parts: list[pa.Recor
     parts = [p for p in parts if p.num_rows]
     if parts:
         table = pa.Table.from_batches(parts, schema=DROPPED_SCHEMA)
-        atomic_write_table(Path(plan.out_dir) / "dropped" / f"{stage_name}-{block}.parquet", table, format="parquet")
+        atomic_write_table(plan.out / "dropped" / f"{stage_name}-{block}.parquet", table, format="parquet")
 
 
 # ---------------------------------------------------------------- phase 1: read
@@ -196,7 +209,8 @@ def read_task(plan: Plan, unit_index: int) -> dict[str, Any]:
         return done
     unit = plan.units[unit_index]
     inp = plan.cfg.inputs[unit.input_index]
-    with _working_dir(plan.cwd):
+    # A URL input needs no working folder (the driver's may not exist on this node).
+    with _working_dir(plan.cwd) if not is_url(inp.path) else contextlib.nullcontext():
         return _read(plan, unit_index, unit, inp, record)
 
 
@@ -219,7 +233,7 @@ class _QuarantineWriter:
 
     FLUSH_BYTES = 1 << 20
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | RemotePath) -> None:
         self.path = path
         self.buffer: list[bytes] = []
         self.buffered = 0
@@ -235,7 +249,7 @@ class _QuarantineWriter:
     def _flush(self) -> None:
         if self.file is None:
             tmp = self.stack.enter_context(replacing(self.path, False))
-            self.file = self.stack.enter_context(open(tmp, "wb"))
+            self.file = self.stack.enter_context(tmp.open("wb"))
         self.file.write(b"".join(self.buffer))
         self.buffer, self.buffered = [], 0
 
@@ -256,7 +270,7 @@ class _QuarantineWriter:
 
 def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any, record: Path) -> dict[str, Any]:
     counters = Counters()
-    quarantine = _QuarantineWriter(Path(plan.out_dir) / "quarantine" / f"u{unit_index:06d}.jsonl")
+    quarantine = _QuarantineWriter(plan.out / "quarantine" / f"u{unit_index:06d}.jsonl")
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
     blocks = 0
@@ -327,12 +341,14 @@ def _apply_losers(table: pa.Table, losers: pa.Table, stage: str, keep_text: bool
     return kept, dropped
 
 
-def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int, losers: pa.Table | None) -> dict[str, Any]:
+def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int) -> dict[str, Any]:
     seg = plan.segments[seg_index]
     name = block_name(unit_index, block)
     record = plan.work / seg.name / f"{name}.json"
     if (done := _done(record)) is not None:
         return done
+    previous = plan.segments[seg_index - 1].global_stage if seg_index > 0 else None
+    losers = _unit_losers(plan.work / previous.name, unit_index) if previous is not None else None
     input_index = plan.units[unit_index].input_index
     source = plan.work / ("read" if seg_index == 0 else plan.segments[seg_index - 1].name) / f"{name}.arrow"
     table = read_table(source)
@@ -379,41 +395,57 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int, losers
     return result
 
 
-def _losers_by_unit(plan: Plan, seg_index: int) -> dict[int, pa.Table]:
-    stage = plan.segments[seg_index].global_stage
-    losers = stage.losers(plan.work / stage.name)
-    if losers.num_rows == 0:
-        return {}
+LOSERS_BY_UNIT = "losers-by-unit"  # work/<global stage>/losers-by-unit/uNNNNNN/<losers file>.arrow
+
+
+def split_losers_task(folder: str, file_name: str) -> int:
+    """Cut one losers file of a global stage (`folder/losers-pNNN.arrow`) by input unit, into
+    `folder/losers-by-unit/u<unit>/losers-pNNN.arrow`, so that each block task reads its own unit's
+    losers and no process holds them all; the number of losers."""
+    root = location(folder)
+    record = root / LOSERS_BY_UNIT / f"{file_name}.json"
+    if (done := _done(record)) is not None:
+        return done["losers"]
+    losers = read_table(root / file_name).sort_by([("order", "ascending")])
     units = unit_of(losers.column("order").to_numpy())
-    return {int(u): losers.filter(pa.array(units == u)) for u in np.unique(units)}
+    starts = np.flatnonzero(np.r_[True, units[1:] != units[:-1]]) if len(units) else np.empty(0, np.int64)
+    for start, stop in zip(starts, np.r_[starts[1:], len(units)]):
+        part = losers.slice(int(start), int(stop - start))
+        atomic_write_table(root / LOSERS_BY_UNIT / f"u{int(units[start]):06d}" / file_name, part)
+    atomic_write_json(record, {"losers": losers.num_rows})
+    return losers.num_rows
+
+
+def _unit_losers(folder: Path | RemotePath, unit_index: int) -> pa.Table:
+    """The losers of input unit `unit_index` (of every losers file: `split_losers_task`)."""
+    return read_partition(folder / LOSERS_BY_UNIT / f"u{unit_index:06d}", LOSER_SCHEMA)
 
 
 # ---------------------------------------------------------------- phase 3: tokenizer
 
 
-def _sampled_texts(plan: Plan, blocks: list[tuple[int, int]], rate: float):
-    """A deterministic sample of the kept text: documents whose id hashes below `rate`."""
+def sample_task(plan: Plan, unit: int, block: int, rate: float) -> list[str]:
+    """The block's part of the tokenizer's training sample: the kept documents whose id hashes below `rate`."""
     threshold = int(rate * 2**64)
-    folder = plan.work / plan.segments[-1].name
-    for unit, block in blocks:
-        table = read_table(folder / f"{block_name(unit, block)}.arrow")
-        for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist()):
-            if rate >= 1.0 or xxhash.xxh64_intdigest(doc_id.encode()) < threshold:
-                yield text
+    table = read_table(plan.work / plan.segments[-1].name / f"{block_name(unit, block)}.arrow")
+    return [text for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist())
+            if rate >= 1.0 or xxhash.xxh64_intdigest(doc_id.encode()) < threshold]
 
 
-def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int) -> tuple[str, str]:
+def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int, run_tasks: Callable[..., list[Any]]) -> tuple[str, str]:
     """(absolute path of the tokenizer.json, the path the manifest records). Trains one when the
-    config names none."""
+    config names none, on a deterministic sample of the kept text (about `sample_bytes`), taken by
+    one task per block (`sample_task`)."""
     tcfg = plan.cfg.tokenizer
     if tcfg.path is not None:
-        return os.path.join(plan.cwd, tcfg.path), tcfg.path
-    saved = Path(plan.out_dir) / "tokenizer.json"
+        return (tcfg.path if is_url(tcfg.path) else os.path.join(plan.cwd, tcfg.path)), tcfg.path
+    saved = plan.out / "tokenizer.json"
     if not saved.exists():
         if kept_bytes == 0:
             raise RuntimeError("no document survived curation: there is no text to train a tokenizer on")
         rate = min(1.0, tcfg.train.sample_bytes / kept_bytes)
-        tokenizer = train_tokenizer(_sampled_texts(plan, blocks, rate), tcfg)
+        parts = run_tasks(sample_task, plan, [(u, b, rate) for u, b in blocks], "tokenizer sample")
+        tokenizer = train_tokenizer((text for part in parts for text in part), tcfg)
         atomic_write_bytes(saved, tokenizer.to_str().encode(), durable=True)
     if tcfg.train.save_dir:
         text = saved.read_text()
@@ -431,7 +463,7 @@ class TokenizeWorker:
 
     def __init__(self, plan: Plan, tokenizer_path: str) -> None:
         self.plan = plan
-        self.stage = TokenizeStage(Path(tokenizer_path).read_text(), plan.cfg.tokenizer, tokenizer_path)
+        self.stage = TokenizeStage(location(tokenizer_path).read_text(), plan.cfg.tokenizer, tokenizer_path)
 
     def run(self, unit_index: int, block: int) -> dict[str, Any]:
         plan = self.plan
@@ -448,6 +480,8 @@ class TokenizeWorker:
         schema = shard_schema(self.stage.dtype)
         tokens = pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
         atomic_write_table(plan.work / "tokens" / f"{name}.arrow", tokens)
+        # the row lengths alone, for shard planning in the driver (`plan_shards`): 8 bytes a row
+        atomic_write_table(plan.work / "lengths" / f"{name}.arrow", tokens.select(["num_tokens"]))
         counters = Counters()
         input_index = plan.units[unit_index].input_index
         if tokens.num_rows:
@@ -462,63 +496,86 @@ class TokenizeWorker:
 # ---------------------------------------------------------------- phase 5: shards
 
 
-def plan_shards(
-    plan: Plan, blocks: list[tuple[int, int]], itemsize: int, copies: dict[str, np.ndarray] | None = None
-) -> list[list[tuple[str, np.ndarray]]]:
+def _lengths(plan: Plan, name: str) -> np.ndarray:
+    """Token count of every row of one token block (its small `lengths/` file; the token file's column
+    for a block tokenized before those files were written)."""
+    small = plan.work / "lengths" / f"{name}.arrow"
+    table = read_table(small if small.exists() else plan.work / "tokens" / f"{name}.arrow")
+    return table.column("num_tokens").to_numpy()
+
+
+# A piece of a shard: (block, pass, start, stop): rows start..stop-1 of the block's rows written in that
+# pass (every row without copies; else the rows whose copies exceed the pass number).
+Piece = tuple[str, int, int, int]
+
+
+def plan_shards(plan: Plan, blocks: list[tuple[int, int]], itemsize: int, copies: RowCopies | None = None) -> list[list[Piece]]:
     """Cut the rows of all blocks, in input order, into shards of about `shard_bytes` token bytes
-    (`auto`: `auto_shard_bytes` of the token bytes these rows hold). Each shard is a list of (block, row
-    indices). With `copies` (from selection), a row written k times appears in passes 0..k-1: every pass
-    is the corpus in input order again, so repeats of a document land far apart. Independent of the
-    worker count."""
-    passes = 1 if copies is None else max([int(c.max()) for c in copies.values() if len(c)] or [0])
-    shards: list[list[tuple[str, np.ndarray]]] = []
-    current: list[tuple[str, np.ndarray]] = []
-    size = 0
-    lengths = {
-        block_name(u, b): read_table(plan.work / "tokens" / f"{block_name(u, b)}.arrow").column("num_tokens").to_numpy()
-        for u, b in blocks
-    }
-    passes_rows = [
-        (block_name(u, b), np.arange(len(lengths[block_name(u, b)])) if copies is None
-         else np.flatnonzero(copies[block_name(u, b)] > k))
-        for k in range(passes) for u, b in blocks
-    ]
+    (`auto`: `auto_shard_bytes` of the token bytes these rows hold). With `copies` (from selection), a
+    row written k times appears in passes 0..k-1: every pass is the corpus in input order again, so
+    repeats of a document land far apart. Independent of the worker count. The driver reads the row
+    lengths (and copies) of one block at a time and keeps only the pieces: memory is bounded by the
+    block size and the shard count, not by the corpus."""
+    names = [block_name(u, b) for u, b in blocks]
+    passes = 1 if copies is None else copies.passes
+
+    def sizes(name: str, k: int) -> np.ndarray:  # token bytes of the rows of pass k of a block
+        lengths = _lengths(plan, name).astype(np.int64)
+        return lengths * itemsize if copies is None else lengths[copies.of(name) > k] * itemsize
+
     target = plan.cfg.output.shard_bytes
     if target == "auto":
-        target = auto_shard_bytes(sum(int(lengths[name][rows].sum()) for name, rows in passes_rows) * itemsize)
-    for name, rows in passes_rows:
-        start = 0
-        for i, row in enumerate(rows):
-            size += int(lengths[name][row]) * itemsize
-            if size >= target:
-                current.append((name, rows[start : i + 1]))
+        target = auto_shard_bytes(sum(int(sizes(name, k).sum()) for k in range(passes) for name in names))
+    shards: list[list[Piece]] = []
+    current: list[Piece] = []
+    size = 0  # token bytes in `current`
+    for k in range(passes):
+        for name in names:
+            cumulative = np.cumsum(sizes(name, k))
+            start, before = 0, 0  # the first row not yet in a piece; the bytes of the rows before it
+            while start < len(cumulative):
+                # the row at which the shard reaches its target: it ends the shard
+                end = max(int(np.searchsorted(cumulative, target - size + before, side="left")), start)
+                if end >= len(cumulative):
+                    break
+                current.append((name, k, start, end + 1))
                 shards.append(current)
-                current, size, start = [], 0, i + 1
-        if start < len(rows):
-            current.append((name, rows[start:]))
+                current, size, start, before = [], 0, end + 1, int(cumulative[end])
+            if start < len(cumulative):
+                current.append((name, k, start, len(cumulative)))
+                size += int(cumulative[-1]) - before
     if current:
         shards.append(current)
     return shards
 
 
-def shard_task(plan: Plan, index: int, pieces: list[tuple[str, np.ndarray]]) -> dict[str, Any]:
+def _piece_rows(copies: RowCopies | None, name: str, k: int, start: int, stop: int) -> np.ndarray:
+    """The rows of a block that a piece (name, k, start, stop) takes."""
+    return np.arange(start, stop) if copies is None else np.flatnonzero(copies.of(name) > k)[start:stop]
+
+
+def _shard_table(plan: Plan, pieces: list[Piece], copies: RowCopies | None) -> pa.Table:
+    parts = [read_table(plan.work / "tokens" / f"{name}.arrow").take(pa.array(_piece_rows(copies, name, k, start, stop)))
+             for name, k, start, stop in pieces]
+    return pa.concat_tables(parts)
+
+
+def shard_task(plan: Plan, index: int, pieces: list[Piece], copies: RowCopies | None = None) -> dict[str, Any]:
     record = plan.work / "shards" / f"shard-{index:05d}.json"
     if (done := _done(record)) is not None:
         return done
-    parts = [read_table(plan.work / "tokens" / f"{name}.arrow").take(pa.array(rows)) for name, rows in pieces]
-    info = write_shard(plan.out_dir, index, pa.concat_tables(parts))
+    info = write_shard(plan.out_dir, index, _shard_table(plan, pieces, copies))
     result = dataclasses.asdict(info)
     atomic_write_json(record, result)
     return result
 
 
-def eval_shard_task(plan: Plan, index: int, pieces: list[tuple[str, np.ndarray]]) -> dict[str, Any]:
+def eval_shard_task(plan: Plan, index: int, pieces: list[Piece], copies: RowCopies | None = None) -> dict[str, Any]:
     """One shard of the eval split, into OUT/eval/shards/."""
     record = plan.work / eval_split.EVAL_DIR / "shards" / f"shard-{index:05d}.json"
     if (done := _done(record)) is not None:
         return done
-    parts = [read_table(plan.work / "tokens" / f"{name}.arrow").take(pa.array(rows)) for name, rows in pieces]
-    info = write_shard(Path(plan.out_dir) / eval_split.EVAL_DIR, index, pa.concat_tables(parts))
+    info = write_shard(plan.out / eval_split.EVAL_DIR, index, _shard_table(plan, pieces, copies))
     result = dataclasses.asdict(info)
     atomic_write_json(record, result)
     return result
@@ -531,7 +588,7 @@ def write_eval_manifest(plan: Plan, shards: list[ShardInfo], info: Any) -> dict[
         tokenizer["path"] = "../tokenizer.json"
     manifest = build_manifest(shards, tokenizer=tokenizer, config=result_affecting(plan.cfg), config_hash=config_hash(plan.cfg))
     manifest["split"] = {"name": "eval", "of": ".."}
-    write_manifest(Path(plan.out_dir) / eval_split.EVAL_DIR, manifest)
+    write_manifest(plan.out / eval_split.EVAL_DIR, manifest)
     return manifest
 
 
@@ -601,7 +658,7 @@ def _layout_conflict(plan: Plan, old: dict[str, Any], new: dict[str, Any]) -> st
 def _check_output(plan: Plan, tokenizer_text: str | None = None) -> dict[str, Any] | None:
     """Refuse an output folder holding another run (another config, other or edited inputs, another
     tokenizer, or, unfinished, another work layout); return its manifest if already complete."""
-    out = Path(plan.out_dir)
+    out = plan.out
     record = _run_record(plan, tokenizer_text)
     existing = out / RUN_RECORD
     if not existing.exists():
@@ -690,9 +747,9 @@ def _nothing_survived(
     stats["damaged_inputs"] = damaged
     stats["duplicate_ids"] = unique_ids.summary(id_results)
     stats["nothing_survived"] = True
-    atomic_write_json(Path(plan.out_dir) / "stats.json", stats, durable=True)
+    atomic_write_json(plan.out / "stats.json", stats, durable=True)
     if not plan.cfg.output.keep_work:
-        shutil.rmtree(plan.work, ignore_errors=True)
+        remove_tree(plan.work)
     read = sum(row["read"] for row in stats["inputs"])
     parts = [f"{read:,} records read from {len(plan.cfg.inputs)} input(s)"]
     if stats["quarantined"]:
@@ -725,31 +782,34 @@ def curate(
     """Run the whole curation pipeline described by `cfg`; see the module docstring."""
     t0 = time.perf_counter()
     units = plan_units(list(cfg.inputs))  # a missing or unreadable input fails here, before any work
+    if cfg.eval.enabled and cfg.eval.source:
+        eval_split.read_source(cfg.eval.source)  # so does a missing or empty eval.source
     cfg = resolve_block_bytes(cfg, units)
     tokenizer_text = None
     if cfg.tokenizer.path is not None:
         try:
-            tokenizer_text = Path(cfg.tokenizer.path).read_text()
+            tokenizer_text = location(cfg.tokenizer.path).read_text()
         except OSError as exc:
             raise ConfigError(f"tokenizer.path: cannot read {cfg.tokenizer.path!r}: {exc}") from None
         describe(tokenizer_text, cfg.tokenizer.path, cfg.tokenizer)  # special ids in the vocabulary, ids fit uint32: fail now
         choose_encoder(tokenizer_text, cfg.tokenizer, cfg.tokenizer.path)  # `encoder: fast` that cannot be: fail now
     plan = Plan(
         cfg=cfg,
-        out_dir=os.path.abspath(cfg.output.dir),
+        out_dir=absolute(cfg.output.dir),
         units=units,
         segments=build_segments(cfg, list(extra_stages)),
         cwd=os.getcwd(),
     )
+    reachable(plan.out_dir, "output.dir")  # a URL without credentials or with a wrong endpoint: an error now
     make_folder(plan.out_dir)  # a read-only or full disk: an OutputError naming the folder
     finished = _check_output(plan, tokenizer_text)
     # No writer works in this folder now: temporaries left by a killed or failed run are garbage.
     remove_temporaries(plan.out_dir)
     if finished is not None:
         if not cfg.output.keep_work:  # a run killed between its manifest and this clean-up
-            shutil.rmtree(plan.work, ignore_errors=True)
+            remove_tree(plan.work)
         log(f"{cfg.output.dir} is a finished run of the same config: reusing it (nothing to do)")
-        stats = json.loads((Path(plan.out_dir) / "stats.json").read_text())
+        stats = json.loads((plan.out / "stats.json").read_text())
         return CurateResult(plan.out_dir, finished, stats, 0.0, reused=True)
 
     own_executor = executor is None
@@ -781,8 +841,7 @@ def curate(
 
         kept_bytes = kept_docs = 0
         for s, seg in enumerate(plan.segments):
-            losers = _losers_by_unit(plan, s - 1) if s > 0 and plan.segments[s - 1].global_stage else None
-            items = [(s, u, b, None if losers is None else losers.get(u, LOSER_SCHEMA.empty_table())) for u, b in blocks]
+            items = [(s, u, b) for u, b in blocks]
             results = executor.run_tasks(segment_task, plan, items, seg.title)
             for r in results:
                 total.merge(Counters.from_json(r["counters"]))
@@ -790,13 +849,16 @@ def curate(
             kept_docs = sum(r["rows"] for r in results)
             lap(seg.title)
             if (stage := seg.global_stage) is not None:  # its resolve half, the same way for every global stage
-                global_summaries[stage.name] = stage.resolve(executor.run_tasks, plan.work / stage.name, Path(plan.out_dir))
+                global_summaries[stage.name] = stage.resolve(executor.run_tasks, plan.work / stage.name, plan.out)
+                loser_files = sorted(f.name for f in (plan.work / stage.name).glob("losers-p*.arrow"))
+                executor.run_tasks(split_losers_task, str(plan.work / stage.name), [(f,) for f in loser_files],
+                                   f"{stage.name} losers by unit")
                 lap(f"{stage.name} resolve")
 
         if kept_docs == 0:
             raise _nothing_survived(plan, total, t0, damaged, id_results)
-        tokenizer_path, where = prepare_tokenizer(plan, blocks, kept_bytes)
-        info = describe(Path(tokenizer_path).read_text(), where, cfg.tokenizer)
+        tokenizer_path, where = prepare_tokenizer(plan, blocks, kept_bytes, executor.run_tasks)
+        info = describe(location(tokenizer_path).read_text(), where, cfg.tokenizer)
         lap("tokenizer")
         token_results = executor.run_actors(TokenizeWorker, (plan, tokenizer_path), "run", blocks, "tokenize")
         for r in token_results:
@@ -808,25 +870,30 @@ def curate(
         held_out = None
         if cfg.eval.enabled:  # before selection: eval documents are never sampled away nor repeated
             held = eval_split.split(
-                executor.run_tasks, plan.work, Path(plan.out_dir), block_inputs, plan.segments[-1].name, cfg.eval,
+                executor.run_tasks, plan.work, plan.out, block_inputs, plan.segments[-1].name, cfg.eval,
                 cfg.dedup.minhash, any(isinstance(seg.global_stage, MinHashStage) for seg in plan.segments), total,
+                (str(tokenizer_path), info.sha256),
             )
             held_out = held.not_for_training()
-            if not held.report["domains"]:
+            if not held.report["domains"] and not cfg.eval.source:
                 log(f"warning: the eval split is empty: eval.fraction {cfg.eval.fraction} chose no document; "
                     "raise eval.fraction (the trainer will not evaluate on it)")
             lap("eval_split")
         copies, selection_report = selection.select(
-            executor.run_tasks, plan.work, Path(plan.out_dir), block_inputs,
+            executor.run_tasks, plan.work, plan.out, block_inputs,
             cfg.diversity, cfg.mixture, total, held_out,
         )
         lap("select")
         itemsize = token_dtype(info.vocab_size).byte_width
         shard_plan = plan_shards(plan, blocks, itemsize, copies)
-        shard_results = executor.run_tasks(shard_task, plan, list(enumerate(shard_plan)), "shards")
-        if cfg.eval.enabled:
-            eval_plan = plan_shards(plan, blocks, itemsize, {b: m.astype(np.int64) for b, m in held.eval_rows.items()})
-            eval_results = executor.run_tasks(eval_shard_task, plan, list(enumerate(eval_plan)), "eval_split shards")
+        shard_results = executor.run_tasks(shard_task, plan, [(i, p, copies) for i, p in enumerate(shard_plan)], "shards")
+        if cfg.eval.enabled and cfg.eval.source:
+            eval_results = [dataclasses.asdict(i) for i in eval_split.copy_source(cfg.eval.source, plan.out / eval_split.EVAL_DIR)]
+        elif cfg.eval.enabled:
+            eval_rows = held.eval_rows()
+            eval_plan = plan_shards(plan, blocks, itemsize, eval_rows)
+            eval_results = executor.run_tasks(eval_shard_task, plan, [(i, p, eval_rows) for i, p in enumerate(eval_plan)],
+                                              "eval_split shards")
         lap("shards")
     finally:
         if own_executor:
@@ -861,14 +928,14 @@ def curate(
     unbalanced = [row for row in stats["inputs"] if not row["balanced"]]
     if unbalanced:  # a bug, never bad input: say so loudly rather than write a wrong manifest
         raise RuntimeError(f"document accounting does not balance for {unbalanced}")
-    atomic_write_json(Path(plan.out_dir) / "stats.json", stats, durable=True)
+    atomic_write_json(plan.out / "stats.json", stats, durable=True)
     write_manifest(plan.out_dir, manifest)  # last: its presence means the run is complete
     if not cfg.output.keep_work:
-        shutil.rmtree(plan.work, ignore_errors=True)
+        remove_tree(plan.work)
     # Rewritten with the clean-up's seconds (deleting thousands of work files can take longer than a phase);
     # a run killed before this keeps the first stats.json, complete but for this figure.
     lap("clean_up")
     seconds = time.perf_counter() - t0
     stats["seconds"] = round(seconds, 3)
-    atomic_write_json(Path(plan.out_dir) / "stats.json", stats, durable=True)
+    atomic_write_json(plan.out / "stats.json", stats, durable=True)
     return CurateResult(plan.out_dir, manifest, stats, seconds)

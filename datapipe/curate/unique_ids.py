@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -30,6 +29,7 @@ import xxhash
 
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.shards import atomic_write_json, atomic_write_table, read_table
+from datapipe.core.storage import Location
 
 KEY_SCHEMA = pa.schema([("id", pa.string()), ("order", pa.int64()), ("hash", pa.uint64())])
 RENAME_SCHEMA = pa.schema([("order", pa.int64()), ("id", pa.string()), ("new_id", pa.string())])
@@ -42,7 +42,7 @@ def base_of(doc_id: str) -> str:
     return _SUFFIXES.sub("", doc_id) if "#" in doc_id else doc_id
 
 
-def write_keys(work: Path, block: str, table: pa.Table) -> None:
+def write_keys(work: Location, block: str, table: pa.Table) -> None:
     """Write the (id, order, hash of the id's base) keys of one block's documents. The partition
     (hash % partitions) is taken when resolving, so a resume with another partition count still
     finds every key."""
@@ -51,7 +51,7 @@ def write_keys(work: Path, block: str, table: pa.Table) -> None:
     atomic_write_table(work / FOLDER / "keys" / f"{block}.arrow", pa.table([ids, table.column("order"), hashes], schema=KEY_SCHEMA))
 
 
-def resolve(work: Path, partition: int, partitions: int) -> dict[str, Any]:
+def resolve(work: Location, partition: int, partitions: int) -> dict[str, Any]:
     """Name the renames of one hash partition of the ids: write them per input unit and return
     {"renamed": n, "examples": [[id, new_id, order], ...] (the first few by order)}."""
     record = work / FOLDER / f"resolved-p{partition:03d}-of-{partitions:03d}.json"
@@ -109,7 +109,7 @@ def _renames(keys: pa.Table) -> pa.Table:
                     schema=RENAME_SCHEMA)
 
 
-def apply(work: Path, unit_index: int, table: pa.Table) -> pa.Table:
+def apply(work: Location, unit_index: int, table: pa.Table) -> pa.Table:
     """`table` (documents of one block of input unit `unit_index`) with its renamed ids replaced."""
     folder = work / FOLDER / "renames" / f"u{unit_index:06d}"
     files = sorted(folder.glob("*.arrow")) if folder.is_dir() else []

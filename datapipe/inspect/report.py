@@ -20,8 +20,10 @@ def distinct_written(stats: dict[str, Any]) -> dict[str, dict[str, int]]:
     stats.json's `kept` counts every document that was tokenized and not dropped afterwards, once each:
     the training documents and the held-out eval documents (written to eval/, listed under `eval`). The
     manifest counts rows in the training shards, so a document that the mixture repeats counts once per
-    copy there. Training documents = `kept` - eval; mixture copies = manifest rows - training documents."""
-    held_out = (stats.get("eval") or {}).get("domains", {})
+    copy there. Training documents = `kept` - eval; mixture copies = manifest rows - training documents.
+    With `eval.source` the eval documents are another run's, copied in: never in `kept`."""
+    split = stats.get("eval") or {}
+    held_out = {} if split.get("source") else split.get("domains", {})
     out = {}
     for domain, k in stats.get("kept", {}).items():
         e = held_out.get(domain, {})

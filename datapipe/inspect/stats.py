@@ -22,6 +22,9 @@ One function gathers every figure, and the renderers only format them:
   shard), then `quarantine/*.jsonl` (by the id derived from file and line or row, or by the raw
   record naming the id).
 
+The folder may be local or a URL (`s3://bucket/run`, read through `datapipe.core.storage`): polars scans
+local files lazily; remote shards are read whole through the storage module and their token column dropped.
+
 Stages before tokenization know text bytes, not tokens, so the funnel counts documents and MB in
 and out per stage. Tokens exist only for what was written, and the tables say so.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -39,7 +43,8 @@ from typing import Any
 import polars as pl
 
 from datapipe.core.config import ConfigError
-from datapipe.core.shards import MANIFEST_NAME, SHARD_DIR, read_manifest
+from datapipe.core.shards import MANIFEST_NAME, SHARD_DIR, read_manifest, read_table
+from datapipe.core.storage import RemotePath, reachable
 from datapipe.inspect.report import distinct_written
 from datapipe.inspect.tables import cell, table
 
@@ -59,7 +64,7 @@ class NotAnOutputFolder(ConfigError):
 
 def collect(out_dir: str | Path) -> dict[str, Any]:
     """Every figure the tables, pictures, page and JSON show, as one JSON-able dict."""
-    out = Path(out_dir)
+    out = reachable(out_dir, "OUTPUT_DIR")
     stats_path = out / "stats.json"
     if not stats_path.is_file():
         what = "does not exist" if not out.exists() else "holds no stats.json (the run has not finished, or it is not a datapipe output folder)"
@@ -86,7 +91,7 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
     total_docs = sum(w["docs"] for w in written.values())
     total_tokens = sum(w["tokens"] for w in written.values())
     return {
-        "out_dir": str(out.resolve()),
+        "out_dir": str(out.resolve() if isinstance(out, Path) else out),
         "complete": manifest is not None,
         "nothing_survived": bool(stats.get("nothing_survived")),  # the run stopped: no document was left to write
         "summary": {
@@ -115,7 +120,7 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
     }
 
 
-def _splits(out: Path, manifest: dict | None, stats: dict[str, Any]) -> dict[str, Any]:
+def _splits(out: Path | RemotePath, manifest: dict | None, stats: dict[str, Any]) -> dict[str, Any]:
     """Each held-out split the manifest names (`eval`): docs and tokens per domain counted over its own
     shards (cross-checked with its manifest), and the training copies removed for it (stats.json)."""
     found = {}
@@ -141,12 +146,39 @@ def _length_aggs() -> list[pl.Expr]:
     ]
 
 
-def _scan_shards(paths: list[Path]) -> dict[str, Any]:
+def _scan(paths: list[Path | RemotePath], *, parquet: bool = False, file_column: str | None = None) -> pl.LazyFrame:
+    """The Arrow IPC (or Parquet) files `paths` as one lazy frame, with the file of each row in `file_column`
+    when given. Local files are scanned lazily by polars; remote ones are read through the storage module
+    (shards without their `tokens` column, which nothing here reads)."""
+    if not any(isinstance(p, RemotePath) for p in paths):
+        extra = {"include_file_paths": file_column} if file_column else {}
+        files = [str(p) for p in paths]
+        return pl.scan_parquet(files, **extra) if parquet else pl.scan_ipc(files, **extra)
+    frames = []
+    for p in paths:
+        if parquet:
+            import pyarrow.parquet as pq
+
+            with p.open("rb") as f:
+                t = pq.read_table(f)
+        else:
+            t = read_table(p)
+        frame = pl.from_arrow(t.drop_columns([c for c in ("tokens",) if c in t.column_names]))
+        frames.append(frame.with_columns(pl.lit(str(p)).alias(file_column)) if file_column else frame)
+    return pl.concat(frames, how="diagonal_relaxed").lazy()
+
+
+def _relative(file: str, out: Path | RemotePath) -> str:
+    """The path of `file` (a local path or URL under `out`) relative to `out`."""
+    return str(Path(file).relative_to(out)) if isinstance(out, Path) else file[len(str(out)) + 1:]
+
+
+def _scan_shards(paths: list[Path | RemotePath]) -> dict[str, Any]:
     """One lazy polars pass over the shards: written docs/tokens, percentiles, histogram."""
     empty = {"written": {}, "lengths": [], "lengths_by_lang": [], "histogram": {"bins_per_decade": BINS_PER_DECADE, "edges": [], "counts": {}}}
     if not paths:
         return empty
-    lf = pl.scan_ipc([str(p) for p in paths])
+    lf = _scan(paths)
     has_lang = "lang" in lf.collect_schema().names()
     lf = lf.select(["domain", "num_tokens"] + (["lang"] if has_lang else []))  # never `tokens`
     # bin k holds lengths in [10**(k/B), 10**((k+1)/B)); every document has >= 1 token (its EOS)
@@ -628,44 +660,45 @@ def render_html(figures: dict[str, Any], images: list[Path] | None = None) -> st
 # ---------------------------------------------------------------- why
 
 
-def _find_in_shards(out: Path, doc_id: str) -> dict[str, Any] | None:
+def _find_in_shards(out: Path | RemotePath, doc_id: str) -> dict[str, Any] | None:
     if (out / MANIFEST_NAME).is_file():
         manifest = read_manifest(out)
-        paths = [str(out / s["path"]) for s in manifest["shards"]]
+        paths = [out / s["path"] for s in manifest["shards"]]
         for entry in (manifest.get("splits") or {}).values():  # a held-out split's shards: "shard" names eval/shards/...
-            paths += [str(out / entry["path"] / s["path"]) for s in read_manifest(out / entry["path"])["shards"]]
+            paths += [out / entry["path"] / s["path"] for s in read_manifest(out / entry["path"])["shards"]]
     else:
-        paths = [str(p) for p in sorted((out / SHARD_DIR).glob("*.arrow"))]
+        paths = sorted((out / SHARD_DIR).glob("*.arrow"))
     if not paths:
         return None
-    lf = pl.scan_ipc(paths, include_file_paths="_file")
+    lf = _scan(paths, file_column="_file")
     cols = ["id", "domain", "num_tokens", "_file"] + (["lang"] if "lang" in lf.collect_schema().names() else [])
     hit = lf.select(cols).filter(pl.col("id") == doc_id).head(1).collect()
     if hit.height == 0:
         return None
     r = hit.row(0, named=True)
-    return {"id": doc_id, "status": "kept", "domain": r["domain"], "shard": str(Path(r["_file"]).relative_to(out)),
+    return {"id": doc_id, "status": "kept", "domain": r["domain"], "shard": _relative(r["_file"], out),
             "num_tokens": r["num_tokens"], "lang": r.get("lang")}
 
 
-def _find_dropped(out: Path, doc_id: str) -> dict[str, Any] | None:
-    if not any((out / "dropped").glob("*.parquet")):
+def _find_dropped(out: Path | RemotePath, doc_id: str) -> dict[str, Any] | None:
+    files = sorted((out / "dropped").glob("*.parquet"))
+    if not files:
         return None
-    hit = (pl.scan_parquet(str(out / "dropped" / "*.parquet"), include_file_paths="_file")
+    hit = (_scan(files, parquet=True, file_column="_file")
            .select("id", "domain", "stage", "reason", "kept_id", "_file")
            .filter(pl.col("id") == doc_id).head(1).collect())
     if hit.height == 0:
         return None
     r = hit.row(0, named=True)
     return {"id": doc_id, "status": "dropped", "domain": r["domain"], "stage": r["stage"], "reason": r["reason"],
-            "kept_id": r["kept_id"], "file": str(Path(r["_file"]).relative_to(out))}
+            "kept_id": r["kept_id"], "file": _relative(r["_file"], out)}
 
 
-def _find_cluster(out: Path, doc_id: str) -> dict[str, Any] | None:
+def _find_cluster(out: Path | RemotePath, doc_id: str) -> dict[str, Any] | None:
     path = out / "near_duplicates" / "clusters.parquet"
     if not path.is_file():
         return None
-    lf = pl.scan_parquet(str(path))
+    lf = _scan([path], parquet=True)
     mine = lf.filter(pl.col("id") == doc_id).select("cluster_id").head(1).collect()
     if mine.height == 0:
         return None
@@ -675,14 +708,14 @@ def _find_cluster(out: Path, doc_id: str) -> dict[str, Any] | None:
     return {"cluster_id": cid, "size": members.height, "kept": kept[0] if kept else None, "members": members["id"].head(20).to_list()}
 
 
-def _find_quarantined(out: Path, doc_id: str) -> dict[str, Any] | None:
+def _find_quarantined(out: Path | RemotePath, doc_id: str) -> dict[str, Any] | None:
     """Quarantined records never got an id: match the id derived from file and line (JSONL) or
     row (columnar), or a raw record that names the id as a JSON string."""
     files = sorted((out / "quarantine").glob("*.jsonl"))
     if not files:
         return None
     schema = {"file": pl.String, "line": pl.Int64, "row": pl.Int64, "reason": pl.String, "detail": pl.String, "raw": pl.String}
-    q = pl.concat([pl.read_ndjson(f, schema=schema) for f in files])  # one frame per file (few, small)
+    q = pl.concat([pl.read_ndjson(f if isinstance(f, Path) else io.BytesIO(f.read_bytes()), schema=schema) for f in files])  # one frame per file (few, small)
     derived = (pl.col("file") + ":" + pl.col("line").cast(pl.String)).eq(doc_id).fill_null(False) | (
         pl.col("file") + ":" + pl.col("row").cast(pl.String)).eq(doc_id).fill_null(False)
     hit = q.filter(derived)
@@ -700,7 +733,7 @@ def _find_quarantined(out: Path, doc_id: str) -> dict[str, Any] | None:
 def why(out_dir: str | Path, doc_id: str) -> dict[str, Any] | None:
     """Where document `doc_id` went: dropped (stage, reason, the id kept instead of a duplicate,
     its near-duplicate cluster), kept (which shard) or quarantined; None when the id is unknown."""
-    out = Path(out_dir)
+    out = reachable(out_dir, "OUTPUT_DIR")
     if not (out / "stats.json").is_file() and not (out / MANIFEST_NAME).is_file():
         raise NotAnOutputFolder(f"output folder {str(out)!r} holds no stats.json or manifest.json")
     found = _find_dropped(out, doc_id)

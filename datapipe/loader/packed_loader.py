@@ -3,13 +3,15 @@
     from datapipe.loader import PackedLoader
     loader = PackedLoader("out/", seq_len=2048, batch_size=8, seed=0, epochs=1, num_workers=2)
     for batch in loader: ...   # input_ids, labels, position_ids, cu_seqlens, doc_ids, segment_ids (tensors)
+    PackedLoader("scored/", ..., doc_columns=("ref_loss",))   # + batch["ref_loss"]: the document's value per token
     state = loader.state_dict(); loader.load_state_dict(state); loader.stats(); loader.report_losses(ids, losses)
 
 The public loader and its worker fan-out; the parts each have a module of one job:
 `reader` (shards opened and cached), `planner` (the document stream, domain interleaving and
 packing into rows: read its docstring for the design), `feedback` (the loss reports and the
-predictor they train) and `packing` (rows into the training arrays). Argument errors raise
-`datapipe.core.config.ConfigError` naming the argument, before any shard is read.
+predictor and mixing bandit they train), `online_mixing` (the bandit) and `packing` (rows into the
+training arrays). Argument errors raise `datapipe.core.config.ConfigError` naming the argument,
+before any shard is read.
 
 Workers. Planning a batch needs only document lengths, which are cheap; reading tokens and building
 tensors is the costly part. So every DataLoader worker runs the same planner from the same state,
@@ -20,8 +22,8 @@ batch travels with the planner state after it; `state_dict()` returns the state 
 batch handed to the caller, whatever the workers have prefetched.
 
 State. `state_dict()` is {version, config (the settings a resume must match), planner (see
-`planner`), stats (what was served), losses and predictor (owned by `feedback`)}. Positions
-count documents and tokens, never batches or samples, so a state resumes the same rows with another batch size or number of workers. Resuming
+`planner`), stats (what was served), losses, predictor and mixing (owned by `feedback`)}. Positions
+count shuffle windows, units (documents, or chunks of long ones) and tokens, never batches or samples, so a state resumes the same rows with another batch size or number of workers. Resuming
 reads the manifest, then only the shards of the pieces in the state, of the documents the next
 batches draw, and (with world_size > 1) the one shard per domain that holds the rank's boundary.
 """
@@ -38,6 +40,7 @@ import torch
 
 from datapipe.core import shards
 from datapipe.core.config import ConfigError
+from datapipe.loader import online_mixing as om
 from datapipe.loader import prioritize as prio
 from datapipe.loader.feedback import FEEDBACK_KEYS, LossFeedback
 from datapipe.loader.packing import check_policy, compact_batch, expand_batch
@@ -45,13 +48,16 @@ from datapipe.loader.planner import PlanConfig, Planner
 from datapipe.loader.reader import Layout, Reader
 from datapipe.loader.schedule import Curriculum, MixtureSchedule
 
-STATE_VERSION = 3  # 2: ranks split long documents at chunk boundaries; 3: windows bounded by shuffle_shards
+STATE_VERSION = 4  # 2: ranks split long documents at chunk boundaries; 3: windows bounded by shuffle_shards;
+# 4: windows shuffle units (a long split document's chunks), positions are (window, unit)
 BATCH_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids", "segment_ids")
 
 
 def _batches(cfg: PlanConfig, layout: Layout, state: Mapping[str, Any], worker: int, num_workers: int,
-             reader: Reader | None = None, dtype: Any = np.int64) -> Iterator[tuple[dict[str, np.ndarray], dict[str, Any]]]:
-    """Worker `worker` of `num_workers`: plan every batch from `state`, build every num_workers-th."""
+             reader: Reader | None = None, dtype: Any = np.int64,
+             doc_columns: Sequence[str] = ()) -> Iterator[tuple[dict[str, np.ndarray], dict[str, Any]]]:
+    """Worker `worker` of `num_workers`: plan every batch from `state`, build every num_workers-th.
+    `doc_columns`: shard columns whose per-segment values (the segment's document's) travel in meta."""
     reader = reader or Reader(cfg.source, layout, cfg.cache_shards, verify=cfg.verify)
     planner = Planner(cfg, layout, reader)
     planner.load_state_dict(state)
@@ -68,8 +74,25 @@ def _batches(cfg: PlanConfig, layout: Layout, state: Mapping[str, Any], worker: 
                 for p in row:
                     domain_tokens[p.tag] += p.length
             meta = {"state": planner.state_dict(), "rows": len(rows), "domain_tokens": domain_tokens, "worker": worker}
+            if doc_columns:
+                meta["doc_columns"] = {name: _segment_values(reader, layout, arrays["seg_doc"], name)
+                                       for name in doc_columns}
             yield arrays, meta
         k += 1
+
+
+DOC_COLUMN_FIX = ("; a scoring pass adds such a column: `datapipe score` writes ref_loss "
+                  "(datapipe/train/reference.py), so run `datapipe score` first and train on its output")
+
+
+def _segment_values(reader: Reader, layout: Layout, seg_doc: np.ndarray, name: str) -> np.ndarray:
+    """Column `name` of each segment's document (float32; 0 for padding segments, doc -1)."""
+    values = np.zeros(len(seg_doc), dtype=np.float32)
+    for i, doc in enumerate(seg_doc.tolist()):
+        if doc >= 0:
+            s = layout.shard_of(doc)
+            values[i] = reader.column(s, name, key="doc_columns", fix=DOC_COLUMN_FIX)[doc - int(layout.offsets[s])]
+    return values
 
 
 def _identity(sample: Any) -> Any:
@@ -77,8 +100,8 @@ def _identity(sample: Any) -> Any:
 
 
 class _PackedDataset(torch.utils.data.IterableDataset):
-    def __init__(self, cfg: PlanConfig, layout: Layout, state: Mapping[str, Any]) -> None:
-        self.cfg, self.layout, self.state = cfg, layout, state
+    def __init__(self, cfg: PlanConfig, layout: Layout, state: Mapping[str, Any], doc_columns: Sequence[str] = ()) -> None:
+        self.cfg, self.layout, self.state, self.doc_columns = cfg, layout, state, tuple(doc_columns)
 
     def __iter__(self) -> Iterator[tuple[dict[str, np.ndarray], dict[str, Any]]]:
         info = torch.utils.data.get_worker_info()
@@ -86,7 +109,8 @@ class _PackedDataset(torch.utils.data.IterableDataset):
         # Workers send the compact batch (int32 tokens + one entry per segment) as numpy arrays, pickled
         # through the worker pipe; the main process expands it. DataLoader moves torch tensors through
         # one shared-memory file each, which cost 7x more per batch on this project's machine.
-        return _batches(self.cfg, self.layout, self.state, worker, num_workers, dtype=self.layout.wire_dtype)
+        return _batches(self.cfg, self.layout, self.state, worker, num_workers, dtype=self.layout.wire_dtype,
+                        doc_columns=self.doc_columns)
 
 
 def _check_int(name: str, value: Any, low: int) -> int:
@@ -102,7 +126,8 @@ class PackedLoader:
     `position_ids`, `doc_ids` (-1 on padding), `segment_ids` (the attention segment of each token:
     one per packed piece, so two copies of a document in one row stay apart), all int64 of shape
     (batch_size, seq_len), and `cu_seqlens` (int32, the same segments' boundaries in the flattened
-    batch, for variable-length attention).
+    batch, for variable-length attention). With `doc_columns`, also one float32 (batch_size, seq_len)
+    tensor per named column: each token carries its document's value (0 on padding).
     Each `iter()` continues from the current state. The design: datapipe/loader/planner.py.
     """
 
@@ -129,7 +154,9 @@ class PackedLoader:
         cache_shards: int = 16,
         prefetch_factor: int = 2,
         prioritize: prio.Prioritize | Mapping[str, Any] | bool | None = None,
+        online_mixing: om.OnlineMixing | Mapping[str, Any] | bool | None = None,
         verify: bool = True,
+        doc_columns: Sequence[str] = (),
     ) -> None:
         """
         source: a curated output folder (local path or fsspec URL) holding `manifest.json`.
@@ -145,7 +172,9 @@ class PackedLoader:
         curriculum: order documents within each domain pass by a shard column, easy to hard.
         long_docs: what to do with documents longer than seq_len: 'split', 'truncate' or 'drop', or a
             mapping {domain or '*': policy}.
-        shuffle, shuffle_window: shuffle shard order and documents within windows of this many documents.
+        shuffle, shuffle_window: shuffle shard order, and within windows of this many documents their
+            units: a document, or each seq_len chunk of a longer one under 'split' (so a long document's
+            chunks are spread among the window's other documents, not served back to back).
         shuffle_shards: the most shards one window draws from (a window ends early rather than touch
             more): each domain's window holds these shards open, so small shards are read once per pass.
         lookahead, max_open_bins: the packer's look-ahead buffer (pieces) and the bins kept open across it.
@@ -155,10 +184,17 @@ class PackedLoader:
         prefetch_factor: batches each worker prepares ahead.
         prioritize: loss-aware document selection (`datapipe.loader.prioritize.Prioritize`, a mapping of its fields,
             or True for the defaults); its predictor learns from `report_losses`. None: off.
+        online_mixing: domain weights learnt during the run by an EXP3 bandit rewarded by each domain's
+            reported loss (`datapipe.loader.online_mixing.OnlineMixing`, a mapping of its fields, or True for
+            the defaults); `mixture` (one constant phase) or, without one, the manifest's token shares are
+            its prior. Domains restart their passes on their own, as with a mixture. None: off.
         verify: check each shard when first opened, before any of its tokens is served: its size and
             sha256 against the manifest, its token ids below the tokenizer's vocab_size (a `ShardError`
             names a shard that fails). Passes are remembered, so a shard is hashed once
             (see datapipe/loader/reader.py).
+        doc_columns: numeric per-document shard columns (e.g. `("ref_loss",)`, written by `datapipe score`) that
+            batches carry as per-token float32 tensors under the column's name. They do not change which
+            documents are served. A column the shards lack is a ConfigError (checked on the first shard here).
         """
         seq_len = _check_int("seq_len", seq_len, 1)
         batch_size = _check_int("batch_size", batch_size, 1)
@@ -204,6 +240,13 @@ class PackedLoader:
             schedule = MixtureSchedule.constant(mixture)
         else:
             raise ConfigError(f"mixture must be None, a mapping of domain weights or a MixtureSchedule, got {mixture!r}")
+        mixing = om.OnlineMixing.from_value(online_mixing)
+        if mixing is not None:
+            if schedule is not None and len(schedule.phases) > 1:
+                raise ConfigError(f"mixture must be constant (one phase) with online_mixing, which learns the weights "
+                                  f"and takes the mixture as its prior; got {len(schedule.phases)} phases")
+            if schedule is None:  # the bandit's weights change: domains restart their passes on their own
+                schedule = MixtureSchedule.natural(self.manifest)
         if schedule is not None:
             unknown = sorted(set(schedule.domains) - set(layout.domains))
             if unknown:
@@ -229,30 +272,56 @@ class PackedLoader:
             world_size=world_size, shuffle=shuffle, shuffle_window=shuffle_window, shuffle_shards=shuffle_shards,
             lookahead=lookahead, max_open_bins=max_open_bins, policies=policies, schedule=schedule, curriculum=curriculum,
             cache_shards=cache_shards, natural=MixtureSchedule.natural(self.manifest),
-            prioritize=prio.Prioritize.from_value(prioritize), verify=verify,
+            prioritize=prio.Prioritize.from_value(prioritize), online_mixing=mixing, verify=verify,
         )
         self._reader = Reader(self.source, layout, cache_shards, verify=verify)
+        self.doc_columns = self._check_doc_columns(doc_columns)
         # the loss-feedback path: one object, its own lock (see datapipe/loader/feedback.py)
+        prior = schedule.weights_at(0) if mixing else None
         self._feedback = LossFeedback(
             self.loss_memory, self._cfg.prioritize,
-            (lambda docs: self._reader.features(docs, self._cfg.prioritize)) if self._cfg.prioritize else None)
+            (lambda docs: self._reader.features(docs, self._cfg.prioritize)) if self._cfg.prioritize else None,
+            online_mixing=mixing, mixing_prior={d: prior.get(d, 0.0) for d in layout.domains} if mixing else None,
+            domains=(lambda docs: om.doc_domains(layout, self._reader, docs)) if mixing else None)
         self._planner_state = Planner(self._cfg, layout, self._reader).state_dict()
         self._stats = {"batches": 0, "rows": 0, "tokens": 0, "domain_tokens": {d: 0 for d in layout.domains}}
 
+    def _check_doc_columns(self, doc_columns: Sequence[str]) -> tuple[str, ...]:
+        if isinstance(doc_columns, str) or not isinstance(doc_columns, Sequence) \
+                or not all(isinstance(c, str) and c for c in doc_columns):
+            raise ConfigError(f"doc_columns must be a sequence of column names, e.g. ('ref_loss',), got {doc_columns!r}")
+        reserved = sorted(set(doc_columns) & {"id", "domain", "tokens", "lang", *BATCH_KEYS})
+        if reserved:
+            raise ConfigError(f"doc_columns must name numeric document columns, got {reserved[0]!r}")
+        for name in doc_columns:  # the first shard holds it and it is numeric (later shards: when first read)
+            try:
+                self._reader.column(0, name, key="doc_columns", fix=DOC_COLUMN_FIX)
+            except ConfigError:
+                raise
+            except (ValueError, TypeError) as exc:  # a string column: not convertible to float
+                raise ConfigError(f"doc_columns must name numeric columns; column {name!r} of "
+                                  f"{self._layout.paths[0]} is not ({exc})") from None
+        return tuple(doc_columns)
+
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        pcfg = self._cfg.prioritize
+        pcfg, mcfg = self._cfg.prioritize, self._cfg.online_mixing
         while True:
-            # prioritization: every `refresh` served batches the planner gets the live predictor, and the
-            # batch source restarts from the current state (the planner is a pure function of its state)
-            if pcfg and self._stats["batches"] % pcfg.refresh == 0:
-                snapshot = self._feedback.snapshot(until=self._stats["batches"] - pcfg.lag)
-                self._planner_state = {**self._planner_state, "predictor": snapshot}
+            # prioritization / online mixing: every `refresh` served batches the planner gets the live predictor
+            # / bandit policy, and the batch source restarts from the current state (the planner is a pure
+            # function of its state)
+            b = self._stats["batches"]
+            if pcfg and b % pcfg.refresh == 0:
+                self._planner_state = {**self._planner_state, "predictor": self._feedback.snapshot(until=b - pcfg.lag)}
+            if mcfg and b % mcfg.refresh == 0:
+                self._planner_state = {**self._planner_state,
+                                       "mixing": self._feedback.mixing_snapshot(until=b - mcfg.lag)}
             served = 0
             for batch in self._iter_source():
                 yield batch
                 served += 1
-                if pcfg and self._stats["batches"] % pcfg.refresh == 0:
+                b = self._stats["batches"]
+                if (pcfg and b % pcfg.refresh == 0) or (mcfg and b % mcfg.refresh == 0):
                     break
             else:
                 return
@@ -261,15 +330,18 @@ class PackedLoader:
 
     def _iter_source(self) -> Iterator[dict[str, torch.Tensor]]:
         if self.num_workers == 0:
-            source = _batches(self._cfg, self._layout, self._planner_state, 0, 1, self._reader)
+            source = _batches(self._cfg, self._layout, self._planner_state, 0, 1, self._reader,
+                              doc_columns=self.doc_columns)
         else:
             source = iter(torch.utils.data.DataLoader(
-                _PackedDataset(self._cfg, self._layout, self._planner_state), batch_size=None,
+                _PackedDataset(self._cfg, self._layout, self._planner_state, self.doc_columns), batch_size=None,
                 num_workers=self.num_workers, collate_fn=_identity, prefetch_factor=self.prefetch_factor,
             ))
         for arrays, meta in source:
             full = expand_batch(**arrays)
             batch = {key: torch.from_numpy(full[key]) for key in BATCH_KEYS}
+            for name, values in meta.get("doc_columns", {}).items():  # per segment -> per token
+                batch[name] = torch.from_numpy(np.repeat(values, arrays["seg_len"]).reshape(full["input_ids"].shape))
             self._planner_state = meta["state"]
             st = self._stats
             st["batches"] += 1
@@ -318,7 +390,10 @@ class PackedLoader:
                       "now holds other documents, so it cannot resume exactly; start the data from the beginning)",
                    2: " (a state of version 2 was written before shuffle windows were bounded by shuffle_shards: on "
                       "small shards the same position now holds other documents, so it cannot resume exactly; start "
-                      "the data from the beginning)"}.get(got, "")
+                      "the data from the beginning)",
+                   3: " (a state of version 3 was written before a long document's chunks were shuffled among the "
+                      "window's other documents: its positions count documents, not units, so it cannot resume "
+                      "exactly; start the data from the beginning)"}.get(got, "")
             raise ConfigError(f"state['version'] must be {STATE_VERSION}, got {got!r}{old}")
         ours = self._cfg.fingerprint(self._layout)
         theirs = state.get("config", {})
@@ -352,7 +427,8 @@ class PackedLoader:
             "batch_fill": tokens / slots if slots else 0.0,  # also counts padding rows of a last batch
             "domain_tokens": dict(st["domain_tokens"]),
             "domain_shares": {d: (n / tokens if tokens else 0.0) for d, n in st["domain_tokens"].items()},
-            "weights": schedule.weights_at(plan["tokens_drawn"] * self._cfg.world_size),  # at the current position
+            # at the current position (with online mixing: the policy in use)
+            "weights": plan.get("mixing") or schedule.weights_at(plan["tokens_drawn"] * self._cfg.world_size),
             "tokens_drawn": int(plan["tokens_drawn"]),
             **plan["counters"],
             "losses_remembered": self._feedback.remembered(),
@@ -364,7 +440,8 @@ class PackedLoader:
 
         Memory is bounded by `loss_memory` documents (the least recently reported are forgotten).
         Ids < 0 (padding) are ignored. The losses are part of the state. With `prioritize`, each call also
-        trains the loss predictor on the documents' static features and this call's mean losses.
+        trains the loss predictor on the documents' static features and this call's mean losses; with
+        `online_mixing`, each call is one round of the bandit (per-domain mean of this call's document losses).
         Thread-safe on its own: the feedback object holds its own lock, callers need none.
         """
         self._feedback.report(doc_ids, losses)

@@ -4,10 +4,13 @@ Algorithm (online best-fit decreasing over a bounded look-ahead buffer):
 1. A document longer than `seq_len` is cut first, by its domain's policy: `split` into chunks of
    `seq_len` plus one shorter remainder, `truncate` to its first `seq_len` tokens, or `drop`.
    A document that fits is never cut.
-2. A piece of exactly `seq_len` tokens is a row by itself and is emitted at once. Other
-   pieces enter a look-ahead buffer. When it holds `lookahead` pieces, they are sorted by
+2. Every piece enters a look-ahead buffer. When it holds `lookahead` pieces, they are sorted by
    decreasing length (ties: arrival order) and each goes into the open bin with the least room that
-   still fits it (best fit; ties: the older bin), or into a new bin.
+   still fits it (best fit; ties: the older bin), or into a new bin. A piece of exactly `seq_len`
+   tokens fills a new bin by itself. It waits in the buffer like the others rather than being
+   emitted at once: otherwise the full chunks drawn while the buffer fills would all come out
+   together, ahead of the buffer's rows, and a long document's chunks would cluster into a few
+   batches however well they were shuffled.
 3. Full bins are emitted at once. Of the rest, the `max_open_bins` emptiest stay open for the
    next buffer's pieces (which fill them first, largest first); the others are emitted. A bin left
    open through `max_bin_age` buffers is emitted anyway, which bounds how long a document waits.
@@ -159,8 +162,6 @@ class BFDPacker:
     def push(self, piece: Piece) -> list[Row]:
         if not 0 < piece.length <= self.seq_len:
             raise ValueError(f"piece.length must be in [1, seq_len={self.seq_len}], got {piece.length!r}")
-        if piece.length == self.seq_len:  # a full row already: it needs no look-ahead
-            return [[piece]]
         self._buffer.append(piece)
         if len(self._buffer) >= self.lookahead:
             return self._pack(final=False)
@@ -179,7 +180,11 @@ class BFDPacker:
         # (room left, bin id), sorted: bisect finds the tightest bin that fits; ties go to the older bin.
         rooms = sorted((self.seq_len - b.used, b.id) for b in self._bins.values())
         closed: list[_Bin] = []
+        rows: list[Row] = []
         for item in items:
+            if item.length == self.seq_len:  # a row by itself: no open bin is empty
+                rows.append([item])
+                continue
             i = bisect.bisect_left(rooms, (item.length, -1))
             if i < len(rooms):
                 room, bin_id = rooms.pop(i)
@@ -203,7 +208,7 @@ class BFDPacker:
                 closed.append(self._bins.pop(b.id))
             else:
                 b.age += 1
-        rows = [sorted(b.pieces, key=lambda p: (p.seq, p.start)) for b in closed]
+        rows += [sorted(b.pieces, key=lambda p: (p.seq, p.start)) for b in closed]
         rows.sort(key=lambda r: (r[0].seq, r[0].start))
         return rows
 
@@ -366,3 +371,21 @@ def block_causal_mask(segments: torch.Tensor, seq_len: int | None = None) -> tor
     n = seg.shape[1]
     causal = torch.ones(n, n, dtype=torch.bool, device=seg.device).tril()
     return (seg[:, :, None] == seg[:, None, :]) & causal
+
+
+def select_rows(batch: Mapping[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Rows `rows` (a 1-D index tensor) of a packed batch as a batch of their own.
+
+    Every per-token tensor (batch_size, seq_len) is indexed; the attention segments are renumbered for
+    the new rows: `segment_ids` counts them from 0 and `cu_seqlens` holds their boundaries in the new
+    flattened batch. A segment never spans two rows and segment ids are distinct across rows, so a new
+    segment starts exactly where the id changes along the selected rows."""
+    out = {key: value[rows] for key, value in batch.items() if key != "cu_seqlens"}
+    seg = out["segment_ids"].reshape(-1)
+    starts = torch.ones_like(seg, dtype=torch.bool)
+    starts[1:] = seg[1:] != seg[:-1]
+    out["segment_ids"] = (torch.cumsum(starts, 0) - 1).view(out["input_ids"].shape)
+    bounds = torch.nonzero(starts).reshape(-1)
+    end = torch.tensor([seg.numel()], device=seg.device, dtype=bounds.dtype)
+    out["cu_seqlens"] = torch.cat([bounds, end]).to(torch.int32)
+    return out

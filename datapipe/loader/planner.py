@@ -8,13 +8,19 @@ The document stream is a pure function of (seed, rank, world_size, position):
   `seq_len` chunks (a document that fits a row is never cut); in epoch mode each domain's cut also
   makes up the rounding of the domains before it, so every rank's epoch holds the same tokens to
   within one row and the ranks end it within one batch of each other (`DomainPass`). The rank's range is
-  cut into windows of `shuffle_window` documents that touch at most `shuffle_shards` shards, each
-  permuted by (seed, p, rank, d, window): a bounded shuffle whose position is one integer, not a
-  buffer. The shard bound keeps the reads independent of the shard count: a window opens its few
-  shards once, reads their lengths, and holds them open until the next window (`reader.ShardHolds`),
+  cut into windows of `shuffle_window` documents that touch at most `shuffle_shards` shards. What a
+  window permutes are *units*: a document that fits a row (or any document under `truncate` or
+  `drop`) is one unit, a longer one under `split` is one unit per `seq_len` chunk. Each window's
+  units are permuted by (seed, p, rank, d, window), so a long document's chunks are scattered among
+  the window's other units instead of filling consecutive rows (a 733 k-token document at seq_len
+  256 once filled ~179 batches in a row). It is a bounded shuffle whose position is (window, unit),
+  not a buffer; a chunk moves only within its window, so a document with more chunks than its
+  window has other units still fills most of that window's rows. The shard bound keeps the reads
+  independent of the shard count: a window opens its few shards once, reads their lengths, and
+  holds them open until the next window (`reader.ShardHolds`),
   so many small shards are each opened once per pass rather than once per document drawn (on big
   shards a window is `shuffle_window` documents, as without the bound). With a `Curriculum`, the
-  whole range is instead ordered by the score column (ties in shuffled order).
+  whole range is instead ordered by the score column (ties in shuffled order), one unit per document.
 - **Domains interleave** by `schedule.DeficitSampler` at the schedule's weights for the tokens
   consumed so far (this rank's tokens × world_size, an estimate of the global count that does not
   depend on batch size or world size). The curated shards are cut in input order, so one shard
@@ -25,21 +31,25 @@ The document stream is a pure function of (seed, rank, world_size, position):
   epoch every token of the rank's part is served exactly once, and the ranks' parts partition the
   manifest. With a `mixture`, each domain restarts its next pass (a fresh permutation) whenever it
   runs out, and an epoch is `ceil(total_tokens / world_size)` tokens drawn on the rank.
-- **Prioritization** (optional, `datapipe.loader.prioritize`): the domain's documents are drawn a pool at
+- **Prioritization** (optional, `datapipe.loader.prioritize`): the domain's units are drawn a pool at
   a time and only some are kept, sampled by predicted loss under a floor; the others are skipped in
-  this pass. The pools waiting and the predictor snapshot are part of the planner state.
-- **Packing** (`packing.BFDPacker`) packs the drawn documents into rows; it is flushed at each
-  epoch end, so no row mixes two epochs. Rows are grouped `batch_size` at a time; only the very
+  this pass (`docs_skipped` counts them: a long document's chunks are kept or skipped one by one,
+  each counted as one). The pools waiting and the predictor snapshot are part of the planner state.
+- **Online mixing** (optional, `datapipe.loader.online_mixing`): the sampler's weights are the
+  snapshot of a bandit's policy (part of the planner state) instead of the schedule's.
+- **Packing** (`packing.BFDPacker`) packs the drawn units into rows, each unit one piece (a
+  curriculum's long document enters as its chunks); it is flushed at each epoch end, so no row
+  mixes two epochs. Rows are grouped `batch_size` at a time; only the very
   last batch of a finite run can hold padding rows. The planner holds the shard of every piece
   from its draw until the batch after its own is planned (its tokens are built by then), so a
   piece waiting in the look-ahead never costs a reopen.
 
-The planner's state (a JSON-ready dict) is: the epoch, tokens drawn, per-domain (pass, position,
-done), the sampler's credit and served tokens, the packer's buffered pieces and open bins, the rows
-planned but not yet batched (pieces as [doc, start, end, doc_len, domain, seq]), counters, and with
-prioritization the kept documents waiting per domain and the predictor snapshot in use. Every random
-choice is drawn from a generator keyed by (seed, tag, pass, rank, domain, window): there is no RNG
-state to carry.
+The planner's state (a JSON-ready dict) is: the epoch, tokens drawn, per-domain (pass, window,
+unit, done), the sampler's credit and served tokens, the packer's buffered pieces and open bins,
+the rows planned but not yet batched (pieces as [doc, start, end, doc_len, domain, seq]), counters, and with
+prioritization the kept units waiting per domain and the predictor snapshot in use, with online
+mixing the policy snapshot in use. Every random choice is drawn from a generator keyed by (seed,
+tag, pass, rank, domain, window): there is no RNG state to carry.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from datapipe.core.config import ConfigError
+from datapipe.loader import online_mixing as om
 from datapipe.loader import prioritize as prio
 from datapipe.loader.packing import SPLIT, BFDPacker, Piece, Row, served_lengths, split_document
 from datapipe.loader.reader import Layout, Reader, ShardHolds
@@ -88,6 +99,7 @@ class PlanConfig:
     cache_shards: int
     natural: MixtureSchedule  # the manifest's token shares: the weights when schedule is None
     prioritize: prio.Prioritize | None = None  # loss-aware document selection (datapipe/loader/prioritize.py)
+    online_mixing: om.OnlineMixing | None = None  # domain weights learnt online (datapipe/loader/online_mixing.py)
     verify: bool = True  # check each shard against the manifest when first opened (reader.ShardVerifier)
 
     def fingerprint(self, layout: Layout) -> dict[str, Any]:
@@ -107,6 +119,7 @@ class PlanConfig:
             "mixture": self.schedule.to_dict() if self.schedule else None,
             "curriculum": self.curriculum.to_dict() if self.curriculum else None,
             **({"prioritize": self.prioritize.to_dict()} if self.prioritize else {}),
+            **({"online_mixing": self.online_mixing.to_dict()} if self.online_mixing else {}),
         }
 
 
@@ -177,16 +190,21 @@ class DomainPass:
 
 
 class DomainStream:
-    """This rank's documents of one domain in one pass: `doc(k)` is the k-th, (doc id, length,
-    start, end), where [start, end) is the rank's part of the document (all of it but at the two
-    ends of a rank's range, see `DomainPass`).
+    """This rank's draws from one domain in one pass, a window at a time: `draw((w, u))` is unit u of
+    window w, (doc id, length, start, end), where [start, end) is the part of the document the unit
+    serves, and the position after it.
 
-    Window w holds positions [bounds[w], bounds[w + 1]) of the rank's range: `shuffle_window`
-    documents, ending earlier where that would touch more than `shuffle_shards` shards. Position k
-    draws the window's document perm[k - bounds[w]]. The bounds and permutations need only the
-    manifest's counts; loading a window reads the lengths of its shards (a resumed loader opens no
-    shard of the windows it does not draw from) and holds them open while the window is drawn
-    from. A curriculum needs every score of the range at once: its one window is the whole range.
+    Window w holds the documents at positions [bounds[w], bounds[w + 1]) of the rank's range:
+    `shuffle_window` documents, ending earlier where that would touch more than `shuffle_shards`
+    shards. Loading the window expands it into units: a document longer than `seq_len` under
+    `split` is one unit per `seq_len` chunk (the chunks `packing.split_document` cuts, within the
+    rank's part of the document at the two ends of its range, see `DomainPass`); any other
+    document is one unit, the rank's part of it. The window's units are permuted by (seed, pass,
+    rank, domain, w), so a long document's chunks are scattered among the window's other units
+    rather than served back to back. The bounds need only the manifest's counts; loading a window
+    reads the lengths of its shards (a resumed loader opens no shard of the windows it does not
+    draw from) and holds them open while the window is drawn from. A curriculum needs every score
+    of the range at once: its one window is the whole range, one unit per document, in score order.
     """
 
     def __init__(self, cfg: PlanConfig, layout: Layout, reader: Reader, dpass: DomainPass,
@@ -198,16 +216,15 @@ class DomainStream:
         (self.lo, self.lo_off), (self.hi, self.hi_off) = lo, hi
         self.n = self.hi - self.lo + (1 if self.hi_off > 0 else 0)  # the last document, when only part of it
         self.bounds = self._window_bounds()
-        self._a, self._b = 0, 0  # the positions [a, b) of the window loaded
-        self._perm = np.zeros(0, dtype=np.int64)
-        self._ids = self._lens = np.zeros(0, dtype=np.int64)  # the window's documents in range order
+        self.windows = len(self.bounds) - 1
+        self._w = -1  # the window loaded
+        self._units: list[list[int]] = []  # its units in draw order: [doc, length, start, end]
         self._holds: ShardHolds | None = None  # the window's shards, held open while it is drawn from
-        self._docs: np.ndarray | None = None  # curriculum: (doc, length, start, end) in order
 
     def _window_bounds(self) -> np.ndarray:
         """The first position of each window, and n last."""
         if self.cfg.curriculum:
-            return np.array([0, self.n], dtype=np.int64)
+            return np.array([0, self.n] if self.n else [0], dtype=np.int64)
         bounds = [0]
         a, end, last = self.lo, self.lo + self.n, len(self.starts) - 1
         while a < end:
@@ -216,27 +233,15 @@ class DomainStream:
             bounds.append(a - self.lo)
         return np.array(bounds, dtype=np.int64)
 
-    def doc(self, k: int) -> tuple[int, int, int, int]:
-        if not self._a <= k < self._b:
-            self._load_window(int(np.searchsorted(self.bounds, k, side="right")) - 1)
-        i = k - self._a
-        if self._docs is not None:
-            return tuple(int(v) for v in self._docs[i])
-        j = int(self._perm[i])
-        n = int(self._lens[j])
-        return (int(self._ids[j]), n, *self._part(self.lo + self._a + j, n))
-
-    def _part(self, c: int, n: int) -> tuple[int, int]:
-        """The rank's token range [start, end) of the document at position c, of length n."""
-        return (self.lo_off if c == self.lo else 0), (self.hi_off if c == self.hi and self.hi_off > 0 else n)
+    def draw(self, pos: tuple[int, int]) -> tuple[list[int], tuple[int, int]]:
+        """The unit at position (window, unit) and the position after it ((windows, 0) past the end)."""
+        w, u = pos
+        if w != self._w:
+            self._load_window(w)
+        return self._units[u], ((w, u + 1) if u + 1 < len(self._units) else (w + 1, 0))
 
     def _load_window(self, w: int) -> None:
         a, b = int(self.bounds[w]), int(self.bounds[w + 1])
-        size = b - a
-        perm = np.arange(size)
-        if self.cfg.shuffle:
-            perm = keyed_rng(self.cfg.seed, _TAG_WINDOW, self.pass_, self.cfg.rank, self.d_idx, w).permutation(size)
-        self._perm, self._a, self._b = perm, a, b
         # the window's documents: ids and lengths, shard by shard (the previous window's holds end here)
         self._holds = None if self.cfg.curriculum else self.reader.holds()
         ids, lens, scores = [], [], []
@@ -254,12 +259,30 @@ class DomainStream:
                 scores.append(self.reader.column(s, self.cfg.curriculum.column)[rows])
             x += stop - first
             i += 1
-        self._ids, self._lens = np.concatenate(ids).astype(np.int64), np.concatenate(lens)
-        if self.cfg.curriculum:  # order the whole range by score; ties keep the shuffled order
-            parts = np.array([self._part(self.lo + x, int(n)) for x, n in enumerate(self._lens)], dtype=np.int64)
-            docs = np.column_stack([self._ids, self._lens, parts.reshape(-1, 2)])
+        ids_, lens_ = np.concatenate(ids).astype(np.int64), np.concatenate(lens)
+        # the rank's part [start, end) of each document: all of it but at the two ends of the range
+        at = np.arange(self.lo + a, self.lo + b)
+        starts = np.where(at == self.lo, self.lo_off, 0)
+        ends = np.where((at == self.hi) & (self.hi_off > 0), self.hi_off, lens_)
+        rng = keyed_rng(self.cfg.seed, _TAG_WINDOW, self.pass_, self.cfg.rank, self.d_idx, w) if self.cfg.shuffle else None
+        if self.cfg.curriculum:  # order the whole range by score, one unit per document; ties keep the shuffled order
+            perm = rng.permutation(b - a) if rng is not None else np.arange(b - a)
             sc = np.concatenate(scores)[perm]
-            self._docs = docs[perm[np.argsort(-sc if self.cfg.curriculum.descending else sc, kind="stable")]]
+            units = np.column_stack([ids_, lens_, starts, ends])[
+                perm[np.argsort(-sc if self.cfg.curriculum.descending else sc, kind="stable")]]
+        else:  # one unit per document, or per seq_len chunk of a long split document (split_document's chunks)
+            seq_len = self.cfg.seq_len
+            chunked = (lens_ > seq_len) if self.cfg.policies[self.domain] == SPLIT else np.zeros(len(lens_), dtype=bool)
+            count = np.where(chunked, -(-(ends - starts) // seq_len), 1)
+            j = np.repeat(np.arange(len(lens_)), count)  # each unit's document
+            k = np.arange(len(j)) - np.repeat(np.cumsum(count) - count, count)  # the unit's chunk in its document
+            ustart = starts[j] + k * seq_len
+            uend = np.where(chunked[j], np.minimum(ustart + seq_len, ends[j]), ends[j])
+            units = np.column_stack([ids_[j], lens_[j], ustart, uend])
+            if rng is not None:
+                units = units[rng.permutation(len(units))]
+        self._units = units.tolist()  # drawn one at a time: Python ints, not numpy rows
+        self._w = w
 
 
 class Planner:
@@ -277,10 +300,13 @@ class Planner:
         self.epoch_tokens = 0
         self.next_seq = 0
         self.passes = {d: 0 for d in self.domains}
-        self.pos = {d: 0 for d in self.domains}
+        self.pos: dict[str, tuple[int, int]] = {d: (0, 0) for d in self.domains}  # (window, unit) in the pass
         self.done = {d: False for d in self.domains}
         self.excluded: set[str] = set()  # mixture mode: domains this rank never gets a document of
         self.pending: list[Row] = []
+        # `pending` as the state holds it, each row serialised once (the state is taken every batch and
+        # a pack queues up to `lookahead` rows); never mutated, so states may share its rows
+        self._pending_lists: list[list[list[int]]] = []
         # the shards of the pieces in the packer and in `pending`, and of the rows last handed out
         # (their tokens are built before the next call): held open until then
         self.holds = reader.holds()
@@ -294,6 +320,7 @@ class Planner:
         self.predictor: dict[str, Any] | None = None
         if cfg.prioritize:
             self.counters["docs_skipped"] = 0
+        self.mixing: dict[str, float] | None = None  # online mixing: the policy snapshot in use (None: the prior)
 
     @property
     def finished(self) -> bool:
@@ -348,18 +375,20 @@ class Planner:
         return self._cuts[key]
 
     def weights(self) -> dict[str, float]:
+        if self.mixing is not None:
+            return dict(self.mixing)
         return self.schedule.weights_at(self.tokens_drawn * self.cfg.world_size)
 
     def _advance(self) -> None:
-        """Draw one document into the packer, or close the epoch."""
+        """Draw one unit (a document, or a chunk of a long split one) into the packer, or close the epoch."""
         cfg = self.cfg
         if self._epoch_over():
-            self.pending += self.packer.flush()
+            self._queue(self.packer.flush())
             self.epoch += 1
             self.epoch_tokens = 0
             if cfg.schedule is None:  # epoch mode: every domain starts its next pass together
                 self.passes = {d: self.epoch for d in self.domains}
-                self.pos = {d: 0 for d in self.domains}
+                self.pos = {d: (0, 0) for d in self.domains}
                 self.done = {d: False for d in self.domains}
                 self.sampler.reset()
             return
@@ -388,20 +417,15 @@ class Planner:
         if cfg.prioritize:
             doc, n, start, end = self._draw_prioritized(d)
         else:
-            doc, n, start, end = stream.doc(self.pos[d])
-            self.pos[d] += 1
-            if self.pos[d] >= stream.n:
-                if cfg.schedule is None:
-                    self.done[d] = True
-                else:  # mixture mode: the domain starts its next pass on its own
-                    self.passes[d] += 1
-                    self.pos[d] = 0
+            doc, n, start, end = self._draw(d, stream)
+            if cfg.schedule is None and self.pos[d][0] >= stream.windows:
+                self.done[d] = True
         policy = cfg.policies[d]
         pieces = split_document(doc, n, cfg.seq_len, policy, tag=stream.d_idx, seq=self.next_seq, start=start, end=end)
         self.next_seq += 1
         kept = sum(p.length for p in pieces)
         c = self.counters
-        if start == 0:  # a document two ranks share counts on the one holding its start
+        if start == 0:  # a document counts once: on its first chunk, on the rank holding its start
             c["docs_drawn"] += 1
             if n > cfg.seq_len:
                 c[{"split": "docs_split", "truncate": "docs_truncated", "drop": "docs_dropped"}[policy]] += 1
@@ -411,22 +435,31 @@ class Planner:
         self.epoch_tokens += kept
         for p in pieces:
             self.holds.add(self.layout.shard_of(p.doc))
-            self.pending += self.packer.push(p)
+            self._queue(self.packer.push(p))
+
+    def _queue(self, rows: list[Row]) -> None:
+        self.pending += rows
+        self._pending_lists += [[p.to_list() for p in row] for row in rows]
+
+    def _draw(self, d: str, stream: DomainStream) -> list[int]:
+        """The unit at domain d's position, moving the position past it; in mixture mode a domain
+        past its last unit starts its next pass on its own (epoch mode leaves it past the end)."""
+        unit, self.pos[d] = stream.draw(self.pos[d])
+        if self.pos[d][0] >= stream.windows and self.cfg.schedule is not None:
+            self.passes[d] += 1
+            self.pos[d] = (0, 0)
+        return unit
 
     def _draw_prioritized(self, d: str) -> tuple[int, int, int, int]:
-        """The next kept document of domain d: refill a pool from the stream, keep some by predicted loss."""
+        """The next kept unit of domain d: refill a pool of units from the stream, keep some by predicted loss."""
         cfg, pcfg, queue = self.cfg, self.cfg.prioritize, self.queues[d]
         if not queue:
             pool: list[list[int]] = []
             while len(pool) < pcfg.pool:
                 st = self._stream(d)
-                if st.n == 0 or (cfg.schedule is None and self.pos[d] >= st.n):
+                if st.n == 0 or (cfg.schedule is None and self.pos[d][0] >= st.windows):
                     break
-                pool.append(list(st.doc(self.pos[d])))
-                self.pos[d] += 1
-                if self.pos[d] >= st.n and cfg.schedule is not None:  # mixture mode: next pass on its own
-                    self.passes[d] += 1
-                    self.pos[d] = 0
+                pool.append(self._draw(d, st))
             keep = max(1, round(pcfg.keep * len(pool)))
             pred = None
             if self.predictor is not None:
@@ -435,7 +468,7 @@ class Planner:
             queue.extend(pool[i] for i in prio.select(len(pool), pred, keep, pcfg, rng))
             self.counters["docs_skipped"] += len(pool) - keep
         doc, n, start, end = queue.pop(0)
-        if cfg.schedule is None and not queue and self.pos[d] >= self._stream(d).n:
+        if cfg.schedule is None and not queue and self.pos[d][0] >= self._stream(d).windows:
             self.done[d] = True
         return int(doc), int(n), int(start), int(end)
 
@@ -455,6 +488,7 @@ class Planner:
         if not self.pending:
             return None
         rows, self.pending = self.pending[:bs], self.pending[bs:]
+        self._pending_lists = self._pending_lists[bs:]
         self._handed = rows
         return rows
 
@@ -464,14 +498,15 @@ class Planner:
             "tokens_drawn": self.tokens_drawn,
             "epoch_tokens": self.epoch_tokens,
             "next_seq": self.next_seq,
-            "domains": {d: [self.passes[d], self.pos[d], self.done[d]] for d in self.domains},
+            "domains": {d: [self.passes[d], *self.pos[d], self.done[d]] for d in self.domains},
             "excluded": sorted(self.excluded),
             "sampler": self.sampler.state_dict(),
             "packer": self.packer.state_dict(),
-            "pending": [[p.to_list() for p in row] for row in self.pending],
+            "pending": list(self._pending_lists),
             "counters": dict(self.counters),
             **({"queues": {d: [list(x) for x in q] for d, q in self.queues.items()},
                 "predictor": copy.deepcopy(self.predictor)} if self.cfg.prioritize else {}),
+            **({"mixing": dict(self.mixing) if self.mixing is not None else None} if self.cfg.online_mixing else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -480,12 +515,13 @@ class Planner:
         self.epoch_tokens = int(state["epoch_tokens"])
         self.next_seq = int(state["next_seq"])
         for d in self.domains:
-            p, k, done = state["domains"][d]
-            self.passes[d], self.pos[d], self.done[d] = int(p), int(k), bool(done)
+            p, w, u, done = state["domains"][d]
+            self.passes[d], self.pos[d], self.done[d] = int(p), (int(w), int(u)), bool(done)
         self.excluded = set(state["excluded"])
         self.sampler.load_state_dict(state["sampler"])
         self.packer.load_state_dict(state["packer"])
-        self.pending = [[Piece.from_list(p) for p in row] for row in state["pending"]]
+        self.pending, self._pending_lists = [], []
+        self._queue([[Piece.from_list(p) for p in row] for row in state["pending"]])
         self.holds, self._handed = self.reader.holds(), []
         packer = state["packer"]
         for piece in [*packer["buffer"], *(p for b in packer["bins"] for p in b[2]), *(p for r in state["pending"] for p in r)]:
@@ -496,3 +532,6 @@ class Planner:
             self.queues = {d: [[int(a), int(b), int(x), int(y)] for a, b, x, y in state["queues"].get(d, [])]
                            for d in self.domains}
             self.predictor = copy.deepcopy(state.get("predictor"))
+        if self.cfg.online_mixing:
+            mixing = state.get("mixing")
+            self.mixing = {d: float(mixing[d]) for d in self.domains} if mixing is not None else None

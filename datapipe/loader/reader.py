@@ -125,7 +125,8 @@ class ShardVerifier:
             st = os.stat(path)
             return fs, path, st.st_size, st.st_mtime_ns
         info = fs.info(path)
-        mtime = next((info[k] for k in ("mtime", "LastModified", "ETag", "last_modified", "created") if info.get(k)), None)
+        # An object store's ETag changes with the content (a rewritten object has a new one); else a time.
+        mtime = next((info[k] for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created") if info.get(k)), None)
         return fs, path, int(info["size"]), mtime
 
     def _in_log(self, stamp: str) -> bool:
@@ -302,14 +303,15 @@ class Reader:
             n = self._served[key] = int(served_lengths(lens, seq_len, policy).sum())
         return n
 
-    def column(self, s: int, name: str) -> np.ndarray:
+    def column(self, s: int, name: str, *, key: str = "curriculum.column", fix: str = "") -> np.ndarray:
+        """Numeric column `name` of shard s as float64; a missing one is a ConfigError naming `key` (and `fix`)."""
         data = self._shard(s)
         col = data.columns.get(name)
         if col is None:
             if name not in data.table.column_names:
                 raise ConfigError(
-                    f"curriculum.column must name a column of the shards, got {name!r}; "
-                    f"{self.layout.paths[s]} has {data.table.column_names!r}")
+                    f"{key} must name a column of the shards, got {name!r}; "
+                    f"{self.layout.paths[s]} has {data.table.column_names!r}{fix}")
             col = data.columns[name] = data.table.column(name).to_numpy().astype(np.float64)
         return col
 

@@ -10,6 +10,8 @@ from typing import Literal
 
 from datapipe.core import shards
 from datapipe.core.config import ConfigError, check, load, note
+from datapipe.core.storage import check_url, is_url, location, reachable
+from datapipe.loader.online_mixing import OnlineMixing
 from datapipe.loader.prioritize import Prioritize
 from datapipe.train.model import ModelConfig
 
@@ -67,6 +69,26 @@ class PrioritizeConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OnlineMixingConfig:
+    enabled: bool = note(False, help="online data mixing (datapipe/loader/online_mixing.py, ODM): an EXP3 bandit rewarded by each domain's training loss sets the domain weights")
+    alpha: float = note(OnlineMixing.alpha, help="smoothing of the reward moving average: R = alpha R + (1 - alpha) loss / weight")
+    warmup: int = note(OnlineMixing.warmup, help="loss reports (micro-batches) served at the prior weights (the manifest's token shares) before the bandit steers")
+    refresh: int = note(OnlineMixing.refresh, help="batches between policy snapshots handed to the loader's planner (1: every batch, as the paper)")
+    lag: int = note(OnlineMixing.lag, help="the snapshot at batch b has learnt exactly the losses of the first b - lag batches (> prefetch.depth)")
+
+    def __post_init__(self) -> None:
+        try:
+            self.build()
+        except ValueError as exc:
+            raise ConfigError(str(exc).replace("online_mixing.", "")) from None
+
+    def build(self) -> OnlineMixing | None:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "enabled"}
+        built = OnlineMixing(**fields)  # validates the fields even when disabled
+        return built if self.enabled else None
+
+
+@dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: str = note("out/run", help="a curated output folder (holds manifest.json); --data replaces it")
     seq_len: int = note(128, help="tokens per packed row")
@@ -76,6 +98,7 @@ class DataConfig:
     holdout_shards: int = note(0, help="without eval_source: hold out the last N shards of source for evaluation (0 = no eval)")
     eval_batches: int = note(4, help="batches per domain in each evaluation")
     prioritize: PrioritizeConfig = note(PrioritizeConfig(), help="loss-aware batch prioritization (off by default)")
+    online_mixing: OnlineMixingConfig = note(OnlineMixingConfig(), help="online data mixing of the domains (off by default)")
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "batch_size", "eval_batches"):
@@ -84,6 +107,20 @@ class DataConfig:
         check(self.holdout_shards >= 0, f"holdout_shards must be >= 0, got {self.holdout_shards!r}")
         check(not (self.eval_source and self.holdout_shards),
               f"set eval_source or holdout_shards, not both; got {self.eval_source!r} and {self.holdout_shards!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RhoConfig:
+    enabled: bool = note(False, help="RHO-LOSS selection (datapipe/train/lm.py): train on the rows of highest reducible "
+                                     "loss; needs a folder scored by `datapipe score`")
+    candidates: int = note(10, help="candidate rows per trained row: each micro-batch forwards candidates x "
+                                    "data.batch_size rows without gradients and trains on the top data.batch_size "
+                                    "(the paper's n_B / n_b = 10)")
+    column: str = note("ref_loss", help="the shard column of each document's irreducible (reference-model) loss")
+
+    def __post_init__(self) -> None:
+        check(self.candidates >= 2, f"candidates must be an integer >= 2 (1 would select nothing), got {self.candidates!r}")
+        check(bool(self.column), f"column must name a shard column, got {self.column!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,8 +138,12 @@ class LoopConfig:
     output: str = note("runs/tiny", help="run folder: metrics.jsonl, checkpoint.pt, config.yaml; --output replaces it")
     device: Literal["auto", "cpu", "cuda"] = note("auto", help="'auto' = cuda when available")
     objective: Literal["lm", "dpo"] = note("lm", help="'lm': next-token loss on text shards (datapipe/train/lm.py); 'dpo': DPO on preference shards (datapipe/train/dpo.py)")
+    rho: RhoConfig = note(RhoConfig(), help="RHO-LOSS reducible-loss selection of the rows trained on (off by default)")
 
     def __post_init__(self) -> None:
+        check(not is_url(self.output), f"output must be a local folder (metrics.jsonl and checkpoints are written there), "
+                                       f"got the URL {self.output!r}; train into a local folder and copy the run to object "
+                                       "storage afterwards")
         for name in ("steps", "grad_accum", "log_every", "max_nonfinite"):
             check(getattr(self, name) >= 1, f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         for name in ("eval_every", "ckpt_every", "seed", "stop_at"):
@@ -155,6 +196,17 @@ class TrainConfig:
         check(not self.data.prioritize.enabled or self.data.prioritize.lag >= self.train.grad_accum - 1,
               f"data.prioritize.lag must be >= train.grad_accum - 1 = {self.train.grad_accum - 1} (a step reads all "
               f"its micro-batches before reporting their losses), got {self.data.prioritize.lag!r}")
+        check(not self.data.online_mixing.enabled or self.data.online_mixing.lag >= self.train.grad_accum - 1,
+              f"data.online_mixing.lag must be >= train.grad_accum - 1 = {self.train.grad_accum - 1} (a step reads "
+              f"all its micro-batches before reporting their losses), got {self.data.online_mixing.lag!r}")
+        if self.train.rho.enabled:  # one selection rule at a time, on text shards
+            check(self.train.objective == "lm", f"train.rho.enabled needs train.objective 'lm' (it selects rows of "
+                                                f"packed text), got {self.train.objective!r}; set train.rho.enabled=false")
+            check(not self.data.prioritize.enabled, "train.rho.enabled and data.prioritize.enabled select data two ways "
+                                                    "at once; enable one of them")
+            check(not self.data.online_mixing.enabled, "train.rho.enabled and data.online_mixing.enabled select data two "
+                                                       "ways at once (the bandit would learn from the selected rows' "
+                                                       "losses only); enable one of them")
 
 
 # Keys a resumed run may change: they decide how a run executes and reports, not what it computes. Every other
@@ -175,14 +227,16 @@ def check_sources(cfg: TrainConfig) -> None:
     """Check the data folders before any work starts, so a wrong folder is a ConfigError, not a traceback
     from deep in the loader: each local folder holds a datapipe manifest of the kind the objective reads
     (text shards for 'lm', preference shards for 'dpo'), at least one document, and token ids that fit
-    model.vocab_size; dpo.init_from is a file. Remote (URL) folders are checked when they are opened."""
+    model.vocab_size; dpo.init_from is a file. A URL folder (s3://…) is read through datapipe.core.storage."""
     dpo = cfg.train.objective == "dpo"
     folders = [("data.source", cfg.data.source)]
     if cfg.data.eval_source and not dpo:
         folders.append(("data.eval_source", cfg.data.eval_source))
     for key, folder in folders:
-        if "://" in folder or (dpo and key == "data.source" and not folder):  # '' + dpo: the default set
+        if dpo and key == "data.source" and not folder:  # '' + dpo: the default set
             continue
+        if is_url(folder):
+            check_url(folder, key, write=False)
         manifest = _read_manifest(key, folder, dpo)
         is_pref = manifest.get("kind") == "preference"
         if dpo and not is_pref:
@@ -202,10 +256,10 @@ def check_sources(cfg: TrainConfig) -> None:
 
 
 def _read_manifest(key: str, folder: str, dpo: bool) -> dict:
-    if not Path(folder, shards.MANIFEST_NAME).is_file():
+    if not (reachable(folder, key) / shards.MANIFEST_NAME).is_file():
         curate = "`datapipe curate-preferences` (or data.source: '' for the default set)" if dpo else \
             "`datapipe run` or `datapipe curate`, or pass --data"
-        what = "does not exist" if not Path(folder).exists() else "holds no manifest.json (not a finished curated folder)"
+        what = "does not exist" if not location(folder).exists() else "holds no manifest.json (not a finished curated folder)"
         raise ConfigError(f"{key} must be a curated folder holding manifest.json; {folder!r} {what}. Curate one with {curate}")
     try:
         return shards.read_manifest(folder)

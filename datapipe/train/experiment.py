@@ -15,7 +15,9 @@ cell (its checkpoint reached budget.steps); a cell killed after a checkpoint con
 semantics (the trainer refuses when its settings changed); one killed before its first checkpoint restarts.
 OUTPUT/results.json (written atomically) holds every cell's eval-loss curve over tokens trained, its final eval
 loss and its tokens to reach the target (linear interpolation between evaluations; null when never reached), and
-per arm the mean ± std over seeds and the ratio of tokens-to-target to the baseline's.
+per arm the mean ± std over seeds and the ratio of tokens-to-target to the baseline's. `final_by_eval_set` holds the
+final losses, overall and per domain, on the eval set and on each of `extra_evals` (e.g. the clean part of the split:
+the held-out documents every filter keeps), whose evaluations of a cell's final model are cached in the cell.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from datapipe.core import shards
 from datapipe.core.config import ConfigError, apply_override, check, from_dict, note, read_recipe, set_key, to_dict
+from datapipe.core.storage import is_url
 from datapipe.train.checkpoint import load_checkpoint
 from datapipe.train.config import TrainConfig, check_sources
 from datapipe.train.loop import RUN_FILES, resume_problem, train
@@ -83,16 +88,22 @@ class ExperimentConfig:
     target: float | None = note(None, help="the eval loss to reach (null: the baseline arm's final eval loss, mean over seeds)")
     eval_source: str | None = note(None, help="the curated folder every arm is evaluated on (null: the base config's data.eval_source, "
                                               "else the eval split of the baseline arm's data)")
+    extra_evals: dict[str, str] = note({}, help="name -> curated folder: each cell's final model is also evaluated on these "
+                                                "(e.g. the clean part of the eval split), overall and per domain")
     output: str = note("runs/experiment", help="output folder: cells/ARM/seed-N, results.json, results.png")
 
     def __post_init__(self) -> None:
         check(len(self.arms) >= 1, "arms must name at least one arm")
+        check(not is_url(self.output), f"output must be a local folder (the arms' runs are written there), got the URL "
+                                       f"{self.output!r}")
         for name in self.arms:
             check(name and "/" not in name and name not in (".", ".."), f"arms: {name!r} is not a usable folder name")
         check(self.baseline in self.arms, f"baseline must be one of the arms {sorted(self.arms)}, got {self.baseline!r}")
         check(len(self.seeds) >= 1, "seeds must list at least one seed")
         check(len(set(self.seeds)) == len(self.seeds) and all(s >= 0 for s in self.seeds),
               f"seeds must be distinct integers >= 0, got {self.seeds!r}")
+        for name, folder in self.extra_evals.items():
+            check(bool(name) and bool(folder), f"extra_evals: name and folder must be non-empty, got {name!r}: {folder!r}")
         check(self.target is None or math.isfinite(self.target), f"target must be a finite number or null, got {self.target!r}")
 
 
@@ -155,6 +166,9 @@ def resolve_cells(exp: ExperimentConfig) -> dict[str, dict[int, TrainConfig]]:
                              f"data.eval_source and the baseline arm's data {baseline_data!r} has no eval split; "
                              "set eval_source to a curated folder")
     budget = {**compute, "data.eval_source": eval_source, "data.holdout_shards": 0}
+    for name, folder in exp.extra_evals.items():
+        check(Path(folder, shards.MANIFEST_NAME).is_file(), f"extra_evals.{name}: {folder!r} is not a curated folder "
+                                                            "(no manifest.json); give a folder that `datapipe curate` wrote")
 
     cells: dict[str, dict[int, TrainConfig]] = {}
     for name, arm in exp.arms.items():
@@ -179,6 +193,39 @@ def resolve_cells(exp: ExperimentConfig) -> dict[str, dict[int, TrainConfig]]:
         except ConfigError as exc:
             raise ConfigError(f"arms.{name}: {exc}") from None
     return cells
+
+
+def final_evaluations(cfg: TrainConfig, sources: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """A finished cell's final model evaluated on each extra eval set, overall and per domain (the trainer's own
+    `evaluate`, with the cell's batch shape and data.eval_batches); cached in RUN_DIR/extra_evals.json by name
+    and folder, so a rerun evaluates only what is new."""
+    from datapipe.train.lm import evaluate
+    from datapipe.train.model import GPT
+
+    cache_path = Path(cfg.train.output) / "extra_evals.json"
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    wanted = {name: f"{name}={folder}" for name, folder in sources.items()}
+    if any(key not in cache for key in wanted.values()):
+        ckpt = load_checkpoint(Path(cfg.train.output) / "checkpoint.pt", what="datapipe experiment")
+        saved = from_dict(TrainConfig, ckpt["config"])
+        model = GPT(saved.model)
+        model.load_state_dict(ckpt["model"])
+        for name, key in wanted.items():
+            if key not in cache:
+                cache[key] = evaluate(model, sources[name], saved, torch.device("cpu"), 0, 1)
+        shards.atomic_write_json(cache_path, cache)
+    return {name: {"loss": cache[key]["eval_loss"], "domains": {d: v["loss"] for d, v in cache[key]["eval_domains"].items()}}
+            for name, key in wanted.items()}
+
+
+def final_domains(run_dir: str | Path) -> dict[str, float]:
+    """Per-domain eval loss of the last evaluation in RUN_DIR/metrics.jsonl."""
+    last: dict[str, float] = {}
+    for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if "eval_domains" in record:
+            last = {d: float(v["loss"]) for d, v in record["eval_domains"].items()}
+    return last
 
 
 def _cell_state(cfg: TrainConfig) -> str:
@@ -232,7 +279,8 @@ def _spread(values: list[float | None]) -> dict[str, Any]:
 
 
 def summarize(exp: ExperimentConfig, curves: dict[str, dict[int, list[tuple[int, float]]]],
-              cells: dict[str, dict[int, TrainConfig]]) -> dict[str, Any]:
+              cells: dict[str, dict[int, TrainConfig]],
+              finals_by_set: dict[str, dict[int, dict[str, dict[str, Any]]]] | None = None) -> dict[str, Any]:
     """The results document: per cell its curve, final eval loss and tokens to target; per arm the mean ± std over
     seeds and the ratio of tokens-to-target to the baseline's."""
     finals = {arm: {seed: c[-1][1] for seed, c in by_seed.items()} for arm, by_seed in curves.items()}
@@ -256,6 +304,7 @@ def summarize(exp: ExperimentConfig, curves: dict[str, dict[int, list[tuple[int,
                       "mean": [statistics.fmean(by_seed[s][i][1] for s in exp.seeds) for i in range(n_points)],
                       "std": [statistics.pstdev([by_seed[s][i][1] for s in exp.seeds]) for i in range(n_points)]},
             "final_eval_loss": _spread(list(finals[arm].values())),
+            "final_by_eval_set": _by_eval_set(finals_by_set[arm]) if finals_by_set else {},
             "tokens_to_target": arm_tt,
             "ratio_to_baseline": {
                 "of_means": arm_tt["mean"] / base_tt["mean"] if arm_tt["mean"] is not None and base_tt["mean"] else None,
@@ -267,11 +316,21 @@ def summarize(exp: ExperimentConfig, curves: dict[str, dict[int, list[tuple[int,
             "eval_source": cells[exp.baseline][exp.seeds[0]].data.eval_source, "arms": arms}
 
 
+def _by_eval_set(per_seed: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Mean ± std over seeds of each eval set's final loss, overall and per domain."""
+    sets = next(iter(per_seed.values()))
+    return {name: {"loss": _spread([per_seed[s][name]["loss"] for s in per_seed]),
+                   "domains": {d: _spread([per_seed[s][name]["domains"].get(d) for s in per_seed])
+                               for d in sets[name]["domains"]}}
+            for name in sets}
+
+
 def run_experiment(exp: ExperimentConfig, *, say=print) -> dict[str, Any]:
     """Run every missing cell, then write OUTPUT/results.json; returns the results."""
     cells = resolve_cells(exp)  # every cell's config is valid before the first one trains
     states = {(arm, seed): _cell_state(cfg) for arm, by_seed in cells.items() for seed, cfg in by_seed.items()}
     curves: dict[str, dict[int, list[tuple[int, float]]]] = {}
+    finals_by_set: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
     for arm, by_seed in cells.items():
         curves[arm] = {}
         for seed, cfg in by_seed.items():
@@ -289,7 +348,10 @@ def run_experiment(exp: ExperimentConfig, *, say=print) -> dict[str, Any]:
             if not curve:
                 raise ConfigError(f"cell {run_dir}: metrics.jsonl holds no evaluation with a token count")
             curves[arm][seed] = curve
-    results = summarize(exp, curves, cells)
+            finals_by_set.setdefault(arm, {})[seed] = {
+                "eval": {"loss": curve[-1][1], "domains": final_domains(run_dir)},
+                **final_evaluations(cfg, dict(exp.extra_evals))}
+    results = summarize(exp, curves, cells, finals_by_set)
     out = Path(exp.output)
     out.mkdir(parents=True, exist_ok=True)
     shards.atomic_write_json(out / "results.json", results)

@@ -6,7 +6,7 @@ counted and all-reduced over ranks; each micro-batch's backward is then of (sum 
 that count, times world_size because DDP averages gradients over ranks. So a token weighs the same
 whatever micro-batch or rank it lands in (a per-micro-batch mean would weight a token of a short
 micro-batch more). Per-document mean losses of each micro-batch go to `loader.report_losses` (the
-loader is thread-safe; it keeps them in its state for prioritization).
+loader is thread-safe; it keeps them in its state for prioritization and online mixing).
 
 Held-out data. The loader reads a whole curated folder and cannot exclude shards, so evaluation
 reads `data.eval_source` (another curated folder), or the eval split curated with the source
@@ -16,6 +16,19 @@ the shard files, and trains on the first. (Local sources only; use `eval_source`
 
 Checkpoint state per rank: the loader state of the batch last trained on (not of the prefetched
 ones), with the loss feedback reported so far: `loader.state_dict(position=prefetcher.state)`.
+
+RHO-LOSS selection (`train.rho.enabled`; Mindermann et al. 2022, "Prioritized Training on Points that
+are Learnable, Worth Learning, and Not Yet Learnt"). The source must carry each document's
+irreducible loss, the mean token loss of a reference model that did not train on it (`train.rho.column`,
+default `ref_loss`, written by `datapipe score`: datapipe/train/reference.py). The loader then serves
+`train.rho.candidates` x `data.batch_size` rows per micro-batch, with the column per token; each
+micro-batch's rows go through a forward pass without gradients (in chunks of data.batch_size rows,
+so memory is a training batch's), each row's reducible loss is the mean over its label tokens of
+(token loss - its document's ref_loss), and the data.batch_size rows with the highest are trained on
+(ties: the earlier row), in the loader's order. The loader position, and so a resume, covers every
+candidate row consumed. The extra compute is counted: `tokens_forwarded` (log records and summary)
+is the document tokens of all candidate rows forwarded for selection; `tokens` stays the document
+tokens trained on (which are forwarded once more, with gradients).
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ import torch.distributed as dist
 from datapipe.core import shards
 from datapipe.core.config import ConfigError
 from datapipe.loader import PackedLoader
+from datapipe.loader.packing import IGNORE_INDEX, select_rows
 from datapipe.train.config import TrainConfig
 from datapipe.train.model import GPT, token_losses
 from datapipe.train.objective import autocast, sync_unless
@@ -102,6 +116,28 @@ def evaluate(model: GPT, source: str, cfg: TrainConfig, device: torch.device, ra
             "eval_domains": {d: {"loss": v, "ppl": math.exp(min(v, 50))} for d, v in per.items()}}
 
 
+@torch.no_grad()
+def select_reducible(model: torch.nn.Module, batch: dict[str, torch.Tensor], keep: int, column: str,
+                     device: torch.device) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """RHO-LOSS: the `keep` rows of `batch` with the highest reducible loss, as a batch in the loader's row order,
+    and each row's reducible loss. A row's reducible loss is the mean over its label tokens of (token loss -
+    batch[column]); a row without label tokens gets -inf. The forward runs in chunks of `keep` rows."""
+    n = batch["input_ids"].shape[0]
+    scores = []
+    for start in range(0, n, keep):
+        chunk = select_rows(batch, torch.arange(start, min(start + keep, n), device=batch["input_ids"].device))
+        with autocast(device):
+            logits = model(chunk["input_ids"], position_ids=chunk["position_ids"], doc_ids=chunk["doc_ids"],
+                           cu_seqlens=chunk["cu_seqlens"])
+        mask = chunk["labels"] != IGNORE_INDEX
+        reducible = ((token_losses(logits, chunk["labels"]) - chunk[column].float()) * mask).sum(1)
+        count = mask.sum(1)
+        scores.append(torch.where(count > 0, reducible / count.clamp(min=1), float("-inf")))
+    scores = torch.cat(scores)
+    order = torch.sort(scores, descending=True, stable=True).indices[:keep]
+    return select_rows(batch, order.sort().values), scores
+
+
 def peak_flops(device: torch.device) -> float | None:
     """Dense bf16 peak of the GPU, for MFU; None when unknown."""
     if device.type != "cuda":
@@ -138,17 +174,30 @@ class LMObjective:
                               "set model.vocab_size")
         self.source, self.eval_source, self.vocab_size = source, eval_source, vocab
         self.can_evaluate = bool(eval_source)
-        self.loader = PackedLoader(source, seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size, seed=cfg.train.seed,
-                                   epochs=None, rank=rank, world_size=world, num_workers=cfg.data.num_workers,
-                                   prioritize=cfg.data.prioritize.build())
+        self.rho = cfg.train.rho if cfg.train.rho.enabled else None
+        rows = cfg.data.batch_size * (self.rho.candidates if self.rho else 1)  # RHO-LOSS: the candidate rows
+        try:
+            self.loader = PackedLoader(source, seq_len=cfg.data.seq_len, batch_size=rows, seed=cfg.train.seed,
+                                       epochs=None, rank=rank, world_size=world, num_workers=cfg.data.num_workers,
+                                       prioritize=cfg.data.prioritize.build(), online_mixing=cfg.data.online_mixing.build(),
+                                       doc_columns=(self.rho.column,) if self.rho else ())
+        except ConfigError as exc:
+            if self.rho and "doc_columns" in str(exc):  # say it in the trainer's keys
+                raise ConfigError(f"train.rho.enabled reads each document's train.rho.column={self.rho.column!r} "
+                                  f"from data.source {cfg.data.source!r}: {exc}") from None
+            raise
         self.totals = {"tokens": 0}  # document tokens of the batches trained on, all ranks
+        if self.rho:
+            self.totals["tokens_forwarded"] = 0  # document tokens of the candidate rows forwarded for selection
         self.pf: Prefetcher | None = None
         self._interval = self._fresh_interval()
 
     def describe(self) -> str:
         c = self.cfg
         return (f"lm: {c.data.batch_size * c.data.seq_len * c.train.grad_accum * self.world:,} tokens/step from "
-                f"{self.source}" + (f"; eval on {self.eval_source}" if self.eval_source else ""))
+                f"{self.source}" + (f"; eval on {self.eval_source}" if self.eval_source else "")
+                + (f"; RHO-LOSS: the top {c.data.batch_size} of {c.data.batch_size * self.rho.candidates} rows by "
+                   f"reducible loss (column {self.rho.column})" if self.rho else ""))
 
     def init_model(self, model: GPT) -> None:
         pass
@@ -163,24 +212,37 @@ class LMObjective:
         self._interval = self._fresh_interval()
 
     def _fresh_interval(self) -> dict[str, float]:
-        return {"loss": 0.0, "ok": 0, "tokens": 0, "wait": self.pf.wait_seconds if self.pf else 0.0}
+        return {"loss": 0.0, "ok": 0, "tokens": 0, "forwarded": 0, "wait": self.pf.wait_seconds if self.pf else 0.0}
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         return [next(self._batches) for _ in range(self.cfg.train.grad_accum)]
 
     def backward(self, model: torch.nn.Module, micro: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """The step's backward; returns (loss sum, real tokens, document tokens trained, document tokens forwarded
+        for RHO-LOSS selection)."""
+        forwarded = torch.zeros(1, dtype=torch.float64, device=self.device)
+        if self.rho:
+            scorer = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+            for b in micro:
+                forwarded += (b["doc_ids"] >= 0).sum().double()
+            micro = [select_reducible(scorer, b, self.cfg.data.batch_size, self.rho.column, self.device)[0]
+                     for b in micro]
         count = sum((b["labels"] != -100).sum() for b in micro).to(torch.float32)
         if self.world > 1:
             dist.all_reduce(count)  # real tokens of this step, all ranks
-        return backward_step(model, micro, count.clamp(min=1), self.world, self.device, report=self.loader.report_losses)
+        sums = backward_step(model, micro, count.clamp(min=1), self.world, self.device, report=self.loader.report_losses)
+        return torch.cat([sums, forwarded])
 
     def step_loss(self, sums: torch.Tensor) -> float:
         return float(sums[0] / sums[1].clamp(min=1))
 
     def add(self, sums: torch.Tensor, ok: bool) -> None:
-        tokens = int(sums[2])
+        tokens, forwarded = int(sums[2]), int(sums[3])
         self.totals["tokens"] += tokens
         self._interval["tokens"] += tokens
+        if self.rho:
+            self.totals["tokens_forwarded"] += forwarded
+            self._interval["forwarded"] += forwarded
         if ok:
             self._interval["loss"] += self.step_loss(sums)
             self._interval["ok"] += 1
@@ -189,14 +251,19 @@ class LMObjective:
         iv = self._interval
         rec = {"loss": iv["loss"] / max(iv["ok"], 1), "tokens_per_s": iv["tokens"] / seconds,
                "data_wait_frac": (self.pf.wait_seconds - iv["wait"]) / seconds, "tokens": self.totals["tokens"]}
-        if self._peak:
-            rec["mfu"] = self._flops_per_token * rec["tokens_per_s"] / (self._peak * self.world)
+        if self.rho:
+            rec["tokens_forwarded"] = self.totals["tokens_forwarded"]
+        if self._peak:  # a forward without gradients costs a third of a training step's FLOPs per token
+            flops = self._flops_per_token * (iv["tokens"] + iv["forwarded"] / 3) / seconds
+            rec["mfu"] = flops / (self._peak * self.world)
         self._interval = self._fresh_interval()
         return rec
 
     def log_text(self, record: dict[str, Any]) -> str:
         return (f"loss {record['loss']:.4f} | {record['tokens_per_s']:,.0f} tok/s | "
-                f"data wait {100 * record['data_wait_frac']:.1f}%" + (f" | mfu {100 * record['mfu']:.1f}%" if "mfu" in record else ""))
+                f"data wait {100 * record['data_wait_frac']:.1f}%" + (f" | mfu {100 * record['mfu']:.1f}%" if "mfu" in record else "")
+                + (f" | trained {record['tokens']:,} of {record['tokens_forwarded']:,} tokens forwarded"
+                   if "tokens_forwarded" in record else ""))
 
     def evaluate(self, model: GPT) -> dict[str, Any]:
         return evaluate(model, self.eval_source, self.cfg, self.device, self.rank, self.world)
@@ -212,7 +279,7 @@ class LMObjective:
         self.loader.load_state_dict(state)
 
     def summary(self, record: dict[str, Any]) -> dict[str, Any]:
-        return {"data_wait_s": self.pf.wait_seconds if self.pf else 0.0, "tokens": self.totals["tokens"],
+        return {"data_wait_s": self.pf.wait_seconds if self.pf else 0.0, **self.totals,
                 **{k: v for k, v in record.items() if k.startswith("eval")}}
 
     def close(self) -> None:

@@ -209,7 +209,7 @@ def test_help_describes_every_command_and_flag_and_version(capsys):
     assert "datapipe turns raw text into training data" in out and "The command line:" not in out
     commands = _parser()._subparsers._group_actions[0].choices
     assert set(commands) == {"curate", "run", "config-reference", "stats", "train", "curate-preferences", "plot",
-                             "experiment"}
+                             "experiment", "score"}
     for name, command in commands.items():
         for action in command._actions:
             assert action.help, f"datapipe {name} {action.option_strings or action.dest} has no help text"

@@ -85,12 +85,12 @@ def _texts(rows: list[dict], tokenizer: Tokenizer) -> dict[tuple[int, ...], str]
     return {tuple(r["tokens"]): tokenizer.decode(r["tokens"][:-1], skip_special_tokens=False) for r in rows}
 
 
-def _assert_no_eval_document_in_training(out: Path) -> tuple[list[dict], list[dict]]:
+def _assert_no_eval_document_in_training(out: Path, tokenizer: Path | None = None) -> tuple[list[dict], list[dict]]:
     train, held = _rows(out), _rows(out / "eval")
     assert held, "the eval split is empty: the test would check nothing"
     assert not {r["id"] for r in train} & {r["id"] for r in held}
-    train_texts = _texts(train, Tokenizer.from_file(str(out / "tokenizer.json")))
-    eval_texts = _texts(held, Tokenizer.from_file(str(out / "tokenizer.json")))
+    tokenizer = Tokenizer.from_file(str(tokenizer or out / "tokenizer.json"))
+    train_texts, eval_texts = _texts(train, tokenizer), _texts(held, tokenizer)
     assert not set(train_texts) & set(eval_texts)  # no eval document's tokens are a training document
     for e in eval_texts.values():  # nor near one: brute-force exact Jaccard of the shingles near dedup uses
         worst = max(exact_jaccard(e, t, SHINGLES) for t in train_texts.values())
@@ -292,3 +292,47 @@ def test_an_empty_split_is_warned_about_and_not_evaluated_on(tmp_path):
     assert any("the eval split is empty" in line and "eval.fraction" in line for line in said)
     assert read_manifest(tmp_path / "out")["splits"]["eval"]["total_docs"] == 0
     assert split_source(str(tmp_path / "out")) is None
+
+
+# ---------------------------------------------------------------- eval.source: one split for every arm of an ablation
+
+
+def test_another_runs_split_is_held_out_unchanged_and_decontaminated(tmp_path):
+    """Arm B (another filter, dedup off) takes arm A's split: the same eval documents, none of them (by id, by
+    tokens, or near) in B's training data."""
+    inputs, planted = _corpus(tmp_path)
+    a, b = tmp_path / "a", tmp_path / "b"
+    _run(a, inputs, mixture={"enabled": False}, **ARMS["raw (dedup off)"])
+    held_a = _rows(a / "eval")
+    assert planted["original"] in {r["id"] for r in held_a}
+    result = _run(b, inputs, {"source": str(a / "eval")}, mixture={"enabled": False}, filters={"code": {"code": {}}},
+                  tokenizer={"path": str(a / "tokenizer.json")}, **ARMS["raw (dedup off)"])
+    held_b = _rows(b / "eval")
+    assert [(r["id"], r["tokens"]) for r in held_b] == [(r["id"], r["tokens"]) for r in held_a]
+    _assert_no_eval_document_in_training(b, a / "tokenizer.json")
+    dropped = _dropped(b)
+    assert dropped[planted["original"]]["reason"] == "eval_duplicate"  # the eval document itself, by its id
+    assert dropped[planted["copy"]]["reason"] == "eval_duplicate"
+    assert dropped[planted["near"]]["reason"] == "eval_near_duplicate"
+    assert dropped[planted["near"]]["kept_id"] == planted["original"]
+    assert result.stats["eval"]["source"] == str(a / "eval")
+    assert read_manifest(b)["splits"]["eval"]["total_docs"] == len(held_a)
+    from datapipe.inspect.report import format_funnel  # the copied-in split is not taken for mixture copies
+    assert "mixture copies" not in format_funnel(result.stats, read_manifest(b))
+    assert all(row["balanced"] for row in result.stats["inputs"])
+
+
+def test_a_bad_eval_source_is_a_config_error_before_any_work(tmp_path):
+    from datapipe.core.config import ConfigError
+
+    inputs, _ = _corpus(tmp_path)
+    with pytest.raises(ConfigError, match="eval.source"):
+        _run(tmp_path / "x", inputs, {"source": str(tmp_path / "missing")})
+    assert not (tmp_path / "x" / "work").exists()
+    with pytest.raises(ConfigError, match="enabled"):
+        small_config(tmp_path / "y", inputs, eval={"enabled": False, "source": str(tmp_path)})
+    a = tmp_path / "a"
+    _run(a, inputs, mixture={"enabled": False}, **ARMS["raw (dedup off)"])
+    with pytest.raises(ConfigError, match="another tokenizer"):  # another vocabulary: other token ids
+        _run(tmp_path / "z", inputs, {"source": str(a / "eval")}, mixture={"enabled": False},
+             tokenizer={"train": {"vocab_size": 300, "sample_bytes": 200_000}}, **ARMS["raw (dedup off)"])

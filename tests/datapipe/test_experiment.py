@@ -120,3 +120,22 @@ def test_a_killed_cell_resumes_from_its_checkpoint_to_the_same_curve(tmp_path):
     split = run_experiment(exp, say=said.append)["arms"]["base"]["seeds"]["0"]
     assert any("resuming" in line for line in said)
     assert split["curve"] == whole["curve"]
+
+
+def test_extra_eval_sets_are_evaluated_on_each_cells_final_model_overall_and_per_domain(tmp_path):
+    path = _experiment(tmp_path, extra_evals={"same": str(tmp_path / "eval")})
+    assert main(["experiment", str(path)]) == 0
+    results = json.loads((tmp_path / "exp" / "results.json").read_text())
+    for arm in results["arms"].values():
+        sets = arm["final_by_eval_set"]
+        assert {"eval", "same"} <= set(sets)
+        # the final checkpoint re-evaluated on the eval set gives the trainer's own final evaluation
+        assert sets["same"]["loss"]["mean"] == pytest.approx(sets["eval"]["loss"]["mean"], rel=1e-5)
+        assert set(sets["same"]["domains"]) == set(sets["eval"]["domains"]) and sets["eval"]["domains"]
+        for d, v in sets["eval"]["domains"].items():
+            assert sets["same"]["domains"][d]["mean"] == pytest.approx(v["mean"], rel=1e-5)
+    # the two arms' final models differ, so do their re-evaluations
+    assert (results["arms"]["base"]["final_by_eval_set"]["same"]["loss"]["mean"]
+            != results["arms"]["low_lr"]["final_by_eval_set"]["same"]["loss"]["mean"])
+    with pytest.raises(ConfigError, match="extra_evals.bad"):
+        resolve_cells(load_experiment_config(path, [f"extra_evals={{bad: {tmp_path / 'nowhere'}}}"]))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ASSETS, small_config
+from helpers import ASSETS, small_config, stop_cluster
 from datapipe.curate.executors import LocalExecutor, RayExecutor
 from datapipe.curate.runner import curate
 from datapipe.core.schema import empty_dropped
@@ -95,34 +94,8 @@ def two_node_cluster(tmp_path):
             pytest.skip(f"Ray cannot start a second node here: {worker.stderr[-500:]}")
         yield address, env
     finally:
-        _stop_cluster([str(temp), f"address={address}"])
+        stop_cluster([str(temp), f"address={address}"])
         shutil.rmtree(temp, ignore_errors=True)
-
-
-def _stop_cluster(marks: list[str]) -> None:
-    """Kill this cluster's processes and their children, and nothing else: `ray stop` would also
-    kill every other Ray on the machine (the session's embedded one, a user's own)."""
-    rows = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue  # not a process, or gone meanwhile
-        rows.append((int(proc.name), ppid, args))
-    doomed = {pid for pid, _, args in rows if any(m in args for m in marks) and pid != os.getpid()}
-    while True:
-        more = {pid for pid, ppid, _ in rows if ppid in doomed} - doomed
-        if not more:
-            break
-        doomed |= more
-    for pid in doomed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.mark.cluster

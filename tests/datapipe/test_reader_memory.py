@@ -25,7 +25,7 @@ from datapipe.curate import runner
 path, out, max_bytes = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 cfg = from_dict(CurateConfig, {"inputs": [{"path": path}], "output": {"dir": str(out)},
                                "read": {"max_bytes_per_doc": max_bytes, "block_bytes": 1 << 20}})
-plan = types.SimpleNamespace(cfg=cfg, out_dir=str(out), work=out / "work")
+plan = types.SimpleNamespace(cfg=cfg, out_dir=str(out), out=out, work=out / "work")
 (out / "work" / "read").mkdir(parents=True)
 result = runner._read(plan, 0, InputUnit(0, path, "jsonl"), cfg.inputs[0], out / "work" / "read" / "u000000.json")
 import pyarrow as pa

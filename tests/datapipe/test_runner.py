@@ -276,3 +276,54 @@ def test_tokenizer_trains_on_a_deterministic_sample(tmp_path, slice_input):
     assert a != (tmp_path / "c" / "tokenizer.json").read_text()  # the sample really is a subset
     assert checksums(tmp_path / "a") == checksums(tmp_path / "b")
     assert full.manifest["total_docs"] == read_manifest(tmp_path / "a")["total_docs"]
+
+
+class _DriverReads(LocalExecutor):
+    """Runs tasks in this process and records every table the driver itself (outside a task) reads."""
+
+    def __init__(self, monkeypatch) -> None:
+        super().__init__()
+        self.in_task = False
+        self.driver_reads: list[str] = []
+        import datapipe.core.shards as shards_module
+        from datapipe.curate import eval_split, near_dedup, runner, selection, unique_ids
+        import stages.base, stages.exact_dedup
+
+        real = shards_module.read_table
+
+        def spy(path):
+            if not self.in_task:
+                self.driver_reads.append(str(path))
+            return real(path)
+
+        for module in (runner, selection, eval_split, near_dedup, unique_ids, stages.base, stages.exact_dedup):
+            monkeypatch.setattr(module, "read_table", spy)
+
+    def run_tasks(self, fn, shared, items, desc):
+        self.in_task = True
+        try:
+            return super().run_tasks(fn, shared, items, desc)
+        finally:
+            self.in_task = False
+
+
+def test_the_driver_reads_no_document_table(tmp_path, slice_input, monkeypatch):
+    """Memory bounded by blocks and partitions, not by the corpus: every per-document decision (global
+    stages' losers, near-dedup clusters, the tokenizer's sample, the eval split, diversity sampling, the mixture) is made in
+    tasks; the driver only streams per-block summaries, one block at a time: row lengths and copies
+    for shard planning, the eval split's row marks, diversity's cluster histograms. (Before, it read
+    every token block, every loser and every cluster member.)"""
+    cfg = small_config(tmp_path / "out", [slice_input],
+                       dedup={"exact": {"enabled": True}, "minhash": {"enabled": True, "partitions": 3}},
+                       eval={"enabled": True, "fraction": 0.2, "max_tokens_per_domain": 3000},
+                       diversity={"enabled": True, "domains": {"man": 0.5}, "clusters": 2},
+                       mixture={"enabled": True}, output={"keep_work": True})
+    executor = _DriverReads(monkeypatch)
+    result = curate(cfg, executor=executor, progress=False, log=lambda _: None)
+    assert result.stats["eval"]["domains"] and result.stats["diversity"]["man"]["docs_kept"] > 0
+    work = tmp_path / "out" / "work"
+    read = {os.path.relpath(p, work) for p in executor.driver_reads}
+    # and the near copies of eval documents (pairs naming the eval document: a fraction of the split)
+    allowed = ("lengths/", "select/", "eval/rows/", "diversity/hist/", "eval/near-p")
+    assert read and [p for p in read if not p.startswith(allowed)] == []
+    assert any(p.startswith("lengths/") for p in read)

@@ -82,3 +82,48 @@ def test_diversity_sampling_keeps_a_fraction_and_records_the_rest(tmp_path):
     again = tmp_path / "again"
     _run(again, _inputs(tmp_path), diversity={"enabled": True, "domains": {"man": 0.5}})
     assert [s["sha256"] for s in read_manifest(again)["shards"]] == [s["sha256"] for s in read_manifest(out)["shards"]]
+
+
+def test_diversity_cut_by_block_equals_the_choice_over_the_whole_domain(tmp_path, monkeypatch):
+    """Diversity sampling decides per block from per-cluster totals (rank-bucket histograms, then the
+    rows of one boundary bucket per cluster): the kept documents are exactly those of
+    `stages.diversity.select` over the whole domain, ties in rank broken by input order."""
+    import numpy as np
+
+    from datapipe.core.shards import atomic_write_table
+    from datapipe.curate import selection
+    from stages import diversity
+
+    monkeypatch.setattr(selection, "BUCKET_BITS", 2)  # 4 buckets: big boundary buckets, many rows to resolve
+    monkeypatch.setattr(selection, "BUCKETS", 4)
+    rng = np.random.default_rng(7)
+    work = tmp_path / "work"
+    budgets = {"a": 0.37, "b": 2500.0}  # a fraction of the documents; a number of tokens
+    k = {"a": 5, "b": 3}
+    names, whole = [], {d: [] for d in budgets}
+    for i in range(6):
+        parts = []
+        for d in budgets:
+            n = int(rng.integers(0, 40))
+            rank = rng.integers(0, 2**64, size=n, dtype=np.uint64)
+            rank[: n // 3] = np.uint64(3 << 61)  # equal ranks, in every block: input order decides
+            part = pa.table({"row": np.arange(n, dtype=np.int64) * 2 + (d == "b"), "domain": [d] * n,
+                             "cluster": rng.integers(0, k[d] - 1, size=n).astype(np.int32),  # the last cluster stays empty
+                             "rank": rank, "num_tokens": rng.integers(0, 200, size=n)}, schema=selection.ASSIGN_SCHEMA)
+            parts.append(part)
+            whole[d].append(part.append_column("block", pa.array(np.full(n, i))))
+        names.append(f"b{i}")
+        atomic_write_table(work / "diversity" / f"b{i}.arrow", pa.concat_tables(parts))
+    config = diversity.DiversityConfig(enabled=True, domains=budgets)
+    centroids = {d: np.zeros((k[d], 2)) for d in budgets}
+    cuts, report, _ = selection._diversity_cuts(LocalExecutor().run_tasks, work, names, config, centroids, None)
+    for d, budget in budgets.items():
+        table = pa.concat_tables(whole[d])
+        expected = diversity.select(table.column("cluster").to_numpy(), table.column("rank").to_numpy(),
+                                    table.column("num_tokens").to_numpy(), budget)
+        got = cuts[d].keep(table.column("cluster").to_numpy().astype(np.int64), table.column("rank").to_numpy(),
+                           table.column("block").to_numpy(), table.column("row").to_numpy())
+        assert 0 < expected.sum() < len(expected)
+        assert got.tolist() == expected.tolist()
+        assert report[d] == {"docs_in": table.num_rows, "docs_kept": int(expected.sum()),
+                             "clusters": int(table.column("cluster").to_numpy().max()) + 1}

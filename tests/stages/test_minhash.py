@@ -1,10 +1,13 @@
-"""MinHash-LSH pure parts: signatures equal datasketch's, banding reaches the candidate recall at the
+"""MinHash-LSH pure parts: signatures equal datasketch's, the vectorised `hash: vector` equals a slow
+reference and sees the words `str.split()` sees, banding reaches the candidate recall at the
 threshold, every pair of a bucket is verified (by estimate, or by exact Jaccard near the threshold),
 connected components equal a union-find, the keep rules."""
 
 from __future__ import annotations
 
+import hashlib
 import random
+import unicodedata
 
 import numpy as np
 import orjson
@@ -14,7 +17,7 @@ from datasketch import MinHash
 
 from helpers import ASSETS
 from datapipe.core.config import ConfigError, from_dict
-from datapipe.testing.synthetic import components
+from datapipe.testing.synthetic import EDITS, components, plant, true_pairs
 from stages.minhash import (
     MinHashConfig,
     MinHasher,
@@ -35,22 +38,134 @@ from stages.minhash import (
     shingle_hashes64,
     shingles,
     small_star,
+    vector_word_hash,
 )
+from stages import minhash
 
 DOCS = [orjson.loads(line)["text"] for line in (ASSETS / "corpus_slice.jsonl").read_bytes().splitlines()]
+MULTILINGUAL = [orjson.loads(line)["text"] for line in (ASSETS / "multilingual_sample.jsonl").read_bytes().splitlines()]
+# Unicode corners of lowercasing and splitting: Python's special cases (İ, a word-final Σ), every kind
+# of whitespace str.split() knows (NBSP, ideographic space, U+001C, NEL, ...), characters whose UTF-8
+# holds the bytes of those (U+00C2, U+0130 inside words), a NUL inside a word, CJK, emoji
+UNICODE_TEXTS = [
+    "ΟΔΟΣ ΣΑΣ ΣΟΦΟΣ. Σ ΑΣ",
+    "İstanbul İSTANBUL Iİ",
+    "a\u00a0b\u3000c\x1cd\x1de\x85f\u2028g\u2029h\u202fi\u205fj\u1680k\u2000l\u200am\tn\x0bo\x0cp\rq",
+    "Â\u00c2 \u0100\u0101 ÀÉÎ straße STRASSE",
+    "a\x00b a b \u200bzero\u200bwidth",
+    "日本語のテキスト 中文 文本 😀 😀 😀",
+    "  leading and trailing whitespace only around the words  \n\n",
+]
+
+_M64 = (1 << 64) - 1
+
+
+def _fmix64(h: int) -> int:
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & _M64
+    h ^= h >> 33
+    h = (h * 0xC4CEB9FE1A85EC53) & _M64
+    return h ^ (h >> 33)
+
+
+def _reference_word_hash(word: str) -> int:
+    """The documented `hash: vector` word hash, by Horner's rule over the UTF-8 bytes in reverse."""
+    data = word.encode()
+    value = 0
+    for byte in reversed(data):
+        value = (value * 0xC2B2AE3D27D4EB4F + byte) & _M64
+    return _fmix64((value + len(data) * 0x165667B19E3779F9) & _M64)
+
+
+def _combine(word_hashes: list[int]) -> int:
+    value = 0
+    for h in word_hashes:
+        value = (value * 0x9E3779B97F4A7C15 + h) & _M64
+    return value
+
+
+def _reference_shingle_hashes(text: str, ngram: int, lowercase: bool = True) -> list[int]:
+    """64-bit shingle hashes as `hash: vector` documents them: the words of `text.lower().split()`,
+    each window of n (or all words, when fewer) combined as h = h * 0x9E3779B97F4A7C15 + word hash."""
+    words = [_reference_word_hash(w) for w in (text.lower() if lowercase else text).split()]
+    n = min(ngram, len(words))
+    return [_combine(words[i : i + n]) for i in range(len(words) - n + 1)] if n else []
+
+
+def _reference_hash32(shingle: bytes) -> int:
+    """A `hashfunc` for datasketch: the top 32 bits of one shingle's (its words joined by spaces) hash."""
+    return _combine([_reference_word_hash(w) for w in shingle.decode().split(" ")]) >> 32
 
 
 @pytest.mark.parametrize("unit", ["word", "char"])
-@pytest.mark.parametrize("hash_name", ["sha1", "xxh3"])
+@pytest.mark.parametrize("hash_name", ["sha1", "xxh3", "vector"])
 def test_signatures_equal_datasketch(unit, hash_name):
     cfg = MinHashConfig(shingle=unit, hash=hash_name, ngram=5 if unit == "word" else 9, num_perm=64, seed=7)
     sig, has = MinHasher(cfg).signatures(DOCS[:12] + ["one two"])  # the last one is shorter than a shingle
     assert has.all()
     for text, row in zip(DOCS[:12] + ["one two"], sig):
         kwargs = {} if hash_name == "sha1" else {"hashfunc": lambda b: shingle_hash32(b, shingle_unit=unit)}
+        if hash_name == "vector" and unit == "word":  # (for characters, vector is xxh3)
+            kwargs = {"hashfunc": _reference_hash32}
         ref = MinHash(num_perm=64, seed=7, **kwargs)
         ref.update_batch(shingles(text, cfg))
         assert np.array_equal(ref.hashvalues, row)
+
+
+def test_vector_hash_equals_a_slow_reference():
+    texts = ["", "   ", "one", "one two", "a b c d", *UNICODE_TEXTS, *DOCS[:6], *MULTILINGUAL[:6], "x" * 70_000 + " y"]
+    cfg = MinHashConfig(hash="vector", num_perm=64, seed=3)
+    flat, counts = shingle_hashes64(texts, cfg)
+    expected = [_reference_shingle_hashes(t, cfg.ngram) for t in texts]
+    assert counts.tolist() == [len(e) for e in expected]
+    assert flat.tolist() == [h for e in expected for h in e]
+    assert all(vector_word_hash(w.encode()) == _reference_word_hash(w) for t in UNICODE_TEXTS for w in t.lower().split())
+    # the signatures: datasketch's MinHash over the same shingles, hashed by the reference's top 32 bits
+    sig, has = MinHasher(cfg).signatures(texts)
+    assert has.tolist() == [bool(e) for e in expected]
+    for text, row in zip(texts, sig):
+        ref = MinHash(num_perm=64, seed=3, hashfunc=_reference_hash32)
+        ref.update_batch(shingles(text, cfg))
+        assert np.array_equal(ref.hashvalues, row)
+    # without lowercasing: the words of text.split()
+    raw, _ = shingle_hashes64(texts, MinHashConfig(hash="vector", lowercase=False))
+    assert raw.tolist() == [h for t in texts for h in _reference_shingle_hashes(t, 5, lowercase=False)]
+
+
+def test_vector_hash_is_pinned():
+    # the same text gives the same signature on any machine: a change of formula fails here
+    assert vector_word_hash(b"hello") == _reference_word_hash("hello") == 0xF94B193FEE7FFC72
+    sig, _ = MinHasher(MinHashConfig(hash="vector")).signatures(DOCS[:3])
+    assert hashlib.sha256(sig.tobytes()).hexdigest()[:16] == "32463c763daf6576"
+
+
+def _words_that_differ(texts: list[str]) -> list[int]:
+    """Indices of the texts whose `hash: vector` words are not those of `text.lower().split()`."""
+    hashes, counts = minhash._vector_units(pa.array(texts, pa.large_string()), lowercase=True)
+    python_words = [t.lower().split() for t in texts]
+    # Python's words, joined by spaces and hashed without lowering: a word holding a character the
+    # vector path splits on, or lowers differently, gives a different count or hash
+    expected, expected_counts = minhash._vector_units(pa.array([" ".join(ws) for ws in python_words], pa.large_string()), False)
+    python_counts = np.array([len(ws) for ws in python_words])
+    same = (counts == python_counts) & (expected_counts == python_counts)
+    unequal = hashes[np.repeat(same, counts)] != expected[np.repeat(same, expected_counts)]
+    return sorted(set(np.flatnonzero(~same).tolist()) | set(np.repeat(np.arange(len(texts)), counts)[np.repeat(same, counts)][unequal].tolist()))
+
+
+def test_vector_words_are_those_of_str_split_for_every_code_point():
+    # Every code point inside a word, between two words and alone gives the words of
+    # `text.lower().split()` (Arrow lowers, Python's special cases İ and Σ go to Python), except
+    # letters newer than Python's Unicode database, which Python leaves as they are.
+    code_points = [c for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    groups = [code_points[i : i + 64] for i in range(0, len(code_points), 64)]
+    texts = [" ".join(f"Ab{chr(c)}Cd {chr(c)} x{chr(c)}" for c in group) for group in groups]
+    suspects = [c for g in _words_that_differ(texts) for c in groups[g]]
+    singles = [f"Ab{chr(c)}Cd {chr(c)} x{chr(c)}" for c in suspects]
+    differ = [suspects[i] for i in _words_that_differ(singles)]
+    assert all(unicodedata.category(chr(c)) == "Cn" for c in differ), [hex(c) for c in differ]
+    assert _words_that_differ(UNICODE_TEXTS + MULTILINGUAL + DOCS) == []
+    # the table of whitespace is complete: nothing above U+FFFF is whitespace
+    assert not any(chr(c).isspace() for c in range(0x10000, 0x110000))
 
 
 def test_batch_signatures_equal_each_document_alone():
@@ -248,3 +363,35 @@ def test_keep_first_and_longest():
     assert set(losers.column("reason").to_pylist()) == {"near_duplicate"}
     rows = {r["id"]: r for r in clusters.to_pylist()}
     assert rows["i"]["kept"] and rows["i"]["cluster_id"] == "b" and rows["g"]["cluster_id"] == "g"
+
+
+def _near_duplicate_pairs(texts: list[str], config: MinHashConfig) -> set[tuple[int, int]]:
+    """The pairs of documents one cluster holds after the map side, the candidate decisions and
+    the exact checks, all in memory."""
+    stage = MinHashStage(config)
+    keys = stage.keys(_batch(texts))
+    found = candidate_edges(keys["buckets"], config)
+    sets = {row["order"]: distinct_sorted(np.array(row["hashes"], dtype=np.uint64)) for row in keys["shingles"].to_pylist()}
+    u, v = exact_edges(found.near_u, found.near_v, lambda orders: {o: sets[o] for o in orders.tolist()}, config.threshold)
+    edges = list(zip(np.r_[found.edge_u, u].tolist(), np.r_[found.edge_v, v].tolist()))
+    labels_ = components(len(texts), edges)
+    return {(a, b) for a in range(len(texts)) for b in range(a + 1, len(texts)) if labels_[a] == labels_[b]}
+
+
+def test_vector_finds_the_near_duplicates_xxh3_finds():
+    # the test corpus slice with planted copies of its documents (two each) at Jaccard 0.70-0.95
+    rng = random.Random(5)
+    cfg = MinHashConfig(partitions=1, hash="vector")
+    texts = list(DOCS + MULTILINGUAL)
+    for i, text in enumerate(DOCS + MULTILINGUAL[:20]):
+        if len(text.split()) < 60:
+            continue
+        for level in (0.70 + 0.05 * (i % 6), 0.78 + 0.02 * (i % 5)):
+            texts.append(plant(text, level, EDITS[(i + len(texts)) % 2 + 1], rng, cfg)[0])  # word swaps, headers
+    truth_labels = components(len(texts), true_pairs(texts, cfg, cfg.threshold))
+    truth = {(a, b) for a in range(len(texts)) for b in range(a + 1, len(texts)) if truth_labels[a] == truth_labels[b]}
+    by_vector = _near_duplicate_pairs(texts, cfg)
+    by_xxh3 = _near_duplicate_pairs(texts, MinHashConfig(partitions=1, hash="xxh3"))
+    assert len(truth) >= 40, len(truth)
+    assert len(by_vector ^ by_xxh3) <= 0.02 * len(truth)
+    assert len(by_vector & truth) >= 0.98 * len(truth) and len(by_vector - truth) <= 0.02 * len(truth)

@@ -1,0 +1,244 @@
+"""Benchmark the curation driver's memory at scale (issue 13): is it bounded by partitions, not by the corpus?
+
+usage: python -m scripts.bench_driver_memory [--base 625000] [--scales 1,4,16] [--workers 2] [--partitions 16]
+           [--no-verify] [--keep DIR]
+
+For each scale s, a synthetic corpus of s x BASE short documents (100-300 bytes of text: 15-45 words
+drawn from a 20,000-word vocabulary, Zipf-like) in 16 JSONL files, with planted duplicates: 5% exact
+copies of an earlier document and 10% near copies (an earlier document with one word added at its
+end or one word dropped from it: word 5-gram Jaccard >= 0.9), all seeded. Then the whole pipeline,
+`datapipe curate` with exact and near dedup (no filters, a trained 2,048-token tokenizer, `auto`
+blocks and shards) on the embedded Ray with `--workers` CPUs, as a fresh process tree; the same
+config at every scale (16 partitions for exact and near dedup: a worker's share of a partition grows
+with the corpus, the driver's share must not). `--no-verify` sets `dedup.minhash.verify: false`:
+candidates are not checked against the threshold, so the bucket rows carry no signature and no
+shingles are stored. With verification every bucket row holds the document's 128-value signature
+(16 bands: several KB of work files a document), which for 10 M documents is more than this
+machine's free disk (76 GB: the default-config 16x run stopped with "No space left on device").
+
+Every 0.5 s the script reads /proc: the RSS of the CLI process (the driver) and of every process under
+it (Ray's workers, raylet, GCS...), and their CPU seconds. It reports per scale: the driver's peak RSS
+(sampled, and the kernel's high-water mark `VmHWM` read at the last sample), the largest peak RSS of any
+one Ray worker process, the peak of the whole tree's RSS (driver excluded), wall and CPU seconds
+(user + system of the tree), the documents and near duplicates removed, and stats.json's phase seconds.
+Prints one JSON object; `driver_rss_growth_1x_to_max` is the driver's peak at the largest scale over
+the one at the smallest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+FILES = 16
+VOCAB = 20_000
+EXACT_SHARE, NEAR_SHARE = 0.05, 0.10
+
+
+def write_corpus(folder: Path, docs: int, seed: int = 0) -> dict[str, Any]:
+    """`docs` short documents in FILES JSONL files under `folder`; returns counts of what was planted."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    words = np.array([f"w{i}" for i in range(VOCAB)], dtype=object)
+    weights = 1.0 / np.arange(1, VOCAB + 1) ** 0.8
+    weights /= weights.sum()
+    per_file = -(-docs // FILES)
+    texts: list[str] = []  # recent originals only (copies point back at most this far): bounded memory
+    planted = {"exact": 0, "near": 0}
+    n = 0
+    for f in range(FILES):
+        count = min(per_file, docs - n)
+        lengths = rng.integers(15, 46, size=count)
+        drawn = rng.choice(VOCAB, size=int(lengths.sum()), p=weights)
+        kind = rng.random(count)
+        lines = []
+        start = 0
+        for i in range(count):
+            text = " ".join(words[drawn[start:start + lengths[i]]])
+            start += lengths[i]
+            if texts and kind[i] < EXACT_SHARE:
+                text = texts[int(rng.integers(len(texts)))]
+                planted["exact"] += 1
+            elif texts and kind[i] < EXACT_SHARE + NEAR_SHARE:
+                base = texts[int(rng.integers(len(texts)))]
+                text = base + " extra" if kind[i] < EXACT_SHARE + NEAR_SHARE / 2 else base.rsplit(" ", 1)[0]
+                planted["near"] += 1
+            else:
+                texts.append(text)
+                if len(texts) > 50_000:
+                    texts = texts[-25_000:]
+            lines.append(orjson.dumps({"id": f"d{n + i}", "text": text}))
+        (folder / f"part-{f:02d}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+        n += count
+    return {"docs": docs, "files": FILES, "bytes": sum(p.stat().st_size for p in folder.glob("*.jsonl")), "planted": planted}
+
+
+def _proc_table() -> dict[int, tuple[int, float, int, str]]:
+    """pid -> (ppid, CPU seconds, RSS bytes, command name) of every process."""
+    tick, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            comm = stat[stat.index("(") + 1: stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            continue
+        # fields after "(comm)": state, ppid, ...; utime, stime at 11, 12; rss (pages) at 21
+        out[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, int(fields[21]) * page, comm)
+    return out
+
+
+def _hwm(pid: int) -> int:
+    """The kernel's peak RSS of `pid` (VmHWM), bytes; 0 when gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class TreeSampler:
+    """Samples the RSS and CPU seconds of a process and everything under it every `every_s` seconds."""
+
+    def __init__(self, root: int, every_s: float = 0.5) -> None:
+        self.root, self.every_s = root, every_s
+        self.driver_peak = self.driver_hwm = self.tree_peak = 0
+        self.worker_peak: dict[str, int] = {}  # command name -> the largest RSS of one such process
+        self.cpu: dict[int, float] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        table = _proc_table()
+        tree, frontier = {self.root}, [self.root]
+        while frontier:
+            parent = frontier.pop()
+            for pid, (ppid, *_rest) in table.items():
+                if ppid == parent and pid not in tree:
+                    tree.add(pid)
+                    frontier.append(pid)
+        total = 0
+        for pid in tree & set(table):
+            _, cpu, rss, comm = table[pid]
+            self.cpu[pid] = max(self.cpu.get(pid, 0.0), cpu)
+            if pid == self.root:
+                self.driver_peak = max(self.driver_peak, rss)
+                self.driver_hwm = max(self.driver_hwm, _hwm(pid))
+            else:
+                total += rss
+                self.worker_peak[comm] = max(self.worker_peak.get(comm, 0), rss)
+        self.tree_peak = max(self.tree_peak, total)
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            self._sample()
+            self.done.wait(self.every_s)
+
+    def __enter__(self) -> "TreeSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def run_scale(corpus: Path, out: Path, workers: int, partitions: int, verify: bool) -> dict[str, Any]:
+    repo = Path(__file__).parents[1]
+    config = {
+        "inputs": [{"path": str(corpus / "*.jsonl"), "domain": "web"}],
+        "dedup": {"exact": {"enabled": True, "partitions": partitions},
+                  "minhash": {"enabled": True, "partitions": partitions, "verify": verify}},
+        "filters": {},
+        "tokenizer": {"train": {"vocab_size": 2048, "sample_bytes": 2_000_000}},
+        "ray": {"num_cpus": workers},
+        "output": {"dir": str(out)},
+    }
+    recipe = out.parent / f"{out.name}.json"
+    recipe.write_text(json.dumps(config))
+    cmd = [sys.executable, "-m", "datapipe.cli", "curate", str(recipe), "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(repo)}  # this checkout's code, in the CLI and in every Ray worker
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with TreeSampler(proc.pid) as sampler:
+        _, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"curate failed:\n{err.decode()[-4000:]}")
+    stats = json.loads((out / "stats.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    workers_rss = {k: v for k, v in sampler.worker_peak.items() if k.startswith("ray::")}
+    mib = 1 << 20
+    return {
+        "driver_peak_rss_mib": round(sampler.driver_peak / mib, 1),
+        "driver_vmhwm_mib": round(sampler.driver_hwm / mib, 1),
+        "worker_peak_rss_mib": round(max(workers_rss.values(), default=0) / mib, 1),
+        "worker_peak_rss_by_name_mib": {k: round(v / mib, 1) for k, v in sorted(workers_rss.items())},
+        "ray_daemons_peak_rss_mib": {k: round(v / mib, 1) for k, v in sorted(sampler.worker_peak.items())
+                                     if not k.startswith("ray::") and v > 50 * mib},
+        "tree_peak_rss_mib_without_driver": round(sampler.tree_peak / mib, 1),
+        "wall_seconds": round(wall, 1),
+        "cpu_seconds": round(sum(sampler.cpu.values()), 1),
+        "phase_seconds": stats["phase_seconds"],
+        "kept_docs": manifest["total_docs"],
+        "shards": manifest["num_shards"],
+        "removed": {name: s.get("removed") for name, s in stats["global_stages"].items()},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", type=int, default=625_000, help="documents at scale 1 (default 625,000: 16x = 10 M)")
+    p.add_argument("--scales", default="1,4,16")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--partitions", type=int, default=16, help="dedup.exact.partitions and dedup.minhash.partitions")
+    p.add_argument("--no-verify", action="store_true", help="dedup.minhash.verify: false (much smaller work files)")
+    p.add_argument("--keep", default=None, help="folder for the corpora and outputs (default: a temporary one, deleted)")
+    args = p.parse_args()
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-driver-memory-"))
+    results: dict[str, Any] = {
+        "command": f"python -m scripts.bench_driver_memory --base {args.base} --scales {args.scales} --workers {args.workers}"
+                   + f" --partitions {args.partitions}" + (" --no-verify" if args.no_verify else ""),
+        "minhash_verify": not args.no_verify,
+        "cpus": os.cpu_count(), "workers": args.workers, "load_avg_1min_at_start": round(os.getloadavg()[0], 2), "scales": {},
+    }
+    try:
+        for scale in [int(s) for s in args.scales.split(",")]:
+            corpus = root / f"corpus-{scale}x"
+            t0 = time.perf_counter()
+            planted = write_corpus(corpus, scale * args.base)
+            entry = {"corpus": planted, "generate_seconds": round(time.perf_counter() - t0, 1)}
+            entry.update(run_scale(corpus, root / f"out-{scale}x", args.workers, args.partitions, not args.no_verify))
+            entry["load_avg_1min_after"] = round(os.getloadavg()[0], 2)
+            results["scales"][f"{scale}x"] = entry
+            print(json.dumps({f"{scale}x": entry}), file=sys.stderr, flush=True)
+            if not args.keep:
+                shutil.rmtree(corpus, ignore_errors=True)
+                shutil.rmtree(root / f"out-{scale}x", ignore_errors=True)
+        runs = list(results["scales"].values())
+        results["driver_rss_growth_1x_to_max"] = round(runs[-1]["driver_peak_rss_mib"] / runs[0]["driver_peak_rss_mib"], 3)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Curation with input and output in object storage (a real S3 API server on localhost, `s3_server`):
+curate -> `datapipe stats` -> PackedLoader round trip, resume over the work objects of a failed run, the
+CLI as a user runs it, and a two-node Ray cluster whose nodes share no folder with each other or the driver."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from helpers import ASSETS, small_config, stop_cluster
+from datapipe.core.schema import empty_dropped
+from datapipe.core.shards import read_manifest
+from datapipe.core.storage import location
+from datapipe.curate.executors import LocalExecutor, RayExecutor
+from datapipe.curate.runner import curate
+from datapipe.inspect import stats
+from datapipe.loader import PackedLoader
+from stages.base import StageResult
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def s3_input(s3_server) -> tuple[str, str]:
+    """(a fresh prefix of the test bucket, the URL of the corpus slice uploaded under it)."""
+    import s3fs
+
+    prefix = f"s3://{s3_server[1]}/{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem().put_file(str(ASSETS / "corpus_slice.jsonl"), f"{prefix}/in/docs.jsonl")
+    return prefix, f"{prefix}/in/docs.jsonl"
+
+
+def _run(cfg, executor, **kw):
+    return curate(cfg, executor=executor, progress=False, log=lambda _: None, **kw)
+
+
+def _config(out, inp: str, **sections):
+    return small_config(out, [{"path": inp, "domain_field": "source"}], dedup={"exact": {"partitions": 3},
+                        "minhash": {"enabled": True, "partitions": 2}}, eval={"enabled": True, "fraction": 0.1}, **sections)
+
+
+def _names(folder) -> list[str]:
+    return sorted(p.name for p in location(folder).glob("*"))
+
+
+def _batches(source, n: int = 6) -> list[dict]:
+    loader = PackedLoader(source, seq_len=64, batch_size=4, seed=3, epochs=1, lookahead=8)
+    out = []
+    for batch in loader:
+        out.append({k: v.tolist() for k, v in batch.items() if hasattr(v, "tolist")})
+        if len(out) == n:
+            break
+    return out
+
+
+def test_s3_round_trip_curate_stats_loader(tmp_path, s3_input, ray_local):
+    """Ray tasks read and write the work objects, shards, dropped/ and quarantine/ in the bucket; the
+    output is the same, byte for byte, as a local run's, and stats and the loader read it from there."""
+    prefix, inp = s3_input
+    local, remote = tmp_path / "local", f"{prefix}/run"
+    _run(_config(local, inp), LocalExecutor())
+    result = _run(_config(remote, inp), RayExecutor(progress=False))
+    assert result.out_dir == remote
+    assert read_manifest(remote) == read_manifest(local)  # every shard's sha256 and size
+    assert read_manifest(f"{remote}/eval") == read_manifest(local / "eval")
+    assert _names(remote) == _names(local) and "work" not in _names(remote)
+    for folder in ("dropped", "quarantine", "shards", "near_duplicates"):
+        assert _names(f"{remote}/{folder}") == _names(local / folder), folder
+    assert not any(Path.cwd().glob("s3:*"))  # the old bug: a local folder named after the URL
+
+    figures, expected = stats.collect(remote), stats.collect(local)
+    for key in ("out_dir", "phase_seconds"):
+        figures.pop(key), expected.pop(key)
+    figures["summary"].pop("seconds"), expected["summary"].pop("seconds")
+    assert figures == expected and figures["complete"] and figures["splits"]["eval"]["docs"] > 0
+    dropped = json.loads((local / "stats.json").read_text())["dropped"]
+    assert dropped  # the slice has drops: `why` finds one in dropped/*.parquet, and a kept one in a shard
+    drop_id = __import__("polars").read_parquet(local / "dropped" / "*.parquet")["id"][0]
+    kept_id = __import__("pyarrow").ipc.open_file(str(local / "shards" / "shard-00000.arrow")).read_all()["id"][0].as_py()
+    for doc in (drop_id, kept_id):
+        assert stats.why(remote, doc) == stats.why(local, doc) is not None
+
+    assert _batches(remote) == _batches(local)
+
+
+class FailOnce:
+    """Fails the segment task of one block the first time (a marker file remembers): a run that stops part-way."""
+
+    name = "fail_once"
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __call__(self, batch):
+        if batch.num_rows and batch.column("order")[0].as_py() > 0 and not os.path.exists(self.marker):
+            Path(self.marker).write_text("failed")
+            raise RuntimeError("stopped part-way")
+        return StageResult(batch, empty_dropped())
+
+
+def test_a_stopped_s3_run_resumes_over_its_work_objects(tmp_path, s3_input):
+    prefix, inp = s3_input
+    ref, remote = tmp_path / "ref", f"{prefix}/run"
+    stage = FailOnce(str(tmp_path / "marker"))
+    (tmp_path / "ref-marker").write_text("never fails")
+    _run(_config(ref, inp), LocalExecutor(), extra_stages=[FailOnce(str(tmp_path / "ref-marker"))])
+    with pytest.raises(RuntimeError, match="stopped part-way"):
+        _run(_config(remote, inp, output={"keep_work": True, "shard_bytes": 8192}), LocalExecutor(), extra_stages=[stage])
+    work = location(remote) / "work"
+    records = sorted((work / "read").glob("*.json"))
+    assert records and not (location(remote) / "manifest.json").exists()
+    # Mark a finished task's record: a resumed run must take it as it is, not run the task again.
+    first = json.loads(records[0].read_text())
+    records[0].open("wb").write(json.dumps({**first, "kept_from_the_first_run": True}).encode())
+    left = work / "seg0" / ".u000000-b00000.arrow.tmp-99-0123abcd"  # what a killed writer leaves
+    left.open("wb").write(b"half")
+    _run(_config(remote, inp, output={"keep_work": True, "shard_bytes": 8192}), LocalExecutor(), extra_stages=[stage])
+    assert json.loads(records[0].read_text())["kept_from_the_first_run"]
+    assert not left.exists()
+    assert read_manifest(remote) == read_manifest(ref)
+
+
+def test_the_cli_curates_s3_to_s3_and_reads_it_back(tmp_path, s3_input):
+    """The issue's command, as a new user runs it: nothing is written locally, everything reaches the bucket,
+    `datapipe stats` and `datapipe train --data` read it there."""
+    prefix, inp = s3_input
+    out = f"{prefix}/run"
+    cli = [sys.executable, "-m", "datapipe"]
+    curated = subprocess.run(cli + ["curate", str(REPO / "configs/quickstart.yaml"), "--no-progress", "--executor", "local",
+                                    "--input", inp, "--output", out], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert curated.returncode == 0, curated.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []
+    manifest = read_manifest(out)
+    assert manifest["total_docs"] > 0 and _names(f"{out}/shards") == [s["path"].split("/")[-1] for s in manifest["shards"]]
+    shown = subprocess.run(cli + ["stats", out, "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert json.loads(shown.stdout)["summary"]["docs"] == manifest["total_docs"]
+    run = tmp_path / "train"
+    trained = subprocess.run(cli + ["train", str(REPO / "configs/train-tiny.yaml"), "--data", out, "--output", str(run),
+                                    "--set", "train.steps=2", "--set", "train.log_every=1", "--set", "train.eval_every=0",
+                                    "--set", "train.ckpt_every=0"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert (run / "metrics.jsonl").read_text().count("\n") >= 2
+
+
+# ---------------------------------------------------------------- a two-node cluster without a shared folder
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def two_nodes_own_folders(tmp_path):
+    """A head and a worker node (`ray start`, one CPU each), each with its own --temp-dir and working
+    folder, started without the object-storage settings: the tasks get those from the driver."""
+    ray_bin = shutil.which("ray")
+    if ray_bin is None:
+        pytest.skip("the ray command is not installed")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_"))}
+    env.update({"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"})
+    temps = [Path("/tmp") / f"ray-dp-{port}-{role}" for role in ("head", "node")]  # socket paths must stay short
+    homes = [tmp_path / "head-node", tmp_path / "worker-node"]
+    for home in homes:
+        home.mkdir()
+    head = subprocess.run(
+        [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+         "--disable-usage-stats", f"--temp-dir={temps[0]}"],
+        cwd=homes[0], env=env, capture_output=True, text=True, timeout=120)
+    if head.returncode != 0:
+        pytest.skip(f"Ray cannot start a head node here: {head.stderr[-500:]}")
+    address = f"127.0.0.1:{port}"
+    try:
+        node = subprocess.run(
+            [ray_bin, "start", f"--address={address}", "--num-cpus=1", "--disable-usage-stats", f"--temp-dir={temps[1]}"],
+            cwd=homes[1], env=env, capture_output=True, text=True, timeout=120)
+        if node.returncode != 0:
+            pytest.skip(f"Ray cannot start a second node here: {node.stderr[-500:]}")
+        yield address
+    finally:
+        stop_cluster([str(t) for t in temps] + [f"address={address}"])
+        for t in temps:
+            shutil.rmtree(t, ignore_errors=True)
+
+
+@pytest.mark.cluster
+def test_two_node_cluster_without_a_shared_folder_curates_s3_to_s3(tmp_path, s3_input, two_nodes_own_folders):
+    prefix, inp = s3_input
+    driver = tmp_path / "driver"
+    driver.mkdir()
+    (driver / "cfg.yaml").write_text(
+        f"inputs: [{{path: '{inp}', domain_field: source}}]\nread: {{block_bytes: 8192}}\n"
+        "filters: {code: {code: {}}}\ntokenizer: {train: {vocab_size: 400}}\noutput: {shard_bytes: 8192}\n")
+    cli = [sys.executable, "-m", "datapipe", "curate", "cfg.yaml", "--no-progress"]
+    ref = subprocess.run(cli + ["--executor", "local", "--output", str(tmp_path / "ref")], cwd=driver,
+                         capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+    out = f"{prefix}/cluster"
+    run = subprocess.run(cli + ["--ray-address", two_nodes_own_folders, "--output", out], cwd=driver, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert read_manifest(out) == read_manifest(tmp_path / "ref")
+    assert sorted(p.name for p in driver.iterdir()) == ["cfg.yaml"]  # nothing written in the driver's folder
+    for home in (tmp_path / "head-node", tmp_path / "worker-node"):
+        assert list(home.iterdir()) == []  # nor in the nodes'
