@@ -38,11 +38,15 @@ def plot_experiment(results_json: str | Path) -> Path:
     bars.bar(names, heights, yerr=[r["std"] or 0.0 for r in reach], capsize=4,
              color=["tab:grey" if n == results["baseline"] else "tab:blue" for n in names])
     for i, r in enumerate(reach):
-        ratio = arms[names[i]]["ratio_to_baseline"]["of_means"]
+        ratio = arms[names[i]]["ratio_to_baseline"].get("of_mean_curve", arms[names[i]]["ratio_to_baseline"]["of_means"])
         text = "never reached" if r["mean"] is None else (f"{r['n']}/{r['of']} seeds" +
                                                            (f", ×{ratio:.2f}" if ratio is not None else ""))
         bars.annotate(text, (i, heights[i]), ha="center", va="bottom", fontsize=8)
-    bars.set(title="tokens to the target eval loss\n(mean ± std; ×ratio to the baseline)", ylabel="tokens")
+    cross = results.get("baseline_mean_curve_tokens_to_target")
+    if cross:  # where the baseline's mean curve reaches the target: every baseline seed counts
+        bars.axhline(cross, color="tab:grey", linestyle=":", label=f"{results['baseline']} mean curve: {cross:,.0f}")
+        bars.legend(fontsize=8)
+    bars.set(title="tokens to the target eval loss\n(mean ± std; ×ratio to the baseline's mean curve)", ylabel="tokens")
     fig.tight_layout()
     out = path.with_name("results.png")
     png = io.BytesIO()

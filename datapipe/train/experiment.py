@@ -15,7 +15,9 @@ cell (its checkpoint reached budget.steps); a cell killed after a checkpoint con
 semantics (the trainer refuses when its settings changed); one killed before its first checkpoint restarts.
 OUTPUT/results.json (written atomically) holds every cell's eval-loss curve over tokens trained, its final eval
 loss and its tokens to reach the target (linear interpolation between evaluations; null when never reached), and
-per arm the mean ± std over seeds and the ratio of tokens-to-target to the baseline's. `final_by_eval_set` holds the
+per arm the mean ± std over seeds and the ratio of tokens-to-target to the baseline's (`of_means`, over the seeds
+that reach it; `of_mean_curve`, the tokens at which the arm's mean curve over all seeds reaches it against the baseline's: every
+seed counts). `final_by_eval_set` holds the
 final losses, overall and per domain, on the eval set and on each of `extra_evals` (e.g. the clean part of the split:
 the held-out documents every filter keeps), whose evaluations of a cell's final model are cached in the cell.
 """
@@ -310,7 +312,17 @@ def summarize(exp: ExperimentConfig, curves: dict[str, dict[int, list[tuple[int,
                 "of_means": arm_tt["mean"] / base_tt["mean"] if arm_tt["mean"] is not None and base_tt["mean"] else None,
                 "per_seed": _spread(paired)},
         }
-    return {"baseline": exp.baseline, "target": target,
+    # Mean curve against mean curve: with the default target (the baseline's own final mean) some seeds of the
+    # baseline never reach it, so a ratio over the seeds that do flatters whichever arm loses its slow seeds; the
+    # tokens at which each arm's mean curve (over every seed) reaches the target do not.
+    def crossing(arm: dict[str, Any]) -> float | None:
+        return tokens_to_target(list(zip(arm["curve"]["tokens"], arm["curve"]["mean"])), target)
+
+    base_cross = crossing(arms[exp.baseline])
+    for arm in arms.values():
+        arm["mean_curve_tokens_to_target"] = cross = crossing(arm)
+        arm["ratio_to_baseline"]["of_mean_curve"] = cross / base_cross if cross is not None and base_cross else None
+    return {"baseline": exp.baseline, "target": target, "baseline_mean_curve_tokens_to_target": base_cross,
             "target_from": "config" if exp.target is not None else "baseline final eval loss (mean over seeds)",
             "seeds": list(exp.seeds), "budget": to_dict(exp.budget) | {"eval_every": exp.budget.eval_interval},
             "eval_source": cells[exp.baseline][exp.seeds[0]].data.eval_source, "arms": arms}

@@ -55,12 +55,17 @@ def test_experiment_runs_arms_writes_results_and_reuses_finished_cells(tmp_path,
         assert cell["curve"]["tokens"] == sorted(cell["curve"]["tokens"]) and cell["curve"]["tokens"][0] > 0
         assert cell["final_eval_loss"] == cell["curve"]["eval_loss"][-1]
         assert set(arm["final_eval_loss"]) == {"mean", "std", "n", "of"}
-        assert set(arm["ratio_to_baseline"]) == {"of_means", "per_seed"}
+        assert set(arm["ratio_to_baseline"]) == {"of_means", "per_seed", "of_mean_curve"}
         # each cell's own metrics.jsonl holds the same curve
         records = [json.loads(l) for l in (Path(cell["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
         assert [r["eval_loss"] for r in records if "eval_loss" in r] == cell["curve"]["eval_loss"]
     assert 0 < base["tokens_to_target"]["mean"] <= base["seeds"]["0"]["curve"]["tokens"][-1]
     assert base["ratio_to_baseline"]["of_means"] == pytest.approx(1.0)
+    # one seed: the baseline's mean curve is its curve, which reaches its own final loss at its last evaluation
+    assert results["baseline_mean_curve_tokens_to_target"] == pytest.approx(base["seeds"]["0"]["curve"]["tokens"][-1])
+    assert base["ratio_to_baseline"]["of_mean_curve"] == pytest.approx(1.0)
+    low = results["arms"]["low_lr"]  # one seed: its mean curve is its curve
+    assert low["mean_curve_tokens_to_target"] == low["seeds"]["0"]["tokens_to_target"]
     # the lower learning rate trains the same tokens but learns slower: a different curve
     assert results["arms"]["low_lr"]["seeds"]["0"]["curve"]["eval_loss"] != base["seeds"]["0"]["curve"]["eval_loss"]
 
