@@ -95,18 +95,23 @@ def write_clean_eval(out: Path) -> dict:
     return {"whole_docs": whole, "clean_docs": {d: kept.get(d, {}).get("docs", 0) for d in whole}}
 
 
+def _token_digests(table: pa.Table) -> list[bytes]:
+    """xxh3-128 of each row's token bytes (every arm has raw's tokenizer, so the same token dtype)."""
+    tokens = table.column("tokens").combine_chunks()
+    values, offsets = tokens.values.to_numpy(), tokens.offsets.to_numpy()
+    return [xxhash.xxh3_128_digest(values[offsets[i]:offsets[i + 1]].tobytes()) for i in range(len(tokens))]
+
+
 def check_no_eval_in_training(out: Path) -> dict[str, int]:
     """Per arm, the training documents that are an eval document by id or identical tokens: must be 0."""
     eval_docs = _rows(out / "data" / "raw" / "eval", ["id", "tokens"])
     ids = set(eval_docs.column("id").to_pylist())
-    digests = {xxhash.xxh3_128_digest(pa.array(t, pa.int64()).to_numpy().tobytes()) for t in eval_docs.column("tokens").to_pylist()}
+    digests = set(_token_digests(eval_docs))
     found = {}
     for arm in ARMS:
         train = _rows(out / "data" / arm, ["id", "tokens"])
         same_id = sum(i in ids for i in train.column("id").to_pylist())
-        same_tokens = sum(xxhash.xxh3_128_digest(pa.array(t, pa.int64()).to_numpy().tobytes()) in digests
-                          for t in train.column("tokens").to_pylist())
-        found[arm] = same_id + same_tokens
+        found[arm] = same_id + sum(d in digests for d in _token_digests(train))
     if any(found.values()):
         raise SystemExit(f"eval documents in training data: {found}")
     return found

@@ -67,6 +67,7 @@ from typing import Any
 import numpy as np
 
 from datapipe.core.config import ConfigError
+from datapipe.loader.settings import check_integers, from_value
 from datapipe.loader.reader import Layout, Reader
 
 
@@ -80,10 +81,7 @@ class OnlineMixing:
     lag: int = 8  # the snapshot taken at served batch b has learnt exactly the first b - lag loss reports
 
     def __post_init__(self) -> None:
-        for name, low in (("warmup", 0), ("refresh", 1), ("lag", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise ConfigError(f"online_mixing.{name} must be an integer ≥ {low}, got {value!r}")
+        check_integers(self, "online_mixing", (("warmup", 0), ("refresh", 1), ("lag", 0)))
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 <= self.alpha < 1:
             raise ConfigError(f"online_mixing.alpha must be a number in [0, 1), got {self.alpha!r}")
 
@@ -92,19 +90,7 @@ class OnlineMixing:
 
     @classmethod
     def from_value(cls, value: "OnlineMixing | Mapping[str, Any] | bool | None") -> "OnlineMixing | None":
-        if value is None or value is False:
-            return None
-        if value is True:
-            return cls()
-        if isinstance(value, OnlineMixing):
-            return value
-        if isinstance(value, Mapping):
-            allowed = set(cls.__dataclass_fields__)
-            unknown = sorted(set(value) - allowed)
-            if unknown:
-                raise ConfigError(f"online_mixing keys must be among {sorted(allowed)!r}, got {unknown!r}")
-            return cls(**value)
-        raise ConfigError(f"online_mixing must be None, a bool, a mapping or an OnlineMixing, got {value!r}")
+        return from_value(cls, value, "online_mixing")
 
 
 def exploration(t: int, k: int) -> float:

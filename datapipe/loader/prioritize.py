@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from datapipe.core.config import ConfigError
+from datapipe.loader.settings import check_integers, from_value
 
 FEATURES = ("mean_log_freq", "log_length", "diversity", "rare_ratio", "std_log_freq")
 
@@ -68,10 +69,7 @@ class Prioritize:
     rare_count: int = 2  # a token is rare when its reference count is at most this
 
     def __post_init__(self) -> None:
-        for name, low in (("pool", 1), ("min_reports", 0), ("refresh", 1), ("lag", 0), ("ref_tokens", 1), ("rare_count", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise ConfigError(f"prioritize.{name} must be an integer ≥ {low}, got {value!r}")
+        check_integers(self, "prioritize", (("pool", 1), ("min_reports", 0), ("refresh", 1), ("lag", 0), ("ref_tokens", 1), ("rare_count", 0)))
         if not 0 < self.keep <= 1:
             raise ConfigError(f"prioritize.keep must be in (0, 1], got {self.keep!r}")
         if not self.temperature > 0:
@@ -86,19 +84,7 @@ class Prioritize:
 
     @classmethod
     def from_value(cls, value: "Prioritize | Mapping[str, Any] | bool | None") -> "Prioritize | None":
-        if value is None or value is False:
-            return None
-        if value is True:
-            return cls()
-        if isinstance(value, Prioritize):
-            return value
-        if isinstance(value, Mapping):
-            allowed = set(cls.__dataclass_fields__)
-            unknown = sorted(set(value) - allowed)
-            if unknown:
-                raise ConfigError(f"prioritize keys must be among {sorted(allowed)!r}, got {unknown!r}")
-            return cls(**value)
-        raise ConfigError(f"prioritize must be None, a bool, a mapping or a Prioritize, got {value!r}")
+        return from_value(cls, value, "prioritize")
 
 
 def reference_log_freq(token_arrays: Any, ref_tokens: int, vocab_size: int | None) -> tuple[np.ndarray, np.ndarray]:
