@@ -2,7 +2,7 @@
 
     datapipe curate CONFIG [--input PATH ...] [--output DIR] [--set KEY=VALUE ...] [--ray-address ADDR]
     datapipe run [--output DIR] [--train-steps N]   # curate the embedded default corpus, train a tiny GPT, print stats
-    datapipe config-reference [curate|train|preferences]   # every config key with its type, default and note
+    datapipe config-reference [curate|train|preferences|experiment]   # every config key with its type, default and note
     datapipe stats OUTPUT_DIR [--plot DIR] [--html FILE] [--json] [--why ID]   # inspect a finished run
     datapipe train CONFIG [--data DIR] [--output DIR] [--set KEY=VALUE ...] [--resume]   # train a GPT on shards
     datapipe score CONFIG --data DIR --output DIR [--steps N] [--seed S] [--set KEY=VALUE ...]   # add ref_loss (RHO-LOSS)
@@ -32,8 +32,8 @@ diversity sampling and mixture reweighting), shows what every stage kept and dro
 a small GPT (next-token or DPO) on the shards with a streaming, resumable, packing loader.
 
 Start with `datapipe run` (it needs no data), or `datapipe curate configs/quickstart.yaml`.
-Every command reads a YAML recipe; `datapipe config-reference [curate|train|preferences]` lists
-its keys, and `--set KEY=VALUE` overrides any of them."""
+Every command reads a YAML recipe; `datapipe config-reference [curate|train|preferences|experiment]`
+lists its keys, and `--set KEY=VALUE` overrides any of them."""
 
 SET_HELP = "override a config key (dotted; a number indexes a list); the value is YAML, e.g. --set {}; repeatable"
 EXECUTOR_HELP = "'ray' (default): Ray runs the tasks; 'local': every task runs in this process, one at a time (debugging)"
@@ -102,7 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--output", default=None, metavar="DIR", help="run folder (config train.output)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help=SET_HELP.format("train.steps=200"))
-    t.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint.pt")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from RUN_DIR/checkpoint.pt with the run's own settings (RUN_DIR/config.yaml: earlier "
+                        "--set need not be repeated; one given again must agree); a run stopped before its first "
+                        "checkpoint starts again from step 0")
 
     sc = sub.add_parser("score", help="RHO-LOSS scoring pass: copy a curated folder, adding each document's "
                                       "reference-model loss (ref_loss) for `train.rho`",
@@ -144,8 +147,8 @@ def _parser() -> argparse.ArgumentParser:
                                     "sequence length, evaluate all on one eval set, and write OUTPUT/results.json "
                                     "and OUTPUT/results.png. Rerunning the command reads finished cells back and "
                                     "resumes a killed one from its last checkpoint.")
-    ex.add_argument("config", help="an experiment YAML, e.g. configs/experiment-tiny.yaml (keys: base, arms, "
-                                   "baseline, seeds, budget, target, eval_source, output)")
+    ex.add_argument("config", help="an experiment YAML, e.g. configs/experiment-tiny.yaml (keys: datapipe "
+                                   "config-reference experiment)")
     ex.add_argument("--output", default=None, metavar="DIR", help="output folder (config output)")
     ex.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                     help=SET_HELP.format("budget.steps=500") + " (experiment keys)")
@@ -170,11 +173,17 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from datapipe.train.config import check_sources, load_train_config
-    from datapipe.train.loop import train
+    from datapipe.train.loop import resumed_config, train
 
     from datapipe.curate.preferences import default_preference_set
 
     cfg = load_train_config(args.config, args.overrides, data=args.data, output=args.output)
+    if args.resume:  # the run's own settings; what this command line sets again must agree with them
+        given = {o.split("=", 1)[0].strip(): f"--set {o.strip()}" for o in args.overrides}
+        if args.data is not None:
+            given["data.source"] = f"--data {args.data}"
+        cfg = resumed_config(cfg, given)
+    args.run_dir = cfg.train.output  # for the Ctrl-C line: what a rerun can do depends on what the folder holds
     check_sources(cfg)
     train(cfg, resume=args.resume, default_preferences=default_preference_set)
     return 0
@@ -247,6 +256,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.man_pages < 0:
         raise ConfigError(f"--man-pages must be >= 0, got {args.man_pages}")
+    if args.train_steps < 0:
+        raise ConfigError(f"--train-steps must be >= 0 (0 = curate only), got {args.train_steps}")
     if args.train_steps > 0 and "://" in args.output and not args.output.startswith("file://"):
         raise ConfigError(f"--output: {args.output!r} is a URL, but `datapipe run` trains next to it (DIR-train), "
                           "which must be a local folder; give a local --output, or --train-steps 0 to only curate")
@@ -260,7 +271,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:  # train the tiny model on what was just curated, then show the full stats
         from datapipe.inspect import stats
         from datapipe.train.config import load_train_config
-        from datapipe.train.loop import train
+        from datapipe.train.loop import has_run, train
 
         recipe = Path(__file__).resolve().parents[1] / "configs" / "train-tiny.yaml"
         steps = args.train_steps
@@ -273,7 +284,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"\n{run_dir} is a finished training run of {steps} steps: reusing it (nothing to train)")
         else:
             print(f"\ntraining a tiny GPT for {steps} steps on {args.output} -> {tcfg.train.output}")
-            train(tcfg, resume=(run_dir / "checkpoint.pt").exists())  # a rerun continues the run (or names what differs)
+            train(tcfg, resume=has_run(run_dir))  # a rerun continues the run (or names what differs)
         from datapipe.inspect.plots import plot_run
 
         print(f"wrote {plot_run(tcfg.train.output)}\n")
@@ -360,12 +371,23 @@ HANDLERS = {"curate": cmd_curate, "run": cmd_run, "config-reference": cmd_config
 # What Ctrl-C leaves behind, per command: how to carry on.
 AFTER_CTRL_C = {
     "curate": "rerun the same command to resume: finished work is kept",
-    "run": "rerun the same command to resume: finished curation work is kept (the tiny model trains again)",
+    "run": "rerun the same command to resume: finished curation work is kept, and the tiny model's training resumes",
     "train": "rerun the same command with --resume to continue from the last checkpoint",
     "curate-preferences": "rerun the same command to curate the preference records again",
     "experiment": "rerun the same command to continue: finished cells are kept, a killed one resumes from its checkpoint",
     "score": "rerun the same command to resume: finished reference models are kept, a killed one resumes from its checkpoint",
 }
+
+
+def _after_train_ctrl_c(run_dir: str) -> str:
+    """How to carry on a `datapipe train` stopped by Ctrl-C: the printed command must work for what the folder holds."""
+    from datapipe.train.loop import has_run
+
+    if not has_run(Path(run_dir)):  # stopped before training began: nothing to resume
+        return "rerun the same command to start again (nothing was trained yet)"
+    if (Path(run_dir) / "checkpoint.pt").exists() or (Path(run_dir) / "checkpoint.prev.pt").exists():
+        return AFTER_CTRL_C["train"]
+    return "rerun the same command with --resume to start it again from step 0 (no checkpoint was written yet)"
 
 
 def _say(message: str) -> None:
@@ -390,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(str(exc))
         return 1
     except KeyboardInterrupt:
-        after = AFTER_CTRL_C.get(args.command)
+        after = _after_train_ctrl_c(args.run_dir) if getattr(args, "run_dir", None) else AFTER_CTRL_C.get(args.command)
         print(f"datapipe {args.command}: stopped (Ctrl-C)" + (f"; {after}" if after else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:  # `datapipe config-reference | head`: the reader left; say nothing

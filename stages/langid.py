@@ -46,12 +46,13 @@ def _identifier(languages: list[str]):
 class LangIdStage:
     name = "langid"
 
-    def __init__(self, config: LangIdConfig) -> None:
+    def __init__(self, config: LangIdConfig, *, keep_text: bool = False) -> None:
         self.config = config
+        self.keep_text = keep_text  # dropped rows keep their text (output.keep_dropped_text)
         self._model = None  # loaded on first use: the stage is pickled to workers without it
 
     def __getstate__(self) -> dict:
-        return {"config": self.config, "_model": None}
+        return {"config": self.config, "keep_text": self.keep_text, "_model": None}
 
     def classify(self, text: str) -> tuple[str, float]:
         if self._model is None:
@@ -73,4 +74,4 @@ class LangIdStage:
             else None
             for lang, score in labels
         ]
-        return split_by_reasons(batch, reasons, self.name)
+        return split_by_reasons(batch, reasons, self.name, keep_text=self.keep_text)

@@ -4,10 +4,10 @@ Every command's config (curate, curate-preferences, train) is a root dataclass l
 loader, `load(Root, recipe, overrides, flags)`: read the YAML recipe, apply the `--set a.b=v`
 overrides, apply the command-line flags, build the tree strictly. `from_dict(cls, data)` refuses
 unknown keys, wrong types and bad values with a `ConfigError` that names the dotted key, the value
-received and what is allowed; the loader prefixes the recipe file. A dataclass may list renamed keys
-in a `RENAMED: ClassVar[dict[str, str]]` (old dotted key -> new); an old key is an error naming the
-new one. Field notes live in `note(help=...)` so `datapipe config-reference` is generated from the
-code.
+received and what is allowed; the loader prefixes the `--set` that gave that key its value, else the
+recipe file. A dataclass may list renamed keys in a `RENAMED: ClassVar[dict[str, str]]` (old dotted
+key -> new); an old key is an error naming the new one. Field notes live in `note(help=...)` so
+`datapipe config-reference` is generated from the code.
 """
 
 from __future__ import annotations
@@ -243,7 +243,9 @@ def load(root: type[T], path: str | Path | None, overrides: Iterable[str] = (),
 
     `flags` maps a dotted key to a flag's value; None means the flag was not given. A callable value is called
     with the recipe data (after the overrides) and returns the value (for flags that inherit from the recipe).
-    Every error is a ConfigError naming the dotted key, prefixed with the recipe file (or 'command line')."""
+    Every error is a ConfigError naming the dotted key, prefixed with the `--set` that gave the key its value,
+    else with the recipe file (or 'command line')."""
+    overrides = list(overrides)
     data, source = read_recipe(path, overrides)
     try:
         for dotted, value in (flags or {}).items():
@@ -251,7 +253,18 @@ def load(root: type[T], path: str | Path | None, overrides: Iterable[str] = (),
                 set_key(data, dotted, value(data) if callable(value) else value, f"the flag for {dotted}")
         return from_dict(root, data)
     except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+        raise ConfigError(f"{_blamed(str(exc), overrides) or source}: {exc}") from None
+
+
+def _blamed(message: str, overrides: list[str]) -> str | None:
+    """'--set KEY=VALUE' of the last override whose key (or a key below it) `message` names, or None: a --set
+    value replaces the recipe's, so an error about that key is the flag's, not the recipe file's."""
+    for assignment in reversed(overrides):
+        dotted = assignment.split("=", 1)[0].strip()
+        shown = re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", dotted)  # errors write inputs.0.path as inputs[0].path
+        if dotted and re.search(rf"(?<![\w.]){re.escape(shown)}(?![\w])", message):
+            return f"--set {assignment.strip()}"
+    return None
 
 
 def check(condition: bool, message: str) -> None:
@@ -278,13 +291,28 @@ def help_lines(cls: type, prefix: str = "") -> typing.Iterator[str]:
             yield from help_lines(item, key + "[].")
             continue
         if f.default is not dataclasses.MISSING:
-            default = f.default
+            default = repr(f.default)
         elif f.default_factory is not dataclasses.MISSING:
-            default = to_dict(f.default_factory())
+            default = repr(to_dict(f.default_factory()))
         else:
             default = "(required)"
-        if get_origin(tp) is Literal:
-            tname = " | ".join(repr(a) for a in get_args(tp))
-        else:
-            tname = str(tp).replace("typing.", "") if get_args(tp) else getattr(tp, "__name__", str(tp))
-        yield f"{key}: {tname} = {default!r}  # {f.metadata.get('help', '')}"
+        value = get_args(tp)[1] if get_origin(tp) is dict and len(get_args(tp)) == 2 else None
+        if value is not None and dataclasses.is_dataclass(value):  # a mapping of names to sections (experiment arms)
+            yield f"{key}: {_type_name(tp)} = {default}  # {f.metadata.get('help', '')}; each value:"
+            yield from help_lines(value, key + ".NAME.")
+            continue
+        yield f"{key}: {_type_name(tp)} = {default}  # {f.metadata.get('help', '')}"
+
+
+def _type_name(tp: Any) -> str:
+    """A type as a reader writes it, without module paths: `str | None`, `dict[str, ArmConfig]`, `'lm' | 'dpo'`."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is Union or origin is types.UnionType:
+        return " | ".join(_type_name(a) for a in args)
+    if args:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(_type_name(a) for a in args)}]"
+    if tp is type(None):
+        return "None"
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")

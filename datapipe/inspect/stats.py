@@ -26,7 +26,10 @@ The folder may be local or a URL (`s3://bucket/run`, read through `datapipe.core
 local files lazily; remote shards are read whole through the storage module and their token column dropped.
 
 Stages before tokenization know text bytes, not tokens, so the funnel counts documents and MB in
-and out per stage. Tokens exist only for what was written, and the tables say so.
+and out per stage. Tokens exist only for what was written, and the tables say so. The documents held
+out for the eval split leave the training data at a funnel row of their own (`eval split`) and are
+listed as their own drop reason (`held_out_for_eval`), so every `dropped` count of the funnel has its
+reasons in the drop-reason table; the `written` row's `dropped` counts only what the selection removed.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import html
 import io
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +56,8 @@ PERCENTILES = (5, 25, 50, 75, 95)
 BINS_PER_DECADE = 8  # length histogram: fixed log-spaced bins, so one pass needs no min/max first
 TOTAL = "all"  # the pseudo-domain of the totals rows
 WRITTEN = "written"  # the pseudo-stage of the funnel's last row: tokenized and written to shards
+EVAL_SPLIT = "eval split"  # the pseudo-stage before it where the eval split's documents leave the training data
+HELD_OUT = "held_out_for_eval"  # their reason in the drop-reason table
 PLOTS = ("funnel.png", "token_share.png", "lengths.png")
 
 
@@ -87,6 +93,11 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
         for stage, by_domain in stats.get("dropped", {}).items()
         for domain, by_reason in by_domain.items()
         for reason, n in sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+    drops += [  # the funnel's `eval split` rows, so that every dropped count has its reason here
+        {"stage": EVAL_SPLIT, "domain": r["domain"], "reason": HELD_OUT, "docs": r["dropped"],
+         "share_of_read": round(r["dropped"] / read_docs[r["domain"]], 6) if read_docs.get(r["domain"]) else None}
+        for r in funnel if r["stage"] == EVAL_SPLIT and r["dropped"]
     ]
     total_docs = sum(w["docs"] for w in written.values())
     total_tokens = sum(w["tokens"] for w in written.values())
@@ -216,9 +227,10 @@ def _scan_shards(paths: list[Path | RemotePath]) -> dict[str, Any]:
 
 
 def _funnel(stats: dict[str, Any], written: dict[str, dict[str, int]]) -> tuple[list[dict], list[dict]]:
-    """Rows (domain, stage, docs/bytes in and out) in pipeline order, then a `written` row per
-    domain with the tokens and the mixture's copies (docs out = docs in - dropped + copies); and the
-    same summed over domains."""
+    """Rows (domain, stage, docs/bytes in and out) in pipeline order; with an eval split chosen by this
+    run, an `eval split` row per domain (its documents leave the training data there); then a `written`
+    row per domain with the tokens and the mixture's copies (docs out = docs in - dropped + copies); and
+    the same summed over domains."""
     rows: list[dict[str, Any]] = []
     last_out: dict[str, int] = {}
     for entry in stats.get("funnel", []):
@@ -227,6 +239,13 @@ def _funnel(stats: dict[str, Any], written: dict[str, dict[str, int]]) -> tuple[
                          "dropped": c["docs_in"] - c["docs_out"], "bytes_in": c["bytes_in"], "bytes_out": c["bytes_out"],
                          "tokens_out": None, "mixture_copies": None})
             last_out[domain] = c["docs_out"]
+    split = stats.get("eval") or {}
+    if split.get("domains") is not None and not split.get("source"):  # held out here (not another run's, copied in)
+        for domain in sorted(last_out):
+            held = split["domains"].get(domain, {}).get("docs", 0)
+            rows.append({"domain": domain, "stage": EVAL_SPLIT, "docs_in": last_out[domain], "docs_out": last_out[domain] - held,
+                         "dropped": held, "bytes_in": None, "bytes_out": None, "tokens_out": None, "mixture_copies": None})
+            last_out[domain] -= held
     distinct = distinct_written(stats)
     for domain in sorted(set(last_out) | set(written)):
         w = written.get(domain, {"docs": 0, "tokens": 0})
@@ -463,7 +482,7 @@ def _plot_funnel(figures: dict[str, Any], domains: list[str], colors: dict, name
     fig = _figure(12, 4.8)
     ax_docs, ax_text = fig.subplots(1, 2)
     stages = list(dict.fromkeys(r["stage"] for r in figures["funnel"]))
-    text_stages = [s for s in stages if s != WRITTEN]
+    text_stages = [s for s in stages if s not in (WRITTEN, EVAL_SPLIT)]  # the stages that count text bytes
     total_bytes = max([r["bytes_in"] or 0 for r in figures["funnel_total"]] + [0])
     unit, scale = ("MB", 1e6) if total_bytes >= 1e6 else ("KB", 1e3)
     docs_seen: list[int] = []
@@ -616,10 +635,16 @@ def _plot_lengths(figures: dict[str, Any], domains: list[str], colors: dict, nam
 # ---------------------------------------------------------------- html
 
 
+def _html_text(text: str) -> str:
+    """Report text as HTML: escaped, `code` spans as <code>, line breaks kept (the terminal's backticks
+    and newlines would show literally on the page)."""
+    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", html.escape(text)).replace("\n", "<br>\n")
+
+
 def _html_table(header: list[str], rows: list[list[Any]], left: int) -> str:
     """The table `tables.table` draws, as HTML: the same cells, the first `left` columns as labels."""
     def td(i: int, c: Any) -> str:
-        return f"<td{' class=num' if i >= left else ''}>{html.escape(cell(c))}</td>"
+        return f"<td{' class=num' if i >= left else ''}>{_html_text(cell(c))}</td>"
 
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "\n".join("<tr>" + "".join(td(i, c) for i, c in enumerate(r)) + "</tr>" for r in rows)
@@ -636,8 +661,8 @@ def render_html(figures: dict[str, Any], images: list[Path] | None = None) -> st
             return render_html(figures, plot(figures, figures["out_dir"], tmp))
     e = html.escape
     summary, warnings = _summary(figures)
-    sections = [f"<h1>datapipe stats</h1>\n<p><code>{e(figures['out_dir'])}</code></p>", f"<p>{e(summary)}</p>"]
-    sections += [f"<p class=warn>Warning: {e(w)}</p>" for w in warnings]
+    sections = [f"<h1>datapipe stats</h1>\n<p><code>{e(figures['out_dir'])}</code></p>", f"<p>{_html_text(summary)}</p>"]
+    sections += [f"<p class=warn>Warning: {_html_text(w)}</p>" for w in warnings]
     pictures = "\n".join(
         f'<figure><img alt="{e(p.stem)}" src="data:image/png;base64,{base64.b64encode(Path(p).read_bytes()).decode()}"></figure>'
         for p in images
@@ -645,9 +670,9 @@ def render_html(figures: dict[str, Any], images: list[Path] | None = None) -> st
     sections.append(f"<h2>Pictures</h2>\n{pictures}")
     for sec in _sections(figures):
         if sec.header is None and not sec.note:  # a one-line section: a paragraph
-            sections.append(f"<p>{e(sec.title)}</p>")
+            sections.append(f"<p>{_html_text(sec.title)}</p>")
             continue
-        sections.append(f"<h2>{e(sec.title)}</h2>" + (f"\n<p>{e(sec.note)}</p>" if sec.note else "")
+        sections.append(f"<h2>{_html_text(sec.title)}</h2>" + (f"\n<p>{_html_text(sec.note)}</p>" if sec.note else "")
                         + (f"\n{_html_table(sec.header, sec.rows, sec.left)}" if sec.header else ""))
     style = ("body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}"
              "table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #ccc;padding:3px 8px}"

@@ -45,7 +45,7 @@ from datapipe.loader import prioritize as prio
 from datapipe.loader.feedback import FEEDBACK_KEYS, LossFeedback
 from datapipe.loader.packing import check_policy, compact_batch, expand_batch
 from datapipe.loader.planner import PlanConfig, Planner
-from datapipe.loader.reader import Layout, Reader
+from datapipe.loader.reader import Layout, Reader, check_verify
 from datapipe.loader.schedule import Curriculum, MixtureSchedule
 
 STATE_VERSION = 4  # 2: ranks split long documents at chunk boundaries; 3: windows bounded by shuffle_shards;
@@ -155,7 +155,7 @@ class PackedLoader:
         prefetch_factor: int = 2,
         prioritize: prio.Prioritize | Mapping[str, Any] | bool | None = None,
         online_mixing: om.OnlineMixing | Mapping[str, Any] | bool | None = None,
-        verify: bool = True,
+        verify: bool | str = True,
         doc_columns: Sequence[str] = (),
     ) -> None:
         """
@@ -190,8 +190,9 @@ class PackedLoader:
             its prior. Domains restart their passes on their own, as with a mixture. None: off.
         verify: check each shard when first opened, before any of its tokens is served: its size and
             sha256 against the manifest, its token ids below the tokenizer's vocab_size (a `ShardError`
-            names a shard that fails). Passes are remembered, so a shard is hashed once
-            (see datapipe/loader/reader.py).
+            names a shard that fails, or is missing). True: a pass is remembered by the shard's size and
+            modification time, so a shard is hashed once (bytes that rot in place with both kept are then
+            served); 'always': hashed on every open; False: not checked (see datapipe/loader/reader.py).
         doc_columns: numeric per-document shard columns (e.g. `("ref_loss",)`, written by `datapipe score`) that
             batches carry as per-token float32 tensors under the column's name. They do not change which
             documents are served. A column the shards lack is a ConfigError (checked on the first shard here).
@@ -209,9 +210,9 @@ class PackedLoader:
         self.loss_memory = _check_int("loss_memory", loss_memory, 0)
         cache_shards = _check_int("cache_shards", cache_shards, 1)
         self.prefetch_factor = _check_int("prefetch_factor", prefetch_factor, 1)
-        for name, flag in (("shuffle", shuffle), ("verify", verify)):
-            if not isinstance(flag, bool):
-                raise ConfigError(f"{name} must be a bool, got {flag!r}")
+        if not isinstance(shuffle, bool):
+            raise ConfigError(f"shuffle must be a bool, got {shuffle!r}")
+        verify = check_verify(verify)
         if rank is None or world_size is None:
             dist_rank, dist_world = _dist_rank_world()
             rank = dist_rank if rank is None else rank

@@ -100,7 +100,7 @@ class PlanConfig:
     natural: MixtureSchedule  # the manifest's token shares: the weights when schedule is None
     prioritize: prio.Prioritize | None = None  # loss-aware document selection (datapipe/loader/prioritize.py)
     online_mixing: om.OnlineMixing | None = None  # domain weights learnt online (datapipe/loader/online_mixing.py)
-    verify: bool = True  # check each shard against the manifest when first opened (reader.ShardVerifier)
+    verify: bool | str = True  # check each shard against the manifest when first opened, or "always" (reader.ShardVerifier)
 
     def fingerprint(self, layout: Layout) -> dict[str, Any]:
         """The settings a state must match to resume exactly (batch size and workers may change)."""

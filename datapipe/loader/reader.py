@@ -20,7 +20,9 @@ manifest's tokenizer `vocab_size`; a shard that fails raises `ShardError` naming
 passed is remembered by (path, size, modification time): in the process, and in a small log per
 source folder under `$DATAPIPE_CACHE_DIR/verified` (default `~/.cache/datapipe`), so DataLoader
 workers, a resumed run or a reopened shard do not hash it again; a rewritten shard has a new stamp
-and is checked again.
+and is checked again. That trusts the stamp: bytes that rot in place with the size and modification
+time kept (a disk or copy fault, a tool that restores times) are served. `verify="always"` hashes a
+shard on every open instead. A shard that is gone raises `ShardError` too, verified or not.
 """
 
 from __future__ import annotations
@@ -82,7 +84,17 @@ class Layout:
 
 
 class ShardError(ConfigError):
-    """A shard that does not match its manifest entry (size, checksum or token ids); the message names it."""
+    """A shard that is missing or does not match its manifest entry (size, checksum or token ids); the message
+    names it and what to do."""
+
+
+def check_verify(value: Any) -> bool | str:
+    """`verify` as given when it is True (check a shard once, then remember the pass), 'always' (on every open)
+    or False; else a ConfigError saying what is allowed."""
+    if not (isinstance(value, bool) or value == "always"):
+        raise ConfigError(f"verify must be True (check each shard when first opened, then trust its size and "
+                          f"modification time), 'always' (hash it on every open) or False, got {value!r}")
+    return value
 
 
 def verified_cache_dir() -> Path:
@@ -97,11 +109,12 @@ class ShardVerifier:
     checksum, vocab_size): in this process (a reopen then costs one stat) and as a line appended to
     one log per source folder under `verified_cache_dir()` (appends of one short line are atomic,
     so concurrent workers never conflict; a torn line matches nothing). Without a modification time
-    (some remote file systems) a pass is remembered in this process only.
+    (some remote file systems) a pass is remembered in this process only. With `always`, nothing is
+    remembered: every open hashes the shard (in-place bit rot that kept size and time is then caught).
     """
 
-    def __init__(self, source: str, layout: Layout) -> None:
-        self.source, self.layout = source, layout
+    def __init__(self, source: str, layout: Layout, always: bool = False) -> None:
+        self.source, self.layout, self.always = source, layout, always
         fs, root = fsspec.core.url_to_fs(source)
         self._local_root = os.path.realpath(root) if isinstance(fs, LocalFileSystem) else None
         where = self._local_root or f"{fs.protocol}://{root}"
@@ -156,7 +169,7 @@ class ShardVerifier:
     def check(self, s: int, open_shard: Callable[[], "ShardData"]) -> "ShardData":
         """Verify shard s unless it passed before, then return `open_shard()` (the shard opened)."""
         fs, path, size, mtime = self._stat(s)
-        if self._passed.get(s) == (size, mtime):
+        if not self.always and self._passed.get(s) == (size, mtime):
             return open_shard()
         name = self.layout.paths[s]
         expected = self.layout.bytes[s]
@@ -165,7 +178,7 @@ class ShardVerifier:
                              "(truncated or replaced); restore it or curate the folder again")
         stamp = hashlib.sha256(repr((fs.protocol, path, size, mtime, self.layout.sha256[s],
                                      self.layout.vocab_size)).encode()).hexdigest()
-        if mtime is not None and self._in_log(stamp):
+        if not self.always and mtime is not None and self._in_log(stamp):
             self._passed[s] = (size, mtime)
             return open_shard()
         with fs.open(path, "rb") as f:
@@ -180,9 +193,10 @@ class ShardVerifier:
             raise ShardError(f"shard {name} of {self.source} holds {bad:,} token ids >= the manifest's tokenizer "
                              f"vocab_size={vocab} (the largest is {int(data.values.max())}); the shards and the "
                              "tokenizer do not belong together: curate the folder again")
-        self._passed[s] = (size, mtime)
-        if mtime is not None:
-            self._remember(stamp)
+        if not self.always:
+            self._passed[s] = (size, mtime)
+            if mtime is not None:
+                self._remember(stamp)
         return data
 
 
@@ -226,11 +240,12 @@ class Reader:
     Thread-safe: the loader's iteration and the trainer's loss reports (document features) share one.
     """
 
-    def __init__(self, source: str, layout: Layout, cache_shards: int, verify: bool = True) -> None:
+    def __init__(self, source: str, layout: Layout, cache_shards: int, verify: bool | str = True) -> None:
         self.source = source
         self.layout = layout
         self.cache_shards = cache_shards
-        self.verifier = ShardVerifier(source, layout) if verify else None
+        verify = check_verify(verify)
+        self.verifier = ShardVerifier(source, layout, always=verify == "always") if verify else None
         self._cache: OrderedDict[int, ShardData] = OrderedDict()
         self._holders: weakref.WeakSet[ShardHolds] = weakref.WeakSet()
         self._evict_at = cache_shards  # the cache size that triggers the next eviction
@@ -242,7 +257,12 @@ class Reader:
         with self._lock:
             data = self._cache.get(s)
             if data is None:
-                data = self.verifier.check(s, lambda: self._open(s)) if self.verifier else self._open(s)
+                try:
+                    data = self.verifier.check(s, lambda: self._open(s)) if self.verifier else self._open(s)
+                except FileNotFoundError as exc:  # deleted (or a held-out subset's link left dangling)
+                    raise ShardError(
+                        f"shard {self.layout.paths[s]} of {self.source} is missing ({exc.filename or exc}); the "
+                        "manifest names it: restore the file, or curate the folder again") from None
                 self._cache[s] = data
                 self._evict(keep=s)
             else:

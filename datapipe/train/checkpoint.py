@@ -9,18 +9,21 @@ checkpoint.prev.pt. A save writes the new checkpoint to a temporary file, then t
 A crash between those steps leaves each file under a name whose digest the digest file lists under
 its other name, so a file is intact when its digest is either listed digest: the check holds at
 every instant, and a flipped byte or a truncated file never loads. Loads use `weights_only=True`.
+A save killed while writing leaves its temporary file (`.checkpoint.pt.tmp-PID-XXXXXXXX`), which
+`clear_temporaries` removes when a run starts or resumes in the folder.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from datapipe.core.config import ConfigError
-from datapipe.core.shards import atomic_write_bytes, file_sha256
+from datapipe.core.shards import atomic_write_bytes, file_sha256, remove_temporaries, temporary_name
 
 
 def previous_path(path: Path) -> Path:
@@ -51,7 +54,7 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     prev = previous_path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_name(path)  # a name `remove_temporaries` knows, should this process be killed mid-write
     with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
@@ -66,6 +69,23 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     if path.exists():
         os.replace(path, prev)
     os.replace(tmp, path)
+
+
+def clear_temporaries(path: Path) -> list[Path]:
+    """Delete the temporary files that killed writers left in the folder of checkpoint `path`: those of the
+    shared writers (`remove_temporaries`: a save's `.checkpoint.pt.tmp-PID-XXXXXXXX`, config.yaml's, the
+    held-out data's) and the `.checkpoint.pt.tmp-PID` of saves by older versions. Returns them. Call it
+    only while nothing writes in that folder (rank 0, before the run writes anything)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    removed = [Path(p) for p in remove_temporaries(path.parent)]
+    older = re.compile(rf"^\.{re.escape(path.name)}\.tmp-\d+$")
+    for leftover in path.parent.iterdir():
+        if older.match(leftover.name) and leftover.is_file():
+            leftover.unlink(missing_ok=True)
+            removed.append(leftover)
+    return sorted(removed)
 
 
 def verify_checkpoint(path: Path) -> bool:

@@ -94,9 +94,15 @@ class DataConfig:
     seq_len: int = note(128, help="tokens per packed row")
     batch_size: int = note(8, help="rows per micro-batch on each rank")
     num_workers: int = note(0, help="loader worker processes (batches do not depend on it)")
-    eval_source: str | None = note(None, help="a curated folder of held-out data for evaluation")
-    holdout_shards: int = note(0, help="without eval_source: hold out the last N shards of source for evaluation (0 = no eval)")
+    eval_source: str | None = note(None, help="a curated folder of held-out data for evaluation (null: the source's eval "
+                                              "split, SOURCE/eval, when it has one; else no evaluation)")
+    holdout_shards: int = note(0, help="without eval_source: hold out the last N shards of source for evaluation instead of "
+                                       "its eval split (0 = hold out none: evaluate on the eval split, if any)")
     eval_batches: int = note(4, help="batches per domain in each evaluation")
+    verify: Literal["cached", "always"] = note(
+        "cached", help="shard checks (size, sha256, token ids): 'cached' hashes a shard once and then trusts its size "
+                       "and modification time (bytes that rot in place with both kept are served); 'always' hashes it "
+                       "on every open")
     prioritize: PrioritizeConfig = note(PrioritizeConfig(), help="loss-aware batch prioritization (off by default)")
     online_mixing: OnlineMixingConfig = note(OnlineMixingConfig(), help="online data mixing of the domains (off by default)")
 
@@ -213,7 +219,8 @@ class TrainConfig:
 # key must match the checkpoint's run (`datapipe train --resume` names the first that differs).
 EXECUTION_KEYS = ("train.log_every", "train.eval_every", "train.ckpt_every", "train.ckpt_minutes", "train.stop_at",
                   "train.max_nonfinite", "train.output", "train.device", "train.compile", "data.num_workers",
-                  "data.eval_batches", "model.attention", "prefetch.enabled", "prefetch.depth", "prefetch.delay_s")
+                  "data.eval_batches", "data.verify", "model.attention", "prefetch.enabled", "prefetch.depth",
+                  "prefetch.delay_s")
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] = (), *, data: str | None = None,

@@ -50,6 +50,11 @@ from datapipe.train.objective import autocast, sync_unless
 from datapipe.train.prefetch import Prefetcher
 
 
+def loader_verify(cfg: TrainConfig) -> bool | str:
+    """The loader's `verify` for `data.verify`: 'cached' is the loader's default (True), 'always' itself."""
+    return True if cfg.data.verify == "cached" else cfg.data.verify
+
+
 def split_holdout(source: str, n: int, run_dir: Path) -> tuple[str, str]:
     """Derived folders RUN_DIR/data/train and RUN_DIR/data/eval: the manifest's first shards and its last n."""
     manifest = shards.read_manifest(source)
@@ -98,7 +103,8 @@ def evaluate(model: GPT, source: str, cfg: TrainConfig, device: torch.device, ra
     model.eval()
     for i, domain in enumerate(domains):
         loader = PackedLoader(source, seq_len=cfg.data.seq_len, batch_size=cfg.data.batch_size, seed=0, epochs=None,
-                              rank=rank, world_size=world, mixture={domain: 1.0}, shuffle=False)
+                              rank=rank, world_size=world, mixture={domain: 1.0}, shuffle=False,
+                              verify=loader_verify(cfg))
         for _, batch in zip(range(cfg.data.eval_batches), loader):
             batch = {k: v.to(device) for k, v in batch.items()}
             with autocast(device):
@@ -180,7 +186,7 @@ class LMObjective:
             self.loader = PackedLoader(source, seq_len=cfg.data.seq_len, batch_size=rows, seed=cfg.train.seed,
                                        epochs=None, rank=rank, world_size=world, num_workers=cfg.data.num_workers,
                                        prioritize=cfg.data.prioritize.build(), online_mixing=cfg.data.online_mixing.build(),
-                                       doc_columns=(self.rho.column,) if self.rho else ())
+                                       doc_columns=(self.rho.column,) if self.rho else (), verify=loader_verify(cfg))
         except ConfigError as exc:
             if self.rho and "doc_columns" in str(exc):  # say it in the trainer's keys
                 raise ConfigError(f"train.rho.enabled reads each document's train.rho.column={self.rho.column!r} "

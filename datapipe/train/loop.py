@@ -8,7 +8,8 @@
     summary = train(load_train_config("configs/train-tiny.yaml", ["train.steps=50"]))
 
 `train(cfg)` reads top to bottom: check the run folder (a fresh run refuses one that holds a run;
---resume refuses a checkpoint whose run had other result-shaping settings), set up (distributed,
+--resume refuses a checkpoint whose run had other result-shaping settings, and starts a run stopped
+before its first checkpoint again from step 0), set up (distributed,
 device, the objective's data, model, AdamW (fused on CUDA), schedule, resume), write config.yaml,
 then per step: the objective's micro-batches, its backward passes (bf16 autocast on CUDA), one
 all-reduce of its per-step sums, the global gradient norm (clipped), skip the update if the loss or
@@ -21,6 +22,10 @@ previous one kept as checkpoint.prev.pt) hold the model, optimizer, scheduler, s
 the objective's totals (tokens or pairs trained) and, per rank, its data position (of the batch last
 trained on) and RNG states, all plain tensors/dicts/lists: they load with `weights_only=True`. They
 are written every `train.ckpt_every` steps, every `train.ckpt_minutes` of wall time, and at the end.
+A resumed run drops the metrics.jsonl rows past its checkpoint's step (it logs those steps again).
+
+`datapipe train --resume` continues with the run's own settings (`resumed_config`: RUN_DIR/config.yaml
+for every key that shapes results); a `--set` or `--data` given again must agree with them.
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from datapipe.core.config import ConfigError, RunStopped, to_dict
+from datapipe.core.config import ConfigError, RunStopped, from_dict, set_key, to_dict
 from datapipe.core.shards import atomic_write_bytes
-from datapipe.train.checkpoint import load_checkpoint, save_checkpoint
+from datapipe.core.storage import make_local_folder
+from datapipe.train.checkpoint import clear_temporaries, load_checkpoint, previous_path, save_checkpoint
 from datapipe.train.config import EXECUTION_KEYS, TrainConfig, check_sources
 from datapipe.train.dpo import DPOObjective
 from datapipe.train.lm import LMObjective
@@ -95,7 +101,9 @@ def fresh_run_problem(run_dir: Path) -> str | None:
         return None
     if any(name.startswith("checkpoint") for name in found):
         fix = "continue it with --resume, or pass another --output"
-    else:  # stopped before its first checkpoint: nothing to resume from
+    elif "config.yaml" in found:  # stopped before its first checkpoint: --resume starts it again with its settings
+        fix = "it stopped before its first checkpoint: --resume starts it again from step 0, or pass another --output"
+    else:
         fix = "it has no checkpoint to resume from: pass another --output, or delete those files"
     return f"train.output {str(run_dir)!r} already holds a run ({', '.join(found)}); {fix}"
 
@@ -109,8 +117,9 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def resume_problem(saved: dict[str, Any], cfg: TrainConfig) -> str | None:
-    """The first result-shaping key on which `cfg` differs from the checkpoint's run, as an error; or None.
+def resume_problem(saved: dict[str, Any], cfg: TrainConfig, whose: str = "the checkpoint's run") -> str | None:
+    """The first result-shaping key on which `cfg` differs from the saved run's config (`whose` names it), as an
+    error; or None.
 
     Keys in EXECUTION_KEYS may change; model.vocab_size null takes the data's, as the saved run did."""
     ours, theirs = _flatten(to_dict(cfg)), _flatten(saved)
@@ -119,10 +128,77 @@ def resume_problem(saved: dict[str, Any], cfg: TrainConfig) -> str | None:
             continue
         if key == "model.vocab_size" and value is None:
             continue
-        return (f"--resume: {key} is {value!r} but the checkpoint's run has {theirs[key]!r}; a resumed run keeps every "
+        return (f"--resume: {key} is {value!r} but {whose} has {theirs[key]!r}; a resumed run keeps every "
                 f"setting that shapes its results (only {', '.join(EXECUTION_KEYS)} may change): set {key}={theirs[key]!r} "
                 "or start a new run with another --output")
     return None
+
+
+def has_run(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a run that `train(..., resume=True)` continues: a checkpoint, or the config.yaml of a
+    run stopped before its first checkpoint."""
+    return any((Path(run_dir) / name).exists() for name in ("checkpoint.pt", "checkpoint.prev.pt", "config.yaml"))
+
+
+def _recorded(run_dir: Path) -> dict[str, Any] | None:
+    """The run's config.yaml (written when it started) as plain data, or None without one."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--resume: {str(path)!r} cannot be read ({type(exc).__name__}); it is the run's config: "
+                          "restore it, or start a new run with another --output") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--resume: {str(path)!r} is not a run config (a mapping of keys); restore it, or start a "
+                          "new run with another --output")
+    return data
+
+
+def resumed_config(cfg: TrainConfig, given: dict[str, str]) -> TrainConfig:
+    """The config `datapipe train --resume` continues with: the run's own (RUN_DIR/config.yaml) for every key that
+    shapes results, `cfg`'s (this command's recipe, --set and flags) for the EXECUTION_KEYS. `given` maps each dotted
+    key the command line set (a --set, --data) to that flag; one that differs from the run's is a ConfigError naming
+    the flag. Without a config.yaml, `cfg` (train() then checks it against the checkpoint)."""
+    run_dir = Path(cfg.train.output)
+    recorded = _recorded(run_dir)
+    if recorded is None:
+        return cfg
+    theirs, ours = _flatten(recorded), _flatten(to_dict(cfg))
+    for dotted, flag in given.items():
+        for key, value in ours.items():
+            if key in EXECUTION_KEYS or not (key == dotted or key.startswith(dotted + ".")) or key not in theirs:
+                continue
+            if theirs[key] == value or (key == "model.vocab_size" and value is None):  # null: the data's, as recorded
+                continue
+            raise ConfigError(f"--resume: {flag} sets {key} to {value!r}, but the run has {theirs[key]!r} "
+                              f"({str(run_dir / 'config.yaml')!r}); a resumed run keeps every setting that shapes its "
+                              f"results (only {', '.join(EXECUTION_KEYS)} may change): leave {flag} out, or start a "
+                              "new run with another --output")
+    for key in EXECUTION_KEYS:
+        set_key(recorded, key, ours[key], key)
+    try:
+        return from_dict(TrainConfig, recorded)
+    except ConfigError as exc:  # written by another datapipe version
+        raise ConfigError(f"--resume: {str(run_dir / 'config.yaml')!r}: {exc}; start a new run with another "
+                          "--output") from None
+
+
+def _keep_metrics_until(path: Path, step: int) -> None:
+    """Rewrite metrics.jsonl (atomically) without its rows past `step`: a resumed run logs those steps again, and
+    each step is kept once. A line cut short by a kill is dropped too."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            kept.append(line + "\n")
+    atomic_write_bytes(path, "".join(kept).encode())
 
 
 def build_objective(cfg: TrainConfig, run_dir: Path, *, rank: int, world: int, device: torch.device,
@@ -165,7 +241,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, default_preferences: Callab
     #    --resume a checkpoint of the same run
     check_sources(cfg)
     ckpt: dict[str, Any] | None = None
-    if resume:
+    from_zero = (resume and not ckpt_path.exists() and not previous_path(ckpt_path).exists()
+                 and (run_dir / "config.yaml").is_file())
+    if from_zero:  # stopped before its first checkpoint: the same run again from step 0, with the run's settings
+        _raise_on_all_ranks(resume_problem(_recorded(run_dir), cfg, f"the run's {run_dir / 'config.yaml'}")
+                            if main else None, rank, world)
+        say(f"--resume: {run_dir} stopped before its first checkpoint: starting it again from step 0 with its config")
+    elif resume:
         ckpt = load_checkpoint(ckpt_path)  # a ConfigError naming the file when it is missing or damaged
         problem = resume_problem(ckpt.get("config", {}), cfg)
         if problem is None and objective_key(cfg) not in ckpt:
@@ -177,7 +259,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, default_preferences: Callab
         _raise_on_all_ranks(problem, rank, world)
     else:
         _raise_on_all_ranks(fresh_run_problem(run_dir) if main else None, rank, world)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_local_folder(run_dir, "train.output")  # a file in the way, a folder that cannot be made: said as such
+    if main:  # nothing writes in the run folder yet: a temporary file there is a killed save's (or write's) leftover
+        clear_temporaries(ckpt_path)
 
     # -- set up: the objective's data, model, optimizer, schedule (same seed on every rank: identical initial weights)
     objective = build_objective(cfg, run_dir, rank=rank, world=world, device=device, say=say,
@@ -228,6 +312,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, default_preferences: Callab
             dist.barrier()
 
     objective.start(raw_model)
+    if main and resume:
+        _keep_metrics_until(run_dir / "metrics.jsonl", start)
     metrics = open(run_dir / "metrics.jsonl", "a") if main else None
     stop = min(cfg.train.stop_at or cfg.train.steps, cfg.train.steps)
     in_a_row, losses, record = 0, [], {}

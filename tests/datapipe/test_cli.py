@@ -17,7 +17,7 @@ from datapipe.core.shards import read_manifest
 
 
 def test_run_curates_the_embedded_corpus(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("DATAPIPE_CACHE_DIR", str(tmp_path / "cache"))  # a corpus of its own (40 files)
     few = embedded._stdlib_files()[:40]  # the real files, fewer of them: a fast test
     monkeypatch.setattr(embedded, "_stdlib_files", lambda: few)
     out = tmp_path / "out"
@@ -37,6 +37,7 @@ def test_run_curates_the_embedded_corpus(tmp_path, monkeypatch, capsys):
         assert 0 < len(pages) <= 12
         assert all(p["text"] and "\x08" not in p["text"] for p in pages)  # rendered, overstrike removed
         assert len({p["lang"] for p in pages}) > 1  # translated pages come first: several languages
+    assert corpus["code"].parent.parent == tmp_path / "cache" / "embedded"  # under $DATAPIPE_CACHE_DIR
     # a second run with the same config finds the work done
     assert main(args) == 0
 
@@ -93,7 +94,8 @@ def _mistake_fixtures(tmp: Path) -> dict[str, str]:
     for name, text in files.items():
         (tmp / name).write_text(text)
     names = {"bad": "bad.yaml", "curate": "curate.yaml", "train": "train.yaml", "prefs": "prefs.yaml", "text": "text",
-             "pref": "pref", "broken": "broken.jsonl", "run": "run", "afile": "a-file", "none": "none"}
+             "pref": "pref", "broken": "broken.jsonl", "run": "run", "afile": "a-file", "none": "none",
+             "pairs": "pairs.jsonl"}
     return {key: str(tmp / name) for key, name in names.items()}
 
 
@@ -116,7 +118,12 @@ MISTAKES = [
     (["curate-preferences", "{prefs}", "--input", "{broken}"], "broken.jsonl line 1: not a JSON record"),
     (["curate-preferences", "{prefs}", "--set", "tokenizer={none}/t.json"], "tokenizer must be a tokenizer.json file"),
     (["curate-preferences", "{prefs}", "--output", "{text}"], "holds another run"),
-    (["run", "--output", "{none}/r", "--set", "dedup.exact.enabeld=false"], "unknown config key 'dedup.exact.enabeld'"),
+    (["run", "--output", "{none}/r", "--set", "dedup.exact.enabeld=false"],  # the flag, not the embedded recipe's file
+     "error: --set dedup.exact.enabeld=false: unknown config key 'dedup.exact.enabeld'"),
+    (["curate", "{curate}", "--input", "{pairs}", "--output", "{afile}", "--executor", "local", "--no-progress"],
+     "error: output.dir: '{afile}' is a file, not a folder"),
+    (["curate", "{curate}", "--input", "{pairs}", "--output", "{afile}/out", "--executor", "local", "--no-progress"],
+     "cannot create the folder '{afile}/out': '{afile}' is a file, not a folder"),
     (["run", "--output", "{none}/r", "--man-pages", "-3"], "--man-pages must be >= 0"),
     (["train", "{none}/t.yaml"], "config file not found"),
     (["train", "{bad}"], "not valid YAML: "),
@@ -130,7 +137,7 @@ MISTAKES = [
     (["train", "{train}", "--data", "{text}", "--output", "{none}/r", "--set", "model.vocab_size=10"],
      "model.vocab_size must be >= 64"),
     (["train", "{train}", "--data", "{text}", "--output", "{none}/r", "--resume"], "--resume: no checkpoint"),
-    (["train", "{train}", "--data", "{text}", "--output", "{afile}"], "File exists"),
+    (["train", "{train}", "--data", "{text}", "--output", "{afile}"], "train.output: '{afile}' is a file, not a folder"),
     (["train"], "the following arguments are required: config"),
     (["stats", "{none}"], "does not exist"),
     (["stats", "{run}"], "holds no stats.json"),
@@ -162,6 +169,14 @@ def test_every_subcommand_answers_a_users_mistake_with_one_paragraph(tmp_path, c
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_run_refuses_negative_train_steps_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(embedded, "prepare", lambda n: pytest.fail("the corpus was built for a refused command"))
+    assert main(["run", "--output", str(tmp_path / "r"), "--train-steps", "-1", "--executor", "local",
+                 "--no-progress"]) == 2
+    assert capsys.readouterr().err == "datapipe: error: --train-steps must be >= 0 (0 = curate only), got -1\n"
+    assert not (tmp_path / "r").exists()
+
+
 def test_ctrl_c_is_one_line_saying_how_to_resume(monkeypatch, capsys):
     from datapipe import cli
 
@@ -173,19 +188,38 @@ def test_ctrl_c_is_one_line_saying_how_to_resume(monkeypatch, capsys):
     assert capsys.readouterr().err == "datapipe curate: stopped (Ctrl-C); rerun the same command to resume: finished work is kept\n"
 
 
+def test_ctrl_c_of_train_names_the_command_that_works_for_what_its_folder_holds(tmp_path):
+    from datapipe.cli import AFTER_CTRL_C, _after_train_ctrl_c
+
+    run = tmp_path / "run"  # stopped before training began: --resume would find nothing
+    assert _after_train_ctrl_c(str(run)) == "rerun the same command to start again (nothing was trained yet)"
+    run.mkdir()
+    (run / "config.yaml").write_text("train: {steps: 2}\n")
+    assert "--resume to start it again from step 0" in _after_train_ctrl_c(str(run))
+    (run / "checkpoint.pt").write_bytes(b"")
+    assert _after_train_ctrl_c(str(run)) == AFTER_CTRL_C["train"] == ("rerun the same command with --resume to "
+                                                                       "continue from the last checkpoint")
+
+
 def test_ctrl_c_during_training_in_a_real_process(tmp_path):
+    """Stopped before its first checkpoint (the recipe writes one only at the end), the run is continued by the command
+    the Ctrl-C line names: --resume starts it again from step 0, and metrics.jsonl holds each step once."""
     from datapipe.testing.shards import write_fake_shards
 
     docs = [[{"id": f"d{s}-{i}", "domain": "web", "tokens": list(range(1, 40)) + [0]} for i in range(8)] for s in range(2)]
     write_fake_shards(tmp_path / "text", docs, vocab_size=64)
     recipe = tmp_path / "t.yaml"
     recipe.write_text("model: {n_layer: 1, n_head: 2, d_model: 32, max_seq_len: 64}\n"
-                      "data: {seq_len: 64, batch_size: 2}\ntrain: {steps: 1000000, log_every: 1, device: cpu}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "datapipe", "train", str(recipe), "--data", str(tmp_path / "text"),
-                             "--output", str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                      "data: {seq_len: 64, batch_size: 2}\n"
+                      "train: {steps: 1000000, log_every: 1, device: cpu, ckpt_every: 0, ckpt_minutes: 0}\n")
+    command = [sys.executable, "-m", "datapipe", "train", str(recipe), "--data", str(tmp_path / "text"),
+               "--output", str(tmp_path / "run")]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        for line in proc.stdout:  # wait until it trains (prefetch thread running), then Ctrl-C
-            if line.startswith("step"):
+        seen = 0
+        for line in proc.stdout:  # wait until it trains (prefetch thread running) and logged a step, then Ctrl-C
+            seen += line.startswith("step")
+            if seen == 2:  # step 2 printed: step 1's metrics row is written
                 break
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -193,7 +227,14 @@ def test_ctrl_c_during_training_in_a_real_process(tmp_path):
         proc.kill()
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == ["datapipe train: stopped (Ctrl-C); rerun the same command with --resume to "
-                                        "continue from the last checkpoint"], err
+                                        "start it again from step 0 (no checkpoint was written yet)"], err
+    assert not (tmp_path / "run" / "checkpoint.pt").exists() and (tmp_path / "run" / "metrics.jsonl").read_text()
+    # the command it names (a stop_at, an execution key, ends this one early)
+    done = subprocess.run(command + ["--resume", "--set", "train.stop_at=3"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"--resume: {tmp_path / 'run'} stopped before its first checkpoint: starting it again from step 0" in done.stdout
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
 
 
 def test_help_describes_every_command_and_flag_and_version(capsys):
@@ -220,3 +261,51 @@ def test_help_describes_every_command_and_flag_and_version(capsys):
 def test_config_reference_of_each_command(which, key, capsys):
     assert main(["config-reference", which]) == 0
     assert key in capsys.readouterr().out
+
+
+def test_help_docstring_readme_and_config_reference_agree_on_commands_and_sections(capsys):
+    """One source of truth: the parser's commands and `ROOTS`' sections; the texts that list them must agree."""
+    import re
+
+    from datapipe import cli
+
+    commands = set(cli._parser()._subparsers._group_actions[0].choices)
+    assert commands == set(cli.HANDLERS)
+    assert set(re.findall(r"^    datapipe ([\w-]+)", cli.__doc__, re.M)) == commands  # the module's usage lines
+    readme = (REPO / "README.md").read_text()
+    assert set(re.findall(r"`datapipe ([a-z][\w-]*)", readme)) == commands  # the README names every command, no other
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    sections = set(cli.ROOTS)
+    for where, text in (("--help", help_text), ("cli docstring", cli.__doc__), ("README", " ".join(readme.split()))):
+        listed = re.findall(r"config-reference \[([\w|-]+)\]", text)
+        assert listed and all(set(entry.split("|")) == sections for entry in listed), (where, listed, sections)
+    assert set(re.findall(r"config-reference (\w+)", readme)) <= sections
+    for which in sorted(sections):  # every section prints, in readable types (no module paths, no quoted markers)
+        assert main(["config-reference", which]) == 0
+        reference = capsys.readouterr().out
+        for internal in ("datapipe.", "<class", "typing.", "'(required)'"):
+            assert internal not in reference, (which, internal)
+    assert main(["config-reference", "experiment"]) == 0
+    reference = capsys.readouterr().out
+    assert "arms: dict[str, ArmConfig] = (required)" in reference and "arms.NAME.data: str | None = None" in reference
+
+
+def test_notes_say_what_the_code_does():
+    """Notes that once disagreed with the code: the eval default, folder formats, the fast encoder's speed."""
+    from datapipe.core.config import help_lines
+    from datapipe.curate.config import CurateConfig
+    from datapipe.train.config import TrainConfig
+
+    train = "\n".join(help_lines(TrainConfig))
+    assert "0 = no eval" not in train and "eval split" in train.split("data.holdout_shards")[1].splitlines()[0]
+    curate = "\n".join(help_lines(CurateConfig))
+    assert "a folder = text" not in curate and "hf_disk" in curate.split("inputs[].format")[1].splitlines()[0]
+    benchmarks = (REPO / "BENCHMARKS.md").read_text()
+    assert "7.4x faster with 1 worker" in benchmarks and "about 3.5× faster for the whole stage" in benchmarks
+    encoder = curate.split("tokenizer.encoder")[1].splitlines()[0]
+    readme = " ".join((REPO / "README.md").read_text().split())
+    for text in (encoder, readme):  # the measured figures, the same everywhere
+        assert "7.4x faster" in text and "3.5x" in text and "~7x" not in text and "~3.5x" not in text
+    assert "curated shards hold one domain each" not in readme

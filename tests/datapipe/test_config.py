@@ -1,4 +1,5 @@
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -27,13 +28,29 @@ def test_unknown_key_is_named_with_its_dotted_path_and_the_file(tmp_path):
         load_config(p)
 
 
+def test_a_set_mistake_names_the_set_flag_not_the_recipe_file(tmp_path):
+    """A --set value replaces the recipe's: its mistake is the flag's (`datapipe run`'s recipe is a file the user
+    never wrote). A mistake of the recipe's own keys still names the file."""
+    with pytest.raises(ConfigError, match=r"^--set dedup.exact.enabeld=true: unknown config key 'dedup.exact.enabeld'"):
+        load_config(write(tmp_path, "inputs: [{path: x.jsonl}]\n"), ["dedup.exact.enabeld=true"])
+    with pytest.raises(ConfigError, match=r"^--set inputs.0.txt_field=body: unknown config key 'inputs\[0\].txt_field'"):
+        load_config(write(tmp_path, "inputs: [{path: x.jsonl}]\n"), ["inputs.0.txt_field=body"])
+    with pytest.raises(ConfigError, match=r"^--set dedup={exact: {enabeld: 1}}: unknown config key 'dedup.exact.enabeld'"):
+        load_config(write(tmp_path, "inputs: [{path: x.jsonl}]\n"), ["dedup={exact: {enabeld: 1}}"])  # a whole section
+    with pytest.raises(ConfigError, match=r"^--set data.seq_len=4096: model.max_seq_len must be >= data.seq_len=4096"):
+        load_train_config(None, ["train.steps=2", "data.seq_len=4096"])
+    p = write(tmp_path, "inputs: [{path: x.jsonl}]\nread: {batch_size: 0}\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(p))}: read.batch_size must be > 0, got 0"):
+        load_config(p, ["read.block_bytes=9000"])  # the recipe's own mistake, another key set
+
+
 def test_bad_values_name_the_key_the_value_and_what_is_allowed(tmp_path):
     p = write(tmp_path, "inputs: [{path: x.jsonl}]\n")
     with pytest.raises(ConfigError, match=r"'normalize.unicode_form' must be one of \['NFC', 'NFKC', 'none'\], got 'NFD'"):
         load_config(p, ["normalize.unicode_form=NFD"])
     with pytest.raises(ConfigError, match=r"'read.batch_size' must be an integer, got 'many'"):
         load_config(p, ["read.batch_size=many"])
-    with pytest.raises(ConfigError, match=r"c.yaml: read.batch_size must be > 0, got 0"):
+    with pytest.raises(ConfigError, match=r"^--set read.batch_size=0: read.batch_size must be > 0, got 0"):
         load_config(p, ["read.batch_size=0"])
     with pytest.raises(ConfigError, match=r"'inputs\[0\].format' must be one of"):
         load_config(p, ["inputs=[{path: a, format: csv}]"])
@@ -126,9 +143,9 @@ def test_the_loaders_of_every_command_share_the_rules(tmp_path):
     assert cfg.inputs == ["y.jsonl"] and cfg.max_prompt_tokens == 9 and cfg.output == "out/preferences"
     # YAML 1.1 reads 1e-3 as a string; a float key takes it as the number it is
     assert load_train_config(None, ["optim.lr=1e-3"]).optim.lr == 0.001
-    with pytest.raises(ConfigError, match=r"command line: 'optim.lr' must be a number, got 'fast'"):
+    with pytest.raises(ConfigError, match=r"^--set optim.lr=fast: 'optim.lr' must be a number, got 'fast'"):
         load_train_config(None, ["optim.lr=fast"])
-    with pytest.raises(ConfigError, match=r"command line: 'train.steps' must be an integer, got '1e3'"):
+    with pytest.raises(ConfigError, match=r"^--set train.steps=1e3: 'train.steps' must be an integer, got '1e3'"):
         load_train_config(None, ["train.steps=1e3"])
 
 
@@ -174,7 +191,7 @@ def test_a_renamed_key_is_an_error_naming_the_new_one(tmp_path):
     assert "# eos_id was renamed to eos_token" in list(help_lines(PreferenceConfig))
     with pytest.raises(ConfigError, match=r"c.yaml: config key 'out' was renamed to 'output.dir'; use the new name"):
         load(_Root, write(tmp_path, "out: x\n"))
-    with pytest.raises(ConfigError, match=r"command line: config key 'output.folder' was renamed to 'output.dir'"):
+    with pytest.raises(ConfigError, match=r"^--set output.folder=x: config key 'output.folder' was renamed to 'output.dir'"):
         load(_Root, None, ["output.folder=x"])
     with pytest.raises(ConfigError, match=r"config key 'output.size' was renamed to 'output.bytes'"):
         from_dict(_Root, {"output": {"size": 3}})

@@ -1,7 +1,12 @@
 """Progress output written to a file or a CI log is plain lines, never carriage-return-joined bar frames."""
 
+import sys
+import time
+
+import pytest
+
 from datapipe.curate import executors
-from datapipe.curate.executors import LocalExecutor
+from datapipe.curate.executors import LocalExecutor, PhaseStalled, RayExecutor
 
 
 def _double(_, x):
@@ -23,3 +28,96 @@ def test_progress_to_a_log_is_plain_periodic_lines(capsys, monkeypatch):
 def test_no_progress_prints_nothing(capsys):
     LocalExecutor(progress=False).run_tasks(_double, None, [(1,), (2,)], "tokenize")
     assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------------------------ the stall watchdog (Ray)
+
+
+def nap(_, seconds):
+    time.sleep(seconds)
+
+
+class Napper:
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return seconds
+
+
+@pytest.fixture
+def ray_here(ray_local):
+    """The session's Ray, with this module's functions sent by value (workers cannot import test modules)."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return ray_local
+
+
+def test_a_phase_whose_tasks_never_finish_stops_with_an_error_naming_it(ray_here):
+    executor = RayExecutor(progress=False, stall_timeout_s=1)
+    start = time.monotonic()
+    # two tasks that sleep an hour, far past the 1 s watchdog
+    with pytest.raises(PhaseStalled, match=r"^hang forever: no task has finished for 1 s \(ray.stall_timeout_s\)") as info:
+        executor.run_tasks(nap, None, [(3600,), (3601,)], "hang forever")
+    assert time.monotonic() - start < 30
+    message = str(info.value)
+    assert "2 of 2 tasks are unfinished, among them nap(3600)" in message and "; nap(3601)" in message
+    assert "rerunning the same command resumes" in message
+    # this session's logs, not /tmp/ray/session_latest (the newest session on the machine: another Ray's)
+    assert f"raylet.out, runtime_env_agent.log in {ray_here._private.worker._global_node.get_logs_dir_path()})" in message
+    # the stalled tasks were cancelled: the shared Ray's two CPUs are free for the next test (else this stalls)
+    assert RayExecutor(progress=False, stall_timeout_s=60).run_tasks(nap, None, [(0,), (0,)], "after") == [None, None]
+
+
+def test_the_actor_path_has_the_watchdog_too(ray_here):
+    executor = RayExecutor(progress=False, stall_timeout_s=1)
+    start = time.monotonic()
+    with pytest.raises(PhaseStalled, match=r"^tokenize: no task has finished for 1 s .* Napper\.nap\(3600\)"):
+        executor.run_actors(Napper, (), "nap", [(3600,)] * 3, "tokenize")
+    assert time.monotonic() - start < 30
+
+
+def test_the_actor_path_returns_results_in_item_order(ray_here):
+    # the first item finishes last: results still come back in item order
+    assert RayExecutor(progress=False).run_actors(Napper, (), "nap", [(1.0,), (0.0,), (0.2,), (0.1,)], "order") == [
+        1.0, 0.0, 0.2, 0.1]
+
+
+def test_the_watchdog_counts_from_the_last_finished_task_not_from_the_start(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(executors.time, "monotonic", lambda: now[0])
+    watch = executors._StallWatch(10)
+    for t in range(1, 40):  # a long phase that finishes a task every 9 s is never a stall
+        now[0] = 9.0 * t
+        assert not watch.stalled()
+        watch.finished(1)
+    now[0] += 9.0
+    watch.finished(0)  # a look that found nothing finished does not reset the clock
+    now[0] += 1.5
+    assert watch.stalled()
+    assert not executors._StallWatch(0).stalled()  # 0 = off
+
+
+class _InstantRay:
+    """Just enough of Ray for `RayExecutor._gather`: every task is done when looked at; records each look's size."""
+
+    class exceptions:
+        RayTaskError = type("RayTaskError", (Exception,), {})
+
+    def __init__(self) -> None:
+        self.looks: list[int] = []
+
+    def wait(self, refs, num_returns, timeout, fetch_local=True):
+        self.looks.append(len(refs))
+        return list(refs), []
+
+    def get(self, refs):
+        return list(refs)
+
+
+def test_each_look_at_a_big_phase_covers_a_bounded_window():
+    executor = object.__new__(RayExecutor)  # no Ray started: `_gather` alone, over a fake
+    executor.ray, executor.stall_timeout_s, executor.progress = _InstantRay(), 600, False
+    refs = list(range(5000))
+    assert executor._gather(refs, "big", "task", [(i,) for i in refs]) == refs
+    # ray.wait is given at most _WAIT_WINDOW refs at a time (it was every pending ref, once per 16 results)
+    assert executor.ray.looks == [executors._WAIT_WINDOW] * 4 + [5000 - 4 * executors._WAIT_WINDOW]

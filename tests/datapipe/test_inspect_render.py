@@ -154,6 +154,44 @@ def test_html_cells_are_the_terminal_cells_with_the_all_rows(repeated_dir):
     assert f"<tr><td>all</td><td class=num>2</td><td class=num>{total['docs']}</td><td class=num>{total['tokens']}</td>" in written
 
 
+def test_html_shows_code_spans_not_backticks(repeated_dir):
+    page = stats.render_html(stats.collect(repeated_dir), images=[])
+    assert "`" not in page  # the notes' `written` and `mixture` spans are <code>, as the terminal's backticks mean
+    assert "<code>written</code>" in page
+
+
+# ---------------------------------------------------------------- the eval split in the funnel
+
+
+def test_the_eval_holdout_is_its_own_funnel_row_and_drop_reason(repeated_dir):
+    """web: 8 past the filters, 1 held out for the eval split, 1 sampled away by the mixture, 6 written. The
+    `written` row's dropped counts only the mixture's 1 (it had counted the eval document too, which no drop
+    reason listed); the eval document leaves at an `eval split` row, with its reason in the drop-reason table."""
+    stats_json = json.loads((repeated_dir / "stats.json").read_text())
+    stats_json["kept"]["web"]["docs"] += 1  # `kept` counts the eval documents too
+    stats_json["dropped"]["mixture"]["web"]["mixture_downsampled"] = 1
+    stats_json["eval"] = {"path": "eval", "domains": {"web": {"docs": 1, "tokens": 5}}}
+    atomic_write_json(repeated_dir / "stats.json", stats_json)
+    figures = stats.collect(repeated_dir)
+    rows = {(r["domain"], r["stage"]): r for r in figures["funnel"] + figures["funnel_total"]}
+    assert [(rows[("web", s)]["docs_in"], rows[("web", s)]["dropped"], rows[("web", s)]["docs_out"]) for s in ("eval split", "written")] \
+        == [(8, 1, 7), (7, 1, 6)]
+    assert rows[("prose", "eval split")]["dropped"] == 0 and rows[("all", "eval split")]["dropped"] == 1
+    reasons: dict[tuple[str, str], int] = {}
+    for d in figures["drops"]:
+        reasons[(d["domain"], d["stage"])] = reasons.get((d["domain"], d["stage"]), 0) + d["docs"]
+    assert reasons[("web", "eval split")] == 1
+    # every stage's dropped count is the sum of its reasons; `written`'s are the selection's (mixture, diversity)
+    for (domain, stage), r in rows.items():
+        if domain == "all" or not r["dropped"]:
+            continue
+        listed = (reasons.get((domain, "mixture"), 0) + reasons.get((domain, "diversity"), 0) if stage == "written"
+                  else reasons.get((domain, stage), 0))
+        assert r["dropped"] == listed, (domain, stage)
+    assert "held_out_for_eval" in stats.render_text(figures)
+    stats.plot(figures, repeated_dir, repeated_dir / "png")  # the byte-less row does not break the pictures
+
+
 # ---------------------------------------------------------------- a run where nothing survived
 
 
@@ -177,6 +215,33 @@ def test_stats_on_a_run_where_nothing_survived_shows_the_funnel(tmp_path, capsys
     assert len(list((tmp_path / "png").glob("*.png"))) == 3
     assert cli.main(["stats", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["nothing_survived"] is True
+
+
+# ---------------------------------------------------------------- the experiment picture
+
+
+def test_experiment_picture_says_which_mark_is_the_seeds_and_which_the_mean_curve(tmp_path):
+    from datapipe.inspect.experiment_plot import draw_experiment, plot_experiment
+
+    def arm(crossings: list[float | None], mean_curve: float | None, ratio: float | None) -> dict:
+        reached = [c for c in crossings if c is not None]
+        mean = sum(reached) / len(reached) if reached else None
+        return {"curve": {"tokens": [100, 200, 300], "mean": [3.0, 2.5, 2.2], "std": [0.1, 0.1, 0.1]},
+                "tokens_to_target": {"mean": mean, "std": 10.0 if reached else None, "n": len(reached), "of": len(crossings)},
+                "mean_curve_tokens_to_target": mean_curve, "ratio_to_baseline": {"of_means": None, "of_mean_curve": ratio}}
+
+    results = {"baseline": "base", "target": 2.3, "seeds": [0, 1], "baseline_mean_curve_tokens_to_target": 280.0,
+               "arms": {"base": arm([260.0, 290.0], 280.0, 1.0), "new": arm([150.0, None], 240.0, 240 / 280)}}
+    fig = draw_experiment(results)
+    right = fig.axes[1]
+    legend = [t.get_text() for t in right.get_legend().get_texts()]
+    assert "mean ± std over the seeds that reach it (each seed's own crossing)" in legend  # the bars
+    assert "where the arm's mean curve (all seeds) reaches it" in legend  # the markers, which the ×ratio is of
+    markers = [line for line in right.get_lines() if line.get_marker() == "D"]
+    assert len(markers) == 1 and list(markers[0].get_ydata()) == [280.0, 240.0]
+    assert "×ratio: the arm's mean curve against the baseline's" in right.get_title()
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert plot_experiment(tmp_path / "results.json").stat().st_size > 10_000
 
 
 # ---------------------------------------------------------------- the training picture

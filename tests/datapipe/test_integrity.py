@@ -13,12 +13,14 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 import pytest
+import zstandard
 
-from helpers import small_config
+from helpers import gzip_member_with_a_flipped_bit, killed_mid_write, small_config, zstd_frame_with_a_flipped_bit
 from datapipe import cli
 from datapipe.core import shards
 from datapipe.core.shards import OutputError, open_shard, read_manifest
 from datapipe.curate.executors import LocalExecutor
+from datapipe.curate import runner
 from datapipe.curate.runner import curate
 from datapipe.inspect import stats as inspect_stats
 
@@ -75,6 +77,40 @@ def test_a_cut_gzip_among_good_inputs_is_quarantined_and_the_run_finishes(tmp_pa
     assert cut_row["quarantined"] == {"truncated_input": 1} and cut_row["balanced"]
     assert cut_row["read"] == read_before + 1  # read = kept + dropped + quarantined, the rest as one record
     assert result.stats["quarantined"]["truncated_input"] == 1
+
+
+def test_a_bit_flip_in_a_member_puts_none_of_its_records_into_the_shards(tmp_path: Path) -> None:
+    def jsonl(records: list[dict]) -> bytes:
+        return b"".join(orjson.dumps(r) + b"\n" for r in records)
+
+    def frame(records: list[dict]) -> bytes:
+        return zstandard.ZstdCompressor(write_checksum=True).compress(jsonl(records))
+
+    gz_docs, zst_docs = docs("z", 300, seed=1), docs("s", 300, seed=2)
+    gz = tmp_path / "members.jsonl.gz"  # three gzip members, the middle one with a flipped bit that zlib inflates
+    gz.write_bytes(gzip.compress(jsonl(gz_docs[:100])) + gzip_member_with_a_flipped_bit(jsonl(gz_docs[100:200]))
+                   + gzip.compress(jsonl(gz_docs[200:])))
+    zst = tmp_path / "frames.jsonl.zst"  # three zstd frames with checksums, the middle one with a flipped bit
+    zst.write_bytes(frame(zst_docs[:100]) + zstd_frame_with_a_flipped_bit(jsonl(zst_docs[100:200]))
+                    + frame(zst_docs[200:]))
+    good = write_jsonl(tmp_path / "good.jsonl", docs("g", 100))
+    out = tmp_path / "out"
+    result = run(small_config(out, [{"path": str(gz)}, {"path": str(zst)}, {"path": str(good)}]))
+
+    intact = gz_docs[:100] + gz_docs[200:] + zst_docs[:100] + zst_docs[200:]
+    # The intact members' records, every one, and nothing of a damaged member, garbled or not.
+    assert sorted(shard_ids(out)) == sorted([d["id"] for d in intact] + [f"g{i}" for i in range(100)])
+    gz_row, zst_row, good_row = result.stats["inputs"]
+    assert gz_row["quarantined"] == {"corrupt_input": 100} and gz_row["read"] == 300  # one record per line of it
+    assert list(zst_row["quarantined"]) == ["corrupt_input"]
+    assert zst_row["read"] == 200 + zst_row["quarantined"]["corrupt_input"]
+    assert all(row["balanced"] for row in result.stats["inputs"])  # read = kept + dropped + quarantined
+    assert result.stats["quarantined"] == {"corrupt_input": 100 + zst_row["quarantined"]["corrupt_input"]}
+    damaged = {d["file"]: d for d in result.stats["damaged_inputs"]}
+    assert sorted(damaged) == sorted([str(gz), str(zst)])
+    assert damaged[str(gz)]["last_good_line"] == 100 and damaged[str(gz)]["quarantined"] == {"corrupt_input": 100}
+    assert damaged[str(gz)]["detail"].startswith("the gzip member holding lines 101-200 fails its check")
+    assert damaged[str(zst)]["last_good_line"] == 100 and "the zstd frame " in damaged[str(zst)]["detail"]
 
 
 # ------------------------------------------------------------------------- a full or read-only disk
@@ -156,6 +192,41 @@ def test_a_user_error_in_a_ray_task_surfaces_as_itself(ray_local, tmp_path: Path
     with pytest.raises(OutputError, match=r"^cannot write .*/file/sub: ") as info:
         executor.run_tasks(shards.make_folder, str(tmp_path / "file" / "sub"), [()], "t")
     assert "Traceback" not in str(info.value) and "RayTaskError" not in str(info.value)
+
+
+# ------------------------------------------------------------------------------------- temporaries
+
+# Writes through the writer every output goes through (`replacing`: a temporary name, renamed when complete),
+# prints the temporary's path mid-write and waits there to be killed.
+WRITER = r"""
+import sys, time
+from datapipe.core.shards import replacing
+with replacing(sys.argv[1], True) as tmp, open(tmp, "wb") as f:
+    f.write(b"half a shard " * 100_000)
+    f.flush()
+    print(tmp, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_writer_killed_during_the_run_leaves_no_temporary_in_the_finished_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = write_jsonl(tmp_path / "data.jsonl", docs("d", 200))
+    out = tmp_path / "out"
+    killed: list[Path] = []
+    real = runner.shard_task
+
+    def shard_task(plan, index, *args):
+        if index == 0 and not killed:  # a Ray worker writing shard 0 is SIGKILLed; the retried task writes it
+            killed.append(Path(killed_mid_write(WRITER, str(out / "shards" / "shard-00000.arrow"))))
+        return real(plan, index, *args)
+
+    monkeypatch.setattr(runner, "shard_task", shard_task)
+    run(small_config(out, [{"path": str(data)}]))
+    assert killed and killed[0].name.startswith(".shard-00000.arrow.tmp-")  # what the kill left, during the run
+    assert leftovers(out) == []  # gone before the manifest: a successful run leaves only its outputs
+    assert (out / "manifest.json").exists() and shard_ids(out)
 
 
 # ------------------------------------------------------------------------------------- work/

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ASSETS, small_config, stop_cluster
+from helpers import ASSETS, STALL_S, small_config, stop_cluster
 from datapipe.core.schema import empty_dropped
 from datapipe.core.shards import read_manifest
 from datapipe.core.storage import location
@@ -67,7 +67,7 @@ def test_s3_round_trip_curate_stats_loader(tmp_path, s3_input, ray_local):
     prefix, inp = s3_input
     local, remote = tmp_path / "local", f"{prefix}/run"
     _run(_config(local, inp), LocalExecutor())
-    result = _run(_config(remote, inp), RayExecutor(progress=False))
+    result = _run(_config(remote, inp), RayExecutor(progress=False, stall_timeout_s=STALL_S))
     assert result.out_dir == remote
     assert read_manifest(remote) == read_manifest(local)  # every shard's sha256 and size
     assert read_manifest(f"{remote}/eval") == read_manifest(local / "eval")

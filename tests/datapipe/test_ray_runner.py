@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ASSETS, small_config, stop_cluster
+from helpers import ASSETS, STALL_S, small_config, stop_cluster
 from datapipe.curate.executors import LocalExecutor, RayExecutor
 from datapipe.curate.runner import curate
 from datapipe.core.schema import empty_dropped
@@ -27,7 +27,7 @@ def _run(cfg, executor, **kw):
 def test_ray_gives_the_same_shards_as_one_local_worker(tmp_path, slice_input, ray_local):
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     _run(small_config(local, [slice_input]), LocalExecutor())
-    executor = RayExecutor(progress=False)
+    executor = RayExecutor(progress=False, stall_timeout_s=STALL_S)
     assert executor.num_workers == 2
     result = _run(small_config(on_ray, [slice_input]), executor)
     assert read_manifest(on_ray) == read_manifest(local)
@@ -56,7 +56,7 @@ def test_a_worker_that_dies_mid_stage_is_retried(tmp_path, slice_input, ray_loca
     marker = tmp_path / "died"
     ref, out = tmp_path / "ref", tmp_path / "out"
     _run(small_config(ref, [slice_input]), LocalExecutor())
-    _run(small_config(out, [slice_input]), RayExecutor(progress=False), extra_stages=[DieOnce(str(marker))])
+    _run(small_config(out, [slice_input]), RayExecutor(progress=False, stall_timeout_s=STALL_S), extra_stages=[DieOnce(str(marker))])
     assert marker.exists() and int(marker.read_text()) != os.getpid()  # a worker really died
     assert read_manifest(out) == read_manifest(ref)
 

@@ -18,6 +18,7 @@ import zstandard
 from datapipe.curate.config import InputConfig, ReadConfig
 from datapipe.curate.readers import InputError, InputUnit, Quarantined, plan_units, read_unit
 from datapipe.core.schema import DOC_SCHEMA, order_key
+from helpers import gzip_member_with_a_flipped_bit, zstd_frame_with_a_flipped_bit
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 READ = ReadConfig()
@@ -178,36 +179,88 @@ def test_bom_is_ignored_and_line_numbers_match_file(tmp_path: Path) -> None:
     assert bad == []
 
 
-def _damaged(kind: str, data: bytes) -> bytes:
-    """`data` compressed with gzip or zstd, then cut in half or with bytes overwritten mid-way."""
-    method, damage = kind.split("-")
-    blob = bytearray(gzip.compress(data) if method == "gz" else zstandard.ZstdCompressor(write_checksum=True).compress(data))
-    if damage == "cut":
-        return bytes(blob[: len(blob) // 2])
-    mid = len(blob) // 2
-    blob[mid : mid + 64] = bytes(64)
-    return bytes(blob)
-
-
-@pytest.mark.parametrize("kind", ["gz-cut", "gz-corrupt", "zst-cut", "zst-corrupt"])
-def test_damaged_compressed_input_keeps_what_was_read_and_quarantines_the_rest(tmp_path: Path, kind: str) -> None:
-    n = 3000
+def _random_lines(n: int) -> list[bytes]:
     rng = random.Random(0)  # random text compresses little, so the damage lands well inside the file
-    lines = [orjson.dumps({"id": f"d{i}", "text": rng.randbytes(60).hex()}) + b"\n" for i in range(n)]
-    path = tmp_path / f"cut.jsonl.{kind.split('-')[0]}"
-    path.write_bytes(_damaged(kind, b"".join(lines)))
+    return [orjson.dumps({"id": f"d{i}", "text": rng.randbytes(60).hex()}) + b"\n" for i in range(n)]
+
+
+@pytest.mark.parametrize("method", ["gz", "zst"])
+def test_a_cut_compressed_input_keeps_the_lines_that_fully_decoded(tmp_path: Path, method: str) -> None:
+    n = 3000
+    data = b"".join(_random_lines(n))
+    blob = gzip.compress(data) if method == "gz" else zstandard.ZstdCompressor(write_checksum=True).compress(data)
+    path = tmp_path / f"cut.jsonl.{method}"
+    path.write_bytes(blob[: len(blob) // 2])
     inp = InputConfig(path=str(path))
     units = plan_units([inp])  # the header is fine: the damage shows only while reading
     docs, bad = read_all(units, [inp], ReadConfig(batch_size=64))
-    *garbled, q = bad
     good = len(docs)
-    assert 0 < good < n  # what came before the damage is kept
-    assert [d["id"] for d in docs] == [f"d{i}" for i in range(good)]  # every line up to the damage, intact
-    # Damage may decode to garbage before the check fails: those lines are quarantined one by one.
-    assert "truncated_input" not in {g.reason for g in garbled} and all(g.line > good for g in garbled)
-    assert q.reason == "truncated_input" and q.file == str(path)  # one record stands for the unreadable rest
-    assert q.line == (garbled[-1].line if garbled else good) + 1
-    assert f"cannot decompress past line {q.line - 1}" in q.detail
+    assert 0 < good < n  # a cut file has no check to fail: what fully decoded before the cut is kept
+    assert [d["id"] for d in docs] == [f"d{i}" for i in range(good)]  # every line up to the cut, intact
+    (q,) = bad  # one record stands for the unreadable rest
+    assert q.reason == "truncated_input" and q.file == str(path) and q.line == good + 1
+    assert f"cannot decompress past line {good}" in q.detail
+
+
+def test_a_bit_flip_in_a_gzip_member_keeps_none_of_its_lines_and_reads_the_next_member(tmp_path: Path) -> None:
+    lines = _random_lines(600)
+    damaged = gzip_member_with_a_flipped_bit(b"".join(lines[:300]))  # zlib inflates it to its end, garbled
+    path = tmp_path / "two-members.jsonl.gz"
+    path.write_bytes(damaged + gzip.compress(b"".join(lines[300:])))
+    docs, bad = read_input(InputConfig(path=str(path)))
+    assert [d["id"] for d in docs] == [f"d{i}" for i in range(300, 600)]  # the intact member, every line
+    # Every line of the damaged member, garbled or not (no way to tell), is quarantined, one by one.
+    assert [(q.reason, q.line) for q in bad] == [("corrupt_input", line) for line in range(1, 301)]
+    assert {q.file for q in bad} == {str(path)}
+    assert bad[0].detail.startswith("the gzip member holding lines 1-300 fails its check (its data has CRC-32 ")
+    assert sum(q.raw.encode() + b"\n" != line for q, line in zip(bad, lines)) >= 1  # some did come out garbled
+
+
+def test_zeroed_bytes_inside_a_gzip_member_keep_nothing_of_it(tmp_path: Path) -> None:
+    blob = bytearray(gzip.compress(b"".join(_random_lines(3000))))
+    mid = len(blob) // 2
+    blob[mid : mid + 64] = bytes(64)
+    path = tmp_path / "corrupt.jsonl.gz"
+    path.write_bytes(bytes(blob))
+    docs, bad = read_input(InputConfig(path=str(path)))
+    # Not even the lines before the damage: it may have garbled them before zlib noticed (if it does).
+    assert docs == [] and bad and {q.reason for q in bad} == {"corrupt_input"}
+    assert [q.line for q in bad] == list(range(1, len(bad) + 1))
+
+
+def test_deflate_data_that_breaks_off_sets_its_member_and_the_rest_of_the_file_aside(tmp_path: Path) -> None:
+    lines = _random_lines(800)
+    stored = b"".join(lines[100:700])  # ~80 KB: more than one compressed step, so some of it comes out first
+    blocks = b"".join(b"\x00" + len(part).to_bytes(2, "little") + (len(part) ^ 0xFFFF).to_bytes(2, "little") + part
+                      for part in (stored[i : i + 0xFFFF] for i in range(0, len(stored), 0xFFFF)))
+    # A gzip member of stored deflate blocks, then a block of the reserved type: zlib stops with an error there,
+    # and where the member ends (where the next one starts) is unknown.
+    broken = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + blocks + b"\x07"
+    path = tmp_path / "broken.jsonl.gz"
+    path.write_bytes(gzip.compress(b"".join(lines[:100])) + broken + gzip.compress(b"".join(lines[700:])))
+    docs, bad = read_input(InputConfig(path=str(path)))
+    assert [d["id"] for d in docs] == [f"d{i}" for i in range(100)]  # the member before it passed its check
+    *member, rest = bad  # what came out of the broken member, then one record for the rest of the file
+    assert member and [(q.reason, q.line) for q in member] == [("corrupt_input", i) for i in range(101, 101 + len(member))]
+    assert member[0].detail.startswith(f"the gzip member holding lines 101-{100 + len(member)} cannot be decompressed")
+    assert rest.reason == "corrupt_input" and rest.line == 101 + len(member) and rest.raw == ""
+    assert f"cannot decompress past line {100 + len(member)} (error: " in rest.detail and "invalid block type" in rest.detail
+
+
+def test_a_bit_flip_in_a_zstd_frame_keeps_none_of_its_lines_and_reads_the_next_frame(tmp_path: Path) -> None:
+    lines = _random_lines(900)
+    frames = [zstandard.ZstdCompressor(write_checksum=True).compress(b"".join(lines[i : i + 300])) for i in (0, 600)]
+    damaged = zstd_frame_with_a_flipped_bit(b"".join(lines[300:600]))
+    path = tmp_path / "three-frames.jsonl.zst"
+    path.write_bytes(frames[0] + damaged + frames[1])
+    docs, bad = read_input(InputConfig(path=str(path)))
+    assert [d["id"] for d in docs] == [f"d{i}" for i in [*range(300), *range(600, 900)]]  # the intact frames
+    assert bad and {q.reason for q in bad} == {"corrupt_input"} and {q.file for q in bad} == {str(path)}
+    # The lines that came out of the damaged frame, one record each, then one for the part that never did.
+    *came_out, rest = bad
+    assert [q.line for q in came_out] == list(range(301, 301 + len(came_out)))
+    assert rest.line == 301 + len(came_out) and rest.raw == ""
+    assert "the zstd frame " in rest.detail and "never came out; this record stands for it" in rest.detail
 
 
 def test_glob_over_several_files_in_sorted_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@ an output URL that cannot be written is a ConfigError before any work, never a l
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -125,6 +126,68 @@ def test_storage_that_cannot_be_reached_is_a_config_error_naming_the_url(s3_fold
         s3fs.S3FileSystem.clear_instance_cache()
     with pytest.raises(ConfigError, match="names a file system datapipe cannot use"):
         stats.collect("foo://bucket/run")
+
+
+def _without_credentials(tmp_path: Path) -> dict[str, str]:
+    """This environment with the S3 endpoint but no credentials anywhere botocore looks."""
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                                             "AWS_SESSION_TOKEN", "AWS_PROFILE")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true")
+    return env
+
+
+@pytest.mark.parametrize("key, args", [
+    ("inputs[0].path", ["--input", "{s3}/in/docs.jsonl"]),
+    ("inputs[0].path", ["--input", "{s3}/in/*.jsonl"]),
+    ("tokenizer.path", ["--input", "{slice}", "--set", "tokenizer.path={s3}/tok/tokenizer.json"]),
+    ("eval.source", ["--input", "{slice}", "--set", "eval.source={s3}/other/eval"]),
+])
+def test_an_input_url_that_cannot_be_reached_is_one_paragraph(s3_folder, tmp_path, key, args):
+    """The issue's report: an s3:// input without credentials was botocore's 68-line traceback from the reader.
+    Every URL a curation reads is checked before any work, like the output (one request each)."""
+    import s3fs
+
+    s3fs.S3FileSystem().put_file(str(ASSETS / "corpus_slice.jsonl"), f"{s3_folder}/in/docs.jsonl")
+    args = [a.format(s3=s3_folder, slice=ASSETS / "corpus_slice.jsonl") for a in args]
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    cmd = [sys.executable, "-m", "datapipe", "curate", str(Path("configs/quickstart.yaml").resolve()), "--no-progress",
+           "--executor", "local", "--output", str(tmp_path / "out"), *args]
+    done = subprocess.run(cmd, cwd=cwd, env=_without_credentials(tmp_path), capture_output=True, text=True, timeout=120)
+    url = next(a.split("=", 1)[-1] for a in args if a.split("=", 1)[-1].startswith("s3://"))
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
+    assert done.stderr.startswith(f"datapipe: error: {key}: cannot reach {url} (NoCredentialsError"), done.stderr
+    assert "AWS_ACCESS_KEY_ID" in done.stderr
+    assert not (tmp_path / "out").exists() and list(cwd.iterdir()) == []  # before any work
+
+
+def test_train_data_url_that_cannot_be_reached_is_one_paragraph(s3_folder, tmp_path):
+    cmd = [sys.executable, "-m", "datapipe", "train", str(Path("configs/train-tiny.yaml").resolve()),
+           "--data", f"{s3_folder}/run", "--output", str(tmp_path / "run")]
+    done = subprocess.run(cmd, cwd=tmp_path, env=_without_credentials(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.startswith(f"datapipe: error: data.source: cannot reach {s3_folder}/run (NoCredentialsError")
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_an_output_folder_that_cannot_be_made_says_what_is_wrong(tmp_path):
+    from datapipe.core.storage import make_local_folder
+
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ConfigError, match=r"^output.dir: '.*a-file' is a file, not a folder; give a folder"):
+        make_local_folder(tmp_path / "a-file", "output.dir")
+    with pytest.raises(ConfigError, match=r"^output.dir: cannot create the folder '.*a-file/x/y': '.*a-file' is a file"):
+        make_local_folder(tmp_path / "a-file" / "x" / "y", "output.dir")
+    if Path("/proc/self").is_dir():  # Linux: no folder can be made there, whoever runs the tests
+        with pytest.raises(ConfigError, match=r"^output.dir: cannot create the folder '/proc/none/x': .*; give a folder "
+                                              r"you may write to"):
+            make_local_folder("/proc/none/x", "output.dir")
+    make_local_folder(f"file://{tmp_path}/new/run", "output.dir")
+    assert (tmp_path / "new" / "run").is_dir()
+    make_local_folder("s3://bucket/run", "output.dir")  # object stores have no folders: nothing to make
 
 
 def test_train_refuses_an_output_url_and_checks_a_url_data_folder(tmp_path, s3_folder):

@@ -215,6 +215,82 @@ def test_a_run_folder_is_not_reused_and_resume_keeps_the_settings(source, tmp_pa
         train(tiny_cfg(source, tmp_path / "s", *base))
 
 
+def _ctrl_c_at_step(monkeypatch, step: int) -> None:
+    """Ctrl-C in the forward pass of training step `step` (one micro-batch a step): the run stops there."""
+    real, calls = GPT.forward, {"n": 0}
+
+    def forward(self, *a, **k):
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] == step:
+                raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+
+
+def _logged(run: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+
+
+def test_a_run_stopped_before_its_first_checkpoint_resumes_from_step_0(source, tmp_path, monkeypatch):
+    """The Ctrl-C line says --resume; with no checkpoint yet, --resume starts the same run again from step 0 (its
+    config.yaml checked like a checkpoint's), and metrics.jsonl keeps each step once."""
+    sets = ("data.holdout_shards=0", "train.steps=4", "train.log_every=1", "train.ckpt_every=0", "train.ckpt_minutes=0")
+    straight = train(tiny_cfg(source, tmp_path / "a", *sets))
+    with monkeypatch.context() as m:
+        _ctrl_c_at_step(m, 3)
+        with pytest.raises(KeyboardInterrupt):
+            train(tiny_cfg(source, tmp_path / "b", *sets))
+    assert [step for step, _ in _logged(tmp_path / "b")] == [1, 2] and not (tmp_path / "b" / "checkpoint.pt").exists()
+    with pytest.raises(ConfigError, match=r"already holds a run \(config.yaml, metrics.jsonl\); it stopped before its "
+                                          r"first checkpoint: --resume starts it again from step 0"):
+        train(tiny_cfg(source, tmp_path / "b", *sets))
+    with pytest.raises(ConfigError, match=r"--resume: optim.lr is 0.02 but the run's .*config.yaml has 0.01"):
+        train(tiny_cfg(source, tmp_path / "b", *sets, "optim.lr=0.02"), resume=True)
+    again = train(tiny_cfg(source, tmp_path / "b", *sets), resume=True)
+    assert again["start_step"] == 0 and again["losses"] == straight["losses"]
+    assert _logged(tmp_path / "b") == _logged(tmp_path / "a")  # steps 1 and 2 once, from the run that counts
+
+
+def test_a_resume_keeps_each_step_of_metrics_once(source, tmp_path, monkeypatch):
+    """Killed after logging step 4 with its checkpoint at step 3: the resume replays step 4 and logs it once."""
+    sets = ("data.holdout_shards=0", "train.steps=6", "train.log_every=1", "train.ckpt_every=3", "train.ckpt_minutes=0")
+    train(tiny_cfg(source, tmp_path / "a", *sets))
+    with monkeypatch.context() as m:
+        _ctrl_c_at_step(m, 5)
+        with pytest.raises(KeyboardInterrupt):
+            train(tiny_cfg(source, tmp_path / "b", *sets))
+    assert [step for step, _ in _logged(tmp_path / "b")] == [1, 2, 3, 4]
+    with (tmp_path / "b" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "lo')  # a row cut short by a kill
+    rest = train(tiny_cfg(source, tmp_path / "b", *sets), resume=True)
+    assert rest["start_step"] == 3
+    assert _logged(tmp_path / "b") == _logged(tmp_path / "a")  # 1..6 once each, the same losses as straight
+
+
+def test_cli_resume_continues_with_the_runs_own_settings(source, tmp_path, capsys):
+    """`datapipe train --resume` reads the run's config.yaml: the earlier --set and --data need not be repeated; one
+    given again must agree (a differing one is refused, naming it); execution keys may change."""
+    recipe = tmp_path / "t.yaml"
+    recipe.write_text("model: {n_layer: 1, n_head: 2, d_model: 32, max_seq_len: 64}\n"
+                      "data: {seq_len: 64, batch_size: 2}\ntrain: {steps: 3, log_every: 1, device: cpu}\n")
+    run = str(tmp_path / "r")
+    assert main(["train", str(recipe), "--data", str(source), "--output", run, "--set", "train.steps=4",
+                 "--set", "optim.lr=0.01", "--set", "train.stop_at=2"]) == 0
+    capsys.readouterr()
+    assert main(["train", str(recipe), "--output", run, "--resume", "--set", "optim.lr=0.02"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume: --set optim.lr=0.02 sets optim.lr to 0.02, but the run has 0.01" in err and "Traceback" not in err
+    assert main(["train", str(recipe), "--output", run, "--resume", "--data", str(tmp_path)]) == 2
+    assert f"--data {tmp_path} sets data.source to" in capsys.readouterr().err
+    assert main(["train", str(recipe), "--output", run, "--resume", "--set", "optim.lr=0.01",
+                 "--set", "train.log_every=2"]) == 0
+    out = capsys.readouterr().out
+    assert f"resumed from {run}/checkpoint.pt at step 2" in out and "step 4/4" in out and "step 3/4" not in out
+    assert torch.load(Path(run) / "checkpoint.pt", weights_only=True)["step"] == 4
+
+
 def test_prioritization_lag_must_cover_a_step_of_micro_batches(source, tmp_path):
     with pytest.raises(ConfigError, match=r"data.prioritize.lag must be >= train.grad_accum - 1 = 7"):
         tiny_cfg(source, tmp_path, "data.prioritize.enabled=true", "data.prioritize.lag=3", "train.grad_accum=8")
