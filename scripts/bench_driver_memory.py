@@ -1,4 +1,4 @@
-"""Benchmark the curation driver's memory at scale (issue 13): is it bounded by partitions, not by the corpus?
+"""The curation scale benchmark: driver memory (issue 13), work files, objects and CPU per phase (issue 22).
 
 usage: python -m scripts.bench_driver_memory [--base 625000] [--scales 1,4,16] [--workers 2] [--partitions 16]
            [--no-verify] [--keep DIR]
@@ -11,10 +11,14 @@ end or one word dropped from it: word 5-gram Jaccard >= 0.9), all seeded. Then t
 blocks and shards) on the embedded Ray with `--workers` CPUs, as a fresh process tree; the same
 config at every scale (16 partitions for exact and near dedup: a worker's share of a partition grows
 with the corpus, the driver's share must not). `--no-verify` sets `dedup.minhash.verify: false`:
-candidates are not checked against the threshold, so the bucket rows carry no signature and no
-shingles are stored. With verification every bucket row holds the document's 128-value signature
-(16 bands: several KB of work files a document), which for 10 M documents is more than this
-machine's free disk (76 GB: the default-config 16x run stopped with "No space left on device").
+candidates are not checked against the threshold, so no signature is stored. (Before issue 22 every
+bucket row held the document's 128-value signature, 16 bands: several KB of work files a document, which
+for 10 M documents was more than this machine's free disk; now the signature is stored once, 16 bits a
+value, and shingles are recomputed from the text for the pairs near the threshold.)
+
+The run keeps its work folder (`output.keep_work: true`) so that the script can count it: per top folder
+of work/ (a phase: read, seg0, exact_dedup, minhash, tokens, ...) its bytes, its files and its task
+records (`.json`: one per task), the bytes per input document, and work bytes over input text bytes.
 
 Every 0.5 s the script reads /proc: the RSS of the CLI process (the driver) and of every process under
 it (Ray's workers, raylet, GCS...), and their CPU seconds. It reports per scale: the driver's peak RSS
@@ -160,6 +164,21 @@ class TreeSampler:
         self.thread.join()
 
 
+def work_files(work: Path) -> dict[str, dict[str, int]]:
+    """Per top folder of work/ (and "total"): bytes, files, and task records (`.json` files: a task writes
+    one, last); objects per task = files / records."""
+    out: dict[str, dict[str, int]] = {}
+    for dirpath, _dirs, files in os.walk(work):
+        parts = Path(dirpath).relative_to(work).parts
+        entry = out.setdefault(parts[0] if parts else ".", {"bytes": 0, "files": 0, "records": 0})
+        for name in files:
+            entry["bytes"] += (Path(dirpath) / name).stat().st_size
+            entry["files"] += 1
+            entry["records"] += name.endswith(".json")
+    out["total"] = {k: sum(v[k] for v in out.values()) for k in ("bytes", "files", "records")}
+    return dict(sorted(out.items()))
+
+
 def run_scale(corpus: Path, out: Path, workers: int, partitions: int, verify: bool) -> dict[str, Any]:
     repo = Path(__file__).parents[1]
     config = {
@@ -169,7 +188,7 @@ def run_scale(corpus: Path, out: Path, workers: int, partitions: int, verify: bo
         "filters": {},
         "tokenizer": {"train": {"vocab_size": 2048, "sample_bytes": 2_000_000}},
         "ray": {"num_cpus": workers},
-        "output": {"dir": str(out)},
+        "output": {"dir": str(out), "keep_work": True},
     }
     recipe = out.parent / f"{out.name}.json"
     recipe.write_text(json.dumps(config))
@@ -186,7 +205,13 @@ def run_scale(corpus: Path, out: Path, workers: int, partitions: int, verify: bo
     manifest = json.loads((out / "manifest.json").read_text())
     workers_rss = {k: v for k, v in sampler.worker_peak.items() if k.startswith("ray::")}
     mib = 1 << 20
+    work = work_files(out / "work")
+    read_docs = sum(row["read"] for row in stats["inputs"])
+    text_bytes = sum(d["bytes_out"] for f in stats["funnel"] if f["stage"] == "read" for d in f["domains"].values())
     return {
+        "work_bytes_per_doc": round(work["total"]["bytes"] / max(read_docs, 1), 1),
+        "work_over_text": round(work["total"]["bytes"] / max(text_bytes, 1), 3),
+        "work_by_phase": work,
         "driver_peak_rss_mib": round(sampler.driver_peak / mib, 1),
         "driver_vmhwm_mib": round(sampler.driver_hwm / mib, 1),
         "worker_peak_rss_mib": round(max(workers_rss.values(), default=0) / mib, 1),

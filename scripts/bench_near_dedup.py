@@ -92,9 +92,16 @@ t0 = time.process_time()
 stage = nd.NearDedupStage(config) if hasattr(nd, "NearDedupStage") else MinHashStage(config)
 folder = work / "minhash"
 start = 0
+import stages.base as stage_base
+senders = []
 for b, end in enumerate(list(np.unique(np.r_[cuts, len(sizes)]))):
     block = table.slice(start, int(end) - start); start = int(end)
     if block.num_rows == 0:
+        continue
+    if hasattr(stage_base, "write_keys"):  # one shuffle file per kind and block; the block's text stays where it is
+        atomic_write_table(work / "seg" / f"b{b:05d}.arrow", block)
+        stage_base.write_keys(stage, block, folder, f"b{b:05d}")
+        senders.append(f"seg/b{b:05d}")
         continue
     emitted = [stage.keys(batch) for batch in block.to_batches(max_chunksize=2000)]
     for kind in emitted[0]:
@@ -111,7 +118,10 @@ def run_tasks(fn, shared, items, desc, _local=LocalExecutor()):  # CPU per resol
     step = desc.split(" r")[0]
     phases[step] = phases.get(step, 0.0) + time.process_time() - t
     return out
-summary = stage.resolve(run_tasks, folder, work) if hasattr(stage, "resolve") else nd.resolve(run_tasks, folder, stage, work)
+if senders:
+    summary = stage.resolve(run_tasks, folder, work, senders)
+else:
+    summary = stage.resolve(run_tasks, folder, work) if hasattr(stage, "resolve") else nd.resolve(run_tasks, folder, stage, work)
 losers = pa.concat_tables([read_table(f) for f in sorted(folder.glob("losers-p*.arrow"))])
 kept = table.filter(pc.invert(pc.is_in(table.column("order"), value_set=losers.column("order"))))
 stage_cpu = time.process_time() - t0

@@ -26,7 +26,8 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datapipe.core.schema import DROPPED_SCHEMA
+from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
+from datapipe.core.shuffle import SUFFIX, write_shuffle
 from datapipe.core.shards import read_table
 from datapipe.core.storage import Location
 
@@ -61,12 +62,16 @@ class GlobalStage(ABC):
     - **map half**, `keys(batch)`: for each document of a batch, rows of keys, as tables by kind
       (`{"keys": ...}`, `{"buckets": ..., "nodes": ...}`). Every table has a `partition` column
       (uint32 in `[0, partitions)`). The runner calls it in each block task after the segment's map
-      stages, and writes the rows of partition p of kind k from block b to `folder/k/pNNN/b.arrow`,
-      `folder` being `work/<name>/`.
-    - **resolve half**, `resolve(run_tasks, folder, out_dir)`: called once, after every block's keys
-      are written. It decides which documents lose, running its own tasks through `run_tasks`, and
-      leaves them in `folder/losers-pNNN.arrow` (`LOSER_SCHEMA`; each document at most once over all
-      files). It may write reports into `out_dir` and returns a JSON-able summary, which the runner
+      stages, and writes the rows of kind k from block b as one shuffle file `folder/k/b.shuffle`
+      (`datapipe.core.shuffle`: partitioned by that column, which is not stored), `folder` being
+      `work/<name>/`.
+    - **resolve half**, `resolve(run_tasks, folder, out_dir, senders)`: called once, after every block's
+      keys are written; `senders` name the blocks (paths below the work folder, `folder.parent`: the
+      block file `<sender>.arrow` holds the documents the keys were computed from, and the key files
+      are `folder/<kind>/<last part of the sender>.shuffle`). It decides which documents lose, running
+      its own tasks through `run_tasks` (partition p of a kind: `datapipe.core.shuffle.read_shuffle`), and
+      leaves them in `folder/losers-pNNN.arrow`, one file for every p below `partitions`, empty or not
+      (`LOSER_SCHEMA`; each document at most once over all files). It may write reports into `out_dir` and returns a JSON-able summary, which the runner
       puts in stats.json under `global_stages.<name>`. Each of its tasks writes its outputs
       atomically and is skipped when they exist, so a killed run resumes to the same result.
 
@@ -75,13 +80,14 @@ class GlobalStage(ABC):
     """
 
     name: ClassVar[str]  # also the folder of its keys and losers under work/
+    partitions: int  # the shuffle's width: `partition` values are below it
 
     @abstractmethod
     def keys(self, batch: pa.RecordBatch) -> dict[str, pa.Table]:
         """The map half: key tables by kind, each with a `partition` column."""
 
     @abstractmethod
-    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location) -> dict[str, Any]:
+    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str]) -> dict[str, Any]:
         """The resolve half: write `folder/losers-pNNN.arrow`; return a summary for the stats."""
 
     @staticmethod
@@ -91,13 +97,19 @@ class GlobalStage(ABC):
         return pa.concat_tables(tables) if tables else LOSER_SCHEMA.empty_table()
 
 
-def read_partition(folder: Location, schema: pa.Schema | None = None) -> pa.Table | None:
-    """All rows of the `.arrow` files in one partition folder (e.g. `folder/keys/p003/`), in file
-    name order; None (or an empty table of `schema`) when there are none."""
-    files = sorted(folder.glob("*.arrow")) if folder.is_dir() else []
-    if not files:
-        return schema.empty_table() if schema is not None else None
-    return pa.concat_tables([read_table(f) for f in files])
+def write_keys(stage: GlobalStage, table: pa.Table, folder: Location, name: str) -> dict[str, int]:
+    """A global stage's map half over `table`: each kind of key rows as one shuffle file
+    `folder/<kind>/<name>.shuffle`, partitioned by their `partition` column (every kind's file is
+    written, empty or not: the resolve half reads the files of known senders, no listing). Their sizes."""
+    emitted = [stage.keys(b) for b in table.to_batches() if b.num_rows]
+    if not emitted:  # the kinds and schemas of an empty block
+        emitted = [stage.keys(pa.RecordBatch.from_pylist([], schema=DOC_SCHEMA))]
+    sizes = {}
+    for kind in emitted[0]:
+        keys = pa.concat_tables([e[kind] for e in emitted])
+        parts = keys.column("partition").to_numpy()
+        sizes[kind] = write_shuffle(folder / kind / f"{name}{SUFFIX}", keys.drop(["partition"]), parts, stage.partitions)
+    return sizes
 
 
 def split_by_reasons(

@@ -10,8 +10,9 @@ winner does not depend on how many workers or partitions were used.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +21,10 @@ import xxhash
 from datapipe.core.config import check, note
 from datapipe.core.shards import atomic_write_table, read_table
 from datapipe.core.storage import Location, location
-from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks, read_partition
+from datapipe.core.shuffle import read_shuffle, shuffle_files
+from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
+
+MIN_PARTITIONS = 16  # `partitions: auto` never goes below this
 
 KEY_SCHEMA = pa.schema(
     [("hash", pa.binary(16)), ("partition", pa.uint32()), ("order", pa.int64()), ("id", pa.string())]
@@ -30,16 +34,20 @@ KEY_SCHEMA = pa.schema(
 @dataclass(frozen=True, kw_only=True)
 class ExactDedupConfig:
     enabled: bool = note(True, help="drop exact duplicates of the normalized text, globally (first by input order wins)")
-    partitions: int = note(8, help="hash partitions of the global dedup shuffle")
+    partitions: int | Literal["auto"] = note(
+        "auto", help="hash partitions of the global dedup shuffle (and of the unique-ids one); auto = from the input's "
+        "size, so that no partition's task needs more than ray.task_memory_gib (at least 16)")
 
     def __post_init__(self) -> None:
-        check(self.partitions > 0, f"partitions must be > 0, got {self.partitions!r}")
+        check(self.partitions == "auto" or self.partitions > 0, f"partitions must be > 0 or 'auto', got {self.partitions!r}")
 
 
 class ExactDedupStage(GlobalStage):
     name = "exact_dedup"
 
     def __init__(self, config: ExactDedupConfig) -> None:
+        if config.partitions == "auto":  # the runner sizes it from the input; used on its own, the floor
+            config = dataclasses.replace(config, partitions=MIN_PARTITIONS)
         self.config = config
 
     def keys(self, batch: pa.RecordBatch) -> dict[str, pa.Table]:
@@ -53,10 +61,16 @@ class ExactDedupStage(GlobalStage):
         )
         return {"keys": keys}
 
-    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location) -> dict[str, Any]:
-        """One task per partition: `folder/losers-pNNN.arrow` from `folder/keys/pNNN/`."""
+    @property
+    def partitions(self) -> int:
+        return self.config.partitions
+
+    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str]) -> dict[str, Any]:
+        """One task per partition: `folder/losers-pNNN.arrow` from partition p of every sender's
+        `folder/keys/<block>.shuffle`."""
         items = [(p,) for p in range(self.config.partitions)]
-        return {"removed": sum(run_tasks(partition_task, str(folder), items, f"{self.name} resolve"))}
+        files = [str(f) for f in shuffle_files(folder / "keys", [s.rsplit("/", 1)[-1] for s in senders])]
+        return {"removed": sum(run_tasks(partition_task, (str(folder), files, self.config.partitions), items, f"{self.name} resolve"))}
 
     @staticmethod
     def partition_losers(keys: pa.Table) -> pa.Table:
@@ -83,12 +97,14 @@ class ExactDedupStage(GlobalStage):
         )
 
 
-def partition_task(folder: str, partition: int) -> int:
-    """The losers of one partition, written once to `folder/losers-pNNN.arrow`; their count."""
+def partition_task(shared: tuple[str, list[str], int], partition: int) -> int:
+    """The losers of one partition (its rows of every key file), written once to
+    `folder/losers-pNNN.arrow`; their count."""
+    folder, files, partitions = shared
     out = location(folder) / f"losers-p{partition:03d}.arrow"
     if out.exists():
         return read_table(out).num_rows
-    keys = read_partition(location(folder) / "keys" / f"p{partition:03d}")
+    keys = read_shuffle(files, partition, partitions)
     losers = ExactDedupStage.partition_losers(keys) if keys is not None else LOSER_SCHEMA.empty_table()
     atomic_write_table(out, losers)
     return losers.num_rows

@@ -35,9 +35,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import itertools
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -50,6 +53,7 @@ from datasketch import MinHash
 from datapipe.core.config import check, note
 from stages.base import LOSER_SCHEMA
 
+MIN_PARTITIONS = 16  # `partitions: auto` never goes below this (tasks enough for a few dozen workers)
 _POLY = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier for combining unit hashes into a shingle hash
 _U64 = np.uint64
 
@@ -99,6 +103,12 @@ class MinHashConfig:
     shingle: Literal["word", "char"] = note("word", help="shingle unit: word n-grams or character n-grams")
     ngram: int = note(5, help="shingle size in units")
     lowercase: bool = note(True, help="lowercase the text before shingling")
+    words: Literal["alnum", "whitespace"] = note(
+        "alnum",
+        help="what a word is (shingle: word): alnum = the runs of letters, digits and _ (Python's `\\w+`: punctuation "
+        "separates words and is not part of them, as datatrove's text simplification removes it), so `end.` and "
+        "`end` are one word; whitespace = `str.split()`, the rule before (punctuation is part of a word)",
+    )
     num_perm: int = note(128, help="number of permutations (signature length)")
     threshold: float = note(0.8, help="Jaccard similarity from which documents count as near-duplicates")
     candidate_recall: float = note(
@@ -133,7 +143,11 @@ class MinHashConfig:
         "pair of buckets of up to window+1 documents, bounded work in larger ones",
     )
     keep: Literal["first", "longest"] = note("first", help="which document of a cluster is kept")
-    partitions: int = note(16, help="hash partitions for the bucket shuffle and the connected-components rounds")
+    partitions: int | Literal["auto"] = note(
+        "auto",
+        help="hash partitions for the bucket shuffle and the connected-components rounds; auto = from the input's size, "
+        "so that no partition's task needs more than ray.task_memory_gib (at least 16); the output does not depend on it",
+    )
     one_task_edges: int = note(
         1_000_000,
         help="find the connected components in one task, in memory (at most ~300 bytes per edge), when there are "
@@ -153,7 +167,7 @@ class MinHashConfig:
                   f"bands x rows must be <= num_perm ({self.num_perm}), got {self.bands} x {self.rows}")
         check(0.0 <= self.exact_margin <= 1.0, f"exact_margin must be in [0, 1], got {self.exact_margin!r}")
         check(self.bucket_window >= 1, f"bucket_window must be >= 1, got {self.bucket_window!r}")
-        check(self.partitions > 0, f"partitions must be > 0, got {self.partitions!r}")
+        check(self.partitions == "auto" or self.partitions > 0, f"partitions must be > 0 or 'auto', got {self.partitions!r}")
         check(self.one_task_edges >= 0, f"one_task_edges must be >= 0, got {self.one_task_edges!r}")
         check(self.max_rounds > 1, f"max_rounds must be > 1, got {self.max_rounds!r}")
 
@@ -172,10 +186,15 @@ class MinHashConfig:
 # ------------------------------------------------------------------------------------- shingles
 
 
+_WORD = re.compile(r"\w+")
+
+
 def _units(text: str, config: MinHashConfig) -> list[str] | str:
     if config.lowercase:
         text = text.lower()
-    return text.split() if config.shingle == "word" else text
+    if config.shingle == "char":
+        return text
+    return _WORD.findall(text) if config.words == "alnum" else text.split()
 
 
 def _char_hashes(text: str) -> np.ndarray:
@@ -300,9 +319,45 @@ def _lowered(texts: pa.Array) -> pa.Array:
     return pc.replace_with_mask(lowered, pa.array(mask), by_python)
 
 
-def _word_bounds(data: np.ndarray, text_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) byte positions of the words of `str.split()` in `data`: the runs of bytes
-    between whitespace characters (`_WHITESPACE`), never across the end of a text."""
+def _word_bounds(data: np.ndarray, text_offsets: np.ndarray, words: Literal["alnum", "whitespace"] = "whitespace") -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) byte positions of the words in `data` (`words`: the runs of word characters of
+    `\\w+`, or the words of `str.split()`), never across the end of a text."""
+    space = _non_word_mask(data) if words == "alnum" else _space_mask(data)
+    return _runs(space, text_offsets)
+
+
+@functools.lru_cache(maxsize=1)
+def _word_characters() -> np.ndarray:
+    """`is_word[code point]`: the characters of Python's `\\w` (str.isalnum() or `_`), for all of Unicode
+    (0.1 s, once per process)."""
+    table = np.zeros(0x110000, dtype=bool)
+    for m in _WORD.finditer("".join(map(chr, range(0x110000)))):
+        table[m.start() : m.end()] = True
+    return table
+
+
+def _non_word_mask(data: np.ndarray) -> np.ndarray:
+    """True at every byte of `data` (UTF-8) that belongs to a character outside `\\w`."""
+    table = _word_characters()
+    word = table[: 0x80][np.minimum(data, 0x7F)] & (data < 0x80)  # ASCII by the table; the rest below
+    lead = np.flatnonzero(data >= 0xC0)
+    if len(lead):
+        last = len(data) - 1
+        b = [data[np.minimum(lead + k, last)].astype(np.uint32) & 0x3F for k in range(4)]
+        b0 = data[lead].astype(np.uint32)
+        size = 2 + (b0 >= 0xE0) + (b0 >= 0xF0)
+        cp = np.where(size == 2, ((b0 & 0x1F) << 6) | b[1],
+                      np.where(size == 3, ((b0 & 0x0F) << 12) | (b[1] << 6) | b[2],
+                               ((b0 & 0x07) << 18) | (b[1] << 12) | (b[2] << 6) | b[3]))
+        is_word = table[np.minimum(cp, 0x10FFFF)]
+        for k in range(4):
+            at = size > k
+            word[lead[at] + k] = is_word[at]
+    return ~word
+
+
+def _space_mask(data: np.ndarray) -> np.ndarray:
+    """True at every byte of `data` (UTF-8) that belongs to a whitespace character of `str.split()`."""
     # ASCII whitespace is 9-13 and 28-32: (byte - 9) and (byte - 28) wrap below 0 to large values
     space = np.subtract(data, 9, dtype=np.uint8) <= 4
     space |= np.subtract(data, 28, dtype=np.uint8) <= 4
@@ -317,8 +372,13 @@ def _word_bounds(data: np.ndarray, text_offsets: np.ndarray) -> tuple[np.ndarray
             at = lead[np.isin(key, _WIDE_WHITESPACE[size])]
             for k in range(size):
                 space[at + k] = True
-    # the runs of non-whitespace bytes: they start and end where the mask changes
-    word = np.zeros(len(data) + 2, dtype=bool)  # with a whitespace byte before and after
+    return space
+
+
+def _runs(space: np.ndarray, text_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of the runs of False in `space`, cut at every text start."""
+    # the runs of word bytes: they start and end where the mask changes
+    word = np.zeros(len(space) + 2, dtype=bool)  # with a whitespace byte before and after
     np.invert(space, out=word[1:-1])
     change = np.flatnonzero(word[1:] != word[:-1])
     starts, ends = change[0::2], change[1::2]
@@ -331,13 +391,13 @@ def _word_bounds(data: np.ndarray, text_offsets: np.ndarray) -> tuple[np.ndarray
     return starts, ends
 
 
-def _vector_units(texts: pa.Array, lowercase: bool) -> tuple[np.ndarray, np.ndarray]:
+def _vector_units(texts: pa.Array, lowercase: bool, words: Literal["alnum", "whitespace"] = "whitespace") -> tuple[np.ndarray, np.ndarray]:
     """(`vector_word_hash` of every word of every text, in order; the number of words of each text),
-    the words being those of `text.lower().split()` (`text.split()` without `lowercase`)."""
+    the words being those of `_units` (`\\w+` or `str.split()` of the text, lowercased with `lowercase`)."""
     data, text_offsets = _text_bytes(_lowered(texts) if lowercase else texts)
     if len(data) == 0:
         return np.empty(0, dtype=_U64), np.zeros(len(texts), dtype=np.int64)
-    starts, ends = _word_bounds(data, text_offsets)
+    starts, ends = _word_bounds(data, text_offsets, words)
     counts = np.diff(np.searchsorted(starts, text_offsets)).astype(np.int64)
     sums = np.empty(len(starts), dtype=_U64)
     # Whole words per step, about _VECTOR_CHUNK bytes: each byte times K ** (its distance from the
@@ -369,7 +429,7 @@ def shingle_hashes64(texts: list[str] | pa.Array, config: MinHashConfig) -> tupl
         arrow_texts = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, pa.large_string())
         if isinstance(arrow_texts, pa.ChunkedArray):
             arrow_texts = arrow_texts.combine_chunks()
-        unit_hashes, unit_counts = _vector_units(arrow_texts, config.lowercase)
+        unit_hashes, unit_counts = _vector_units(arrow_texts, config.lowercase, config.words)
         counts = np.where(unit_counts >= config.ngram, unit_counts - config.ngram + 1, (unit_counts > 0).astype(np.int64))
         return _windows(unit_hashes, unit_counts, config.ngram), counts
     if not isinstance(texts, list):
@@ -486,61 +546,75 @@ def partition_of(values: np.ndarray, partitions: int) -> np.ndarray:
         return (fmix(values.astype(_U64), 64) % _U64(partitions)).astype(np.uint32)
 
 
-SHINGLES_SCHEMA = pa.schema([("partition", pa.uint32()), ("order", pa.int64()), ("hashes", pa.large_list(pa.uint64()))])
+SIGNATURE_BITS = 16
+"""Each signature value is stored as its low 16 bits (b-bit MinHash, Li and Koenig 2010): two different
+values agree by chance with probability 2**-16, which moves an estimate by at most (1 - J) / 65,536,
+far inside its standard error (0.035 at J = 0.8 with 128 permutations), and halves the bytes."""
+
+
+def stored_signatures(sig: np.ndarray) -> pa.FixedSizeBinaryArray:
+    """Signatures (n, num_perm) as the `signature` column: the low `SIGNATURE_BITS` bits of each value."""
+    low = np.ascontiguousarray(sig.astype(np.uint16))  # keeps the low 16 bits
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(2 * sig.shape[1]), len(low), [None, pa.py_buffer(low)])
+
+
+def signature_values(column: pa.Array | pa.ChunkedArray, num_perm: int) -> np.ndarray:
+    """The `signature` column back as an (n, num_perm) uint16 array."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks else pa.array([], pa.binary(2 * num_perm))
+    values = np.frombuffer(column.buffers()[1], dtype=np.uint16) if len(column) else np.empty(0, np.uint16)
+    return values[column.offset * num_perm : (column.offset + len(column)) * num_perm].reshape(-1, num_perm)
 
 
 class MinHashStage:
-    """The map side of near-dedup: signatures, bucket keys and shingle sets for a batch."""
+    """The map side of near-dedup: bucket keys and (when verifying) signatures for a batch."""
 
     name = "minhash"
 
     def __init__(self, config: MinHashConfig) -> None:
+        if config.partitions == "auto":  # the runner sizes it from the input; used on its own, the floor
+            config = dataclasses.replace(config, partitions=MIN_PARTITIONS)
         self.config = config
         self.bands, self.rows = config.lsh_params()
         self.hasher = MinHasher(config)
 
+    @property
+    def partitions(self) -> int:
+        return self.config.partitions
+
     def keys(self, batch: pa.RecordBatch) -> dict[str, pa.Table]:
-        """`buckets`: one row per (document, band), partitioned by bucket key, with the signature
-        when verifying; `nodes`: each document's id and length, partitioned by its order (for the
-        join after clustering); `shingles` (when `exact_margin` > 0): each document's 64-bit shingle
-        hashes, all in partition 0 (not shuffled: read by order, for the few candidates near the
-        threshold)."""
-        sig, has, (hashes64, counts) = self.hasher.signatures_and_shingles(batch.column("text"))
+        """Two kinds of rows, each with its `partition`:
+
+        - `buckets`: one row per (document, band): the band's bucket key (the band number is mixed
+          into the key) and the document's order, partitioned by the key: 16 bytes a row;
+        - `nodes`: one row per document, partitioned by its order: order, id, length and, when
+          verifying, the signature (`SIGNATURE_BITS` a value) — stored once, not once per band.
+
+        Shingle sets are not stored: the few pairs near the threshold are checked exactly against
+        shingles recomputed from the two documents' text (`shingle_sets`)."""
+        sig, has = self.hasher.signatures(batch.column("text"))
         order = batch.column("order").to_numpy()
-        length = pc.utf8_length(batch.column("text")).to_numpy().astype(np.int64)
-        nodes = pa.table(
-            {
-                "partition": partition_of(order, self.config.partitions),
-                "order": order,
-                "id": batch.column("id"),
-                "length": length,
-            }
-        )
-        keys = band_keys(sig[has], self.bands, self.rows)
-        n = keys.shape[0]
-        columns = {
-            "partition": partition_of(keys.reshape(-1), self.config.partitions),
-            "band": np.tile(np.arange(self.bands, dtype=np.uint16), n),
-            "bucket": keys.reshape(-1),
-            "order": np.repeat(order[has], self.bands),
+        nodes = {
+            "partition": partition_of(order, self.config.partitions),
+            "order": order,
+            "id": batch.column("id"),
+            "length": pc.utf8_length(batch.column("text")).cast(pa.int64()),
         }
         if self.config.verify:
-            sig_bytes = np.repeat(sig[has], self.bands, axis=0)
-            columns["signature"] = pa.FixedSizeBinaryArray.from_buffers(
-                pa.binary(4 * self.config.num_perm), len(sig_bytes), [None, pa.py_buffer(sig_bytes)]
-            )
-        out = {"buckets": pa.table(columns), "nodes": nodes}
-        if self.config.exact:
-            offsets = pa.array(np.r_[0, np.cumsum(counts[has])], pa.int64())
-            out["shingles"] = pa.table(
-                [
-                    pa.array(np.zeros(n, dtype=np.uint32)),
-                    pa.array(order[has]),
-                    pa.LargeListArray.from_arrays(offsets, pa.array(hashes64, pa.uint64())),
-                ],
-                schema=SHINGLES_SCHEMA,
-            )
-        return out
+            nodes["signature"] = stored_signatures(sig)
+        keys = band_keys(sig[has], self.bands, self.rows).reshape(-1)
+        buckets = {
+            "partition": partition_of(keys, self.config.partitions),
+            "bucket": keys,
+            "order": np.repeat(order[has], self.bands),
+        }
+        return {"buckets": pa.table(buckets), "nodes": pa.table(nodes)}
+
+
+def shingle_sets(texts: pa.Array | list[str], config: MinHashConfig) -> list[np.ndarray]:
+    """Each text's set of 64-bit shingle hashes (sorted, distinct): what the exact Jaccard compares."""
+    hashes64, counts = shingle_hashes64(texts, config)
+    return [distinct_sorted(part) for part in np.split(hashes64, np.cumsum(counts)[:-1])] if len(counts) else []
 
 
 # ------------------------------------------------------------------------------------- verification
@@ -569,91 +643,78 @@ def exact_jaccard(a: np.ndarray, b: np.ndarray) -> float:
     return inter / (len(a) + len(b) - inter)
 
 
-def _signatures(buckets: pa.Table, num_perm: int) -> np.ndarray:
-    col = buckets.column("signature").combine_chunks()
-    return np.frombuffer(col.buffers()[1], dtype=np.uint32)[
-        col.offset * num_perm : (col.offset + len(col)) * num_perm
-    ].reshape(-1, num_perm)
+def _bucket_groups(buckets: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(orders sorted by bucket then order, group number of each): members of one bucket are consecutive."""
+    bucket = buckets.column("bucket").to_numpy()
+    order = buckets.column("order").to_numpy()
+    rows = np.lexsort((order, bucket))
+    bucket, order = bucket[rows], order[rows]
+    same = bucket[1:] == bucket[:-1]
+    return order, np.cumsum(np.r_[True, ~same])
 
 
 def bucket_pairs(buckets: pa.Table, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row indices (into `buckets`) of the candidate pairs: within every (band, bucket), each member
-    (in input order) with each of the up to `window` members before it. A pair that shares several
-    buckets is given once. Returns (rows of the earlier members, rows of the later)."""
+    """The candidate pairs of some buckets (every member of each present): within every bucket,
+    each member (in input order) with each of the up to `window` members before it. A pair that
+    shares several buckets is given once. Returns (earlier orders, later orders), sorted."""
     empty = np.empty(0, np.int64), np.empty(0, np.int64)
     if buckets.num_rows == 0:
         return empty
-    band = buckets.column("band").to_numpy()
-    bucket = buckets.column("bucket").to_numpy()
-    order = buckets.column("order").to_numpy()
-    rows = np.lexsort((order, bucket, band))
-    band, bucket = band[rows], bucket[rows]
-    same = (band[1:] == band[:-1]) & (bucket[1:] == bucket[:-1])
-    in_group = np.r_[False, same] | np.r_[same, False]  # rows of buckets with two or more members
-    rows = rows[in_group]
-    group = np.cumsum(np.r_[True, ~same])[in_group]
+    order, group = _bucket_groups(buckets)
     earlier, later = [], []
     for k in range(1, window + 1):
         hit = group[k:] == group[:-k]
         if not hit.any():
             break
-        earlier.append(rows[:-k][hit])
-        later.append(rows[k:][hit])
+        earlier.append(order[:-k][hit])
+        later.append(order[k:][hit])
     if not earlier:
         return empty
-    u_rows, v_rows = np.concatenate(earlier), np.concatenate(later)
-    pairs = np.stack([order[u_rows], order[v_rows]], axis=1)
-    _, first = np.unique(pairs, axis=0, return_index=True)
-    return u_rows[first], v_rows[first]
+    return _unique_edges(np.concatenate(earlier), np.concatenate(later))
+
+
+def star_edges(buckets: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Without verification: a star from each bucket's first document (input order) to every other
+    member, the same components as all pairs. (smaller, larger) orders, distinct."""
+    if buckets.num_rows == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    order, group = _bucket_groups(buckets)
+    new_group = np.r_[True, group[1:] != group[:-1]]
+    head = np.maximum.accumulate(np.where(new_group, np.arange(len(order)), 0))
+    return _unique_edges(order[head[~new_group]], order[~new_group])
 
 
 @dataclass(frozen=True)
 class Candidates:
-    """What the signatures decide about the candidate pairs of some buckets: the edges (pairs that
-    reach the threshold) and the pairs too close to it to tell, left to `exact_edges`. All pairs
-    are (earlier, later) document orders."""
+    """What the signatures decide about candidate pairs: the edges (pairs that reach the threshold)
+    and the pairs too close to it to tell, left to `exact_edges`. Pairs are (earlier, later) orders."""
 
     edge_u: np.ndarray
     edge_v: np.ndarray
     near_u: np.ndarray
     near_v: np.ndarray
-    pairs: int  # distinct candidate pairs examined
+    pairs: int  # candidate pairs examined
 
 
-def candidate_edges(buckets: pa.Table, config: MinHashConfig) -> Candidates:
-    """Decide the candidate pairs of the given buckets (every member of each bucket is present).
-
-    Without `verify`: a star from each bucket's first document (by input order) to every other
-    member, all edges — the same components as all pairs. With it: the `bucket_pairs`, by the
-    estimated Jaccard (the fraction of equal signature values): an edge at or above the threshold;
-    with `exact_margin` > 0 an edge only from threshold + margin, no edge below threshold - margin,
-    and the pairs in between left undecided (`near_u`, `near_v`)."""
-    none = np.empty(0, np.int64)
-    if buckets.num_rows == 0:
-        return Candidates(none, none, none, none, 0)
-    if not config.verify:
-        sorted_ = buckets.select(["band", "bucket", "order"]).sort_by(
-            [("band", "ascending"), ("bucket", "ascending"), ("order", "ascending")]
-        )
-        band, bucket = sorted_.column("band").to_numpy(), sorted_.column("bucket").to_numpy()
-        order = sorted_.column("order").to_numpy()
-        new_group = np.r_[True, (band[1:] != band[:-1]) | (bucket[1:] != bucket[:-1])]
-        head = np.maximum.accumulate(np.where(new_group, np.arange(len(order)), 0))
-        u, v = _unique_edges(order[head[~new_group]], order[~new_group])
-        return Candidates(u, v, none, none, len(u))
-    u_rows, v_rows = bucket_pairs(buckets, config.bucket_window)
-    order = buckets.column("order").to_numpy()
-    sigs = _signatures(buckets, config.num_perm)
-    equal = np.empty(len(u_rows), dtype=np.int64)
+def estimate_masks(sig_u: np.ndarray, sig_v: np.ndarray, config: MinHashConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(edge, near) masks of candidate pairs by their estimated Jaccard (the fraction of equal stored
+    signature values): an edge at or above the threshold; with `exact_margin` > 0 an edge only from
+    threshold + margin, no edge below threshold - margin, and the pairs in between `near`: too close
+    to tell, left to `exact_edges`."""
+    equal = np.empty(len(sig_u), dtype=np.int64)
     step = 1 << 14  # pairs per vectorised comparison: bounds the temporary to a few MB
-    for s in range(0, len(u_rows), step):
-        equal[s : s + step] = np.count_nonzero(sigs[u_rows[s : s + step]] == sigs[v_rows[s : s + step]], axis=1)
+    for s in range(0, len(sig_u), step):
+        equal[s : s + step] = np.count_nonzero(sig_u[s : s + step] == sig_v[s : s + step], axis=1)
     estimate = equal / config.num_perm
     t, margin = config.threshold, config.exact_margin if config.exact else 0.0
     edge = estimate >= t + margin
-    near = (estimate >= t - margin) & ~edge
-    u, v = order[u_rows], order[v_rows]
-    return Candidates(u[edge], v[edge], u[near], v[near], len(u_rows))
+    return edge, (estimate >= t - margin) & ~edge
+
+
+def decide_pairs(u: np.ndarray, v: np.ndarray, sig_u: np.ndarray, sig_v: np.ndarray, config: MinHashConfig) -> Candidates:
+    """`estimate_masks` applied to the pairs (u[i], v[i])."""
+    edge, near = estimate_masks(sig_u, sig_v, config)
+    return Candidates(u[edge], v[edge], u[near], v[near], len(u))
 
 
 ShingleSets = Callable[[np.ndarray], dict[int, np.ndarray]]

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
+import subprocess
+import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import torch
+import zstandard
 
 from datapipe.core.config import from_dict
 from datapipe.curate.config import CurateConfig
@@ -18,6 +24,11 @@ from datapipe.testing.shards import write_fake_shards
 from datapipe.train.config import TrainConfig, load_train_config
 
 ASSETS = Path(__file__).parent / "assets"
+
+
+# The Ray tests' stall watchdog (`ray.stall_timeout_s`), well under pytest's 600 s timeout: a phase whose tasks
+# stop finishing (workers that never start on a loaded machine) fails with the executor's diagnosis, not a kill.
+STALL_S = 120
 
 
 def small_config(out_dir: Path | str, inputs: list[dict[str, Any]], **sections: Any) -> CurateConfig:
@@ -179,3 +190,71 @@ def stop_cluster(marks: list[str]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+# ---------------------------------------------------------------- damaged compressed inputs: one flipped bit
+
+
+def gzip_member_with_a_flipped_bit(data: bytes) -> bytes:
+    """`data` (JSON lines) as one gzip member with one bit flipped past its first third that zlib still
+    inflates to the end, where only the CRC-32 tells, into as many lines, some of them changed yet still
+    JSON objects with a text: the damage that handed garbled records to the shards. The first such bit,
+    so the same one on every run (found rather than fixed: zlib builds differ in what they write)."""
+    member = gzip.compress(data, mtime=0)  # a 10-byte header: no file name
+    lines = data.split(b"\n")
+    for at in range(len(member) // 3, len(member) - 8):
+        for bit in range(8):
+            flipped = bytearray(member)
+            flipped[at] ^= 1 << bit
+            inflate = zlib.decompressobj(-15)
+            try:
+                out = inflate.decompress(bytes(flipped[10:]))
+            except zlib.error:
+                continue
+            garbled = [new for new, old in zip(out.split(b"\n"), lines) if new != old]
+            if inflate.eof and out.count(b"\n") == len(lines) - 1 and out.endswith(b"\n") and any(
+                    _is_record(line) for line in garbled):
+                return bytes(flipped)
+    raise AssertionError("no bit of the member gives garbled records")
+
+
+def _is_record(line: bytes) -> bool:
+    try:
+        rec = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(rec, dict) and isinstance(rec.get("text"), str)
+
+
+def zstd_frame_with_a_flipped_bit(data: bytes) -> bytes:
+    """`data` as one zstd frame with a content checksum (`write_checksum=True`) and one bit flipped past its
+    middle that zstandard refuses (a failed checksum, or data it cannot decode). The first such bit."""
+    frame = zstandard.ZstdCompressor(write_checksum=True).compress(data)
+    for at in range(len(frame) // 2, len(frame)):
+        for bit in range(8):
+            flipped = bytearray(frame)
+            flipped[at] ^= 1 << bit
+            try:
+                zstandard.ZstdDecompressor().decompress(bytes(flipped))
+            except zstandard.ZstdError:
+                return bytes(flipped)
+    raise AssertionError("no bit of the frame is refused")
+
+
+# ---------------------------------------------------------------- a writer killed in the middle of a write
+
+
+def killed_mid_write(code: str, *args: str) -> str:
+    """Run Python `code` (argv: `args`) in a child process that prints one line once it is in the middle of
+    a write and then waits; SIGKILL it there, as the OOM killer or a dead node would. Returns the line
+    (typically the temporary file it was writing)."""
+    child = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline().strip()
+        assert line, "the child ended before its write"
+    finally:
+        child.kill()  # SIGKILL
+        child.wait(timeout=60)
+        child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+    return line

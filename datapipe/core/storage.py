@@ -89,6 +89,34 @@ def reachable(where: Union[str, os.PathLike[str], "RemotePath"], key: str) -> Un
     return location(where)
 
 
+def check_reachable(named: list[tuple[str, str | None]]) -> None:
+    """`reachable` for each (key, path) whose path is a URL: one request each, so an input, a tokenizer or an
+    eval set on storage that cannot be reached (no credentials, wrong endpoint) is a ConfigError naming the key
+    before any work. A URL holding a glob is checked as written: the request fails the same way."""
+    for key, where in named:
+        if where is not None and is_url(where):
+            reachable(where, key)
+
+
+def make_local_folder(where: str | os.PathLike[str], key: str) -> None:
+    """mkdir -p of a local output folder, or a ConfigError naming `key` that says what is wrong: a file stands at
+    the path or above it, or the machine refuses (read-only, permission, no such device). Nothing for a URL."""
+    if is_url(os.fspath(where)):
+        return
+    path = Path(os.fspath(where).removeprefix("file://"))
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker == path:
+        raise ConfigError(f"{key}: {str(path)!r} is a file, not a folder; give a folder (new or existing) instead")
+    if blocker is not None:
+        raise ConfigError(f"{key}: cannot create the folder {str(path)!r}: {str(blocker)!r} is a file, not a folder; "
+                          "give a folder elsewhere")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot create the folder {str(path)!r}: {exc.strerror or exc}; give a folder "
+                          "you may write to") from None
+
+
 def location(where: Union[str, os.PathLike[str], "RemotePath"]) -> Union[Path, "RemotePath"]:
     """A `Path` for a local path (or `file://` URL), a `RemotePath` for any other URL."""
     if isinstance(where, (Path, RemotePath)):
@@ -200,9 +228,14 @@ class RemotePath:
     def size(self) -> int:
         return int(self.fs.size(self.path))
 
+    @property
+    def is_object_store(self) -> bool:
+        """An object store (S3, GCS, Azure, ...): flat keys, no folders, and a PUT is atomic."""
+        return bool(FLAT_PROTOCOLS.intersection(_protocols(self.fs)))
+
     def mkdir(self, parents: bool = True, exist_ok: bool = True) -> None:
         """Create the folder, on file systems that have folders (object stores have none)."""
-        if not FLAT_PROTOCOLS.intersection(_protocols(self.fs)):
+        if not self.is_object_store:
             self.fs.makedirs(self.path, exist_ok=True)
 
     def unlink(self, missing_ok: bool = False) -> None:

@@ -31,8 +31,10 @@ InputFormat = Literal["auto", "jsonl", "parquet", "arrow", "text", "hf", "hf_dis
 
 @dataclass(frozen=True, kw_only=True)
 class InputConfig:
-    path: str = note("", help="path, glob or fsspec URL (a folder for format 'text'/'hf_disk'); or a HF dataset name for 'hf'")
-    format: InputFormat = note("auto", help="auto = from the file extension (.jsonl[.gz|.zst], .parquet, .arrow, a folder = text)")
+    path: str = note("", help="path, glob or fsspec URL of a file or a folder; or a HF dataset name for 'hf'")
+    format: InputFormat = note("auto", help="auto = from the file extension (.jsonl[.gz|.zst|.bz2|.xz], .parquet, .arrow); "
+                               "a folder: a saved HF dataset is hf_disk, else the one format of its files' extensions, "
+                               "else text (one document per file)")
     domain: str = note("default", help="domain of every document of this input, unless domain_field is set and present")
     domain_field: str | None = note("domain", help="a record field that names its own domain, when present")
     text_field: str = note("text", help="the field holding the document text")
@@ -103,6 +105,21 @@ def auto_block_bytes(input_bytes: int | None) -> int:
     return max(BLOCK_FLOOR_BYTES, min(BLOCK_TARGET_BYTES, -(-input_bytes // MIN_BLOCKS)))
 
 
+# Memory a partition's task holds per byte of input text, by shuffle (upper estimates: documents of >= 200
+# bytes, and the rows, their sort and the pairs in memory at once). Near dedup: 16 bands x 16-byte bucket rows
+# a document, ~4x that while sorted and windowed; exact dedup and unique ids: ~50-byte keys a document.
+TASK_BYTES_PER_TEXT_BYTE = {"minhash": 5.0, "exact": 1.0}
+
+
+def auto_partitions(input_bytes: int | None, shuffle: str, budget_bytes: int, floor: int = 16) -> int:
+    """Partitions for `partitions: auto`: enough that one partition's task stays under `budget_bytes` for an
+    input of `input_bytes` of text (None: unknown, the floor). Depends on the input only, never on the
+    workers, so a resume on another cluster finds the same layout."""
+    if input_bytes is None:
+        return floor
+    return max(floor, -(-int(input_bytes * TASK_BYTES_PER_TEXT_BYTE[shuffle]) // budget_bytes))
+
+
 def auto_shard_bytes(token_bytes: int) -> int:
     """The shard size for `output.shard_bytes: auto`, from the token bytes to be written: shards of
     SHARD_TARGET_BYTES for a large output, at least MIN_SHARDS for a small one (documents are never cut,
@@ -115,6 +132,16 @@ class RayConfig:
     address: str | None = note(None, help="Ray cluster address ('auto', 'ray://host:port', host:port); null = $RAY_ADDRESS when set, else an embedded local Ray")
     num_cpus: int | None = note(None, help="CPUs for the embedded local Ray (null = all)")
     max_retries: int = note(3, help="times a task whose worker died is retried")
+    task_memory_gib: float = note(
+        4.0, help="the most memory one task should need: `partitions: auto` is chosen so that a partition's task fits "
+        "it, and every task tells Ray what it needs (memory=), so that Ray does not pack big tasks onto one node")
+    stall_timeout_s: float = note(
+        600.0, help="seconds a phase may go without any task finishing before the run stops with an error naming "
+        "the phase and the tasks it waits for (workers that never start, a task that hangs); 0 = wait forever")
+
+    def __post_init__(self) -> None:
+        check(self.task_memory_gib > 0, f"task_memory_gib must be > 0, got {self.task_memory_gib!r}")
+        check(self.stall_timeout_s >= 0, f"stall_timeout_s must be >= 0 (0 = no limit), got {self.stall_timeout_s!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

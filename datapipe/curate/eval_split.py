@@ -20,10 +20,11 @@ folder), and names it in the main manifest under `splits.eval`. The trainer eval
 3. near    (`eval.decontaminate: near`) a training document that shares an LSH bucket with an eval
            document and is its near-duplicate by near dedup's own rule (`dedup.minhash`: the signature
            estimate, or the exact Jaccard near the threshold) is dropped (`eval_near_duplicate`). Every
-           member of a bucket meets every eval document in it, with no `bucket_window` limit, so a pair
-           near dedup left apart in a crowded bucket is still caught. The keys are near dedup's own
-           (`work/minhash/`) when it ran, else computed here (one task per block) with the
-           `dedup.minhash` settings; one match task per bucket partition.
+           member of a bucket meets the first `bucket_window` eval documents in it, so a pair near dedup
+           left apart in a crowded bucket is still caught and the work is bounded by members x window. The
+           keys are near dedup's own (`work/minhash/`) when it ran, else computed here (one task per block)
+           with the `dedup.minhash` settings; one match task per bucket partition, then near dedup's own
+           verification (`near_dedup.verify_pairs`).
 
 With `eval.source` (another run's eval split, e.g. the raw arm's of an ablation), step 1 chooses nothing: that
 folder's documents are the split (copied to OUT/eval/), and steps 2-3 compare this run's training documents with
@@ -50,11 +51,14 @@ from datapipe.core.config import ConfigError, check, note
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, order_key
 from datapipe.core.shards import atomic_write_json, atomic_write_table, read_table
 from datapipe.curate.counters import Counters
-from datapipe.curate.near_dedup import ShingleStore, shingle_index_task
+from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
+from datapipe.curate import near_dedup
+from datapipe.curate.blocks import block_documents
+from datapipe.curate.near_dedup import KeySource
 from datapipe.curate.selection import RowCopies
 from datapipe.core.storage import Location, location
-from stages.base import read_partition
-from stages.minhash import MinHashConfig, MinHashStage, candidate_edges, exact_edges
+from stages.base import write_keys
+from stages.minhash import MinHashConfig, MinHashStage, partition_of
 
 EVAL_DIR = "eval"  # OUT/eval/: the split's curated folder
 STAGE = "eval_split"  # the stage name of the training documents dropped as copies of eval documents
@@ -166,65 +170,65 @@ def hash_task(work: str, block: str) -> str:
 
 def bucket_task(shared: tuple[str, str, MinHashConfig], block: str) -> int:
     """Near dedup's map half on a block of the last segment (used when near dedup did not run): its
-    `buckets` (and `shingles`) rows, laid out as the runner lays out a global stage's keys, under
-    work/eval/<kind>/pNNN/<block>.arrow."""
+    keys, laid out as the runner lays out a global stage's, under work/eval/<kind>/<block>.shuffle."""
     work, segment, config = location(shared[0]), shared[1], shared[2]
     record = work / EVAL_DIR / "records" / f"buckets-{block}.json"
     if record.exists():
         return 0
-    stage = MinHashStage(config)
-    table = read_table(work / segment / f"{block}.arrow")
-    emitted = [stage.keys(b) for b in table.to_batches() if b.num_rows]
-    for kind in ("buckets", "shingles"):
-        parts = [e[kind] for e in emitted if kind in e]
-        if not parts:
-            continue
-        rows = pa.concat_tables(parts)
-        partition = rows.column("partition").to_numpy()
-        for p in np.unique(partition):
-            atomic_write_table(work / EVAL_DIR / kind / f"p{p:03d}" / f"{block}.arrow", rows.filter(pa.array(partition == p)))
+    table = block_documents(work, segment, block)
+    write_keys(MinHashStage(config), table, work / EVAL_DIR, block)
     atomic_write_json(record, {"rows": table.num_rows})
     return table.num_rows
 
 
-def match_task(shared: tuple[str, str, np.ndarray, MinHashConfig, list[tuple[str, int]]], p: int) -> str:
-    """(order, eval_order) of every document that shares a bucket of partition p with an eval document
-    and is its near-duplicate -> OUT_FOLDER/near-pNNN.arrow. `shared`: the folder holding `buckets/`
-    (and `shingles/`), the output folder, the eval documents' orders, the MinHash config and the
-    shingle files' index (`near_dedup.ShingleStore.index`). Each pair is decided exactly as near
-    dedup decides a pair (`stages.minhash.candidate_edges` by the signature estimate, then
-    `exact_edges` for the pairs too close to the threshold to call), but every member of a bucket
-    meets every eval document in it: no `bucket_window` limit."""
-    keys_root, out_dir, eval_orders, config, shingle_index = location(shared[0]), location(shared[1]), shared[2], shared[3], shared[4]
-    out = out_dir / f"near-p{p:03d}.arrow"
-    if out.exists():
-        return str(out)
-    rows = read_partition(keys_root / "buckets" / f"p{p:03d}")
-    pairs = PAIR_SCHEMA.empty_table()
-    if rows is not None and len(eval_orders):
-        rows = rows.combine_chunks()
-        rows = rows.append_column("row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+def match_task(shared: tuple[str, np.ndarray, MinHashConfig, KeySource], p: int) -> dict[str, int]:
+    """The candidate pairs (training document, eval document) of bucket partition p: every member of
+    a bucket with each of the first `bucket_window` eval documents in it (input order), so the work is
+    bounded by members x window however crowded a bucket is. Written (as u, v) to
+    work/eval/pairs-u/pNNN.shuffle, partitioned by the training document, for `near_dedup.verify_pairs`;
+    without `verify` every candidate is a match, written to work/eval/edges/ directly."""
+    work, eval_orders, config, source = location(shared[0]), shared[1], shared[2], shared[3]
+    record = work / EVAL_DIR / "records" / f"match-p{p:03d}.json"
+    if record.exists():
+        return json.loads(record.read_text())
+    rows = source.read("buckets", p, config.partitions)
+    u = v = np.empty(0, np.int64)
+    if rows is not None and rows.num_rows and len(eval_orders):
         is_eval = pc.is_in(rows.column("order"), value_set=pa.array(eval_orders, pa.int64()))
-        ev = rows.filter(is_eval).select(["band", "bucket", "order", "row"]).rename_columns(["band", "bucket", "eval_order", "eval_row"])
-        joined = rows.filter(pc.invert(is_eval)).select(["band", "bucket", "order", "row"]).join(ev, ["band", "bucket"], join_type="inner")
+        ev = rows.filter(is_eval).sort_by([("bucket", "ascending"), ("order", "ascending")])
+        bucket = ev.column("bucket").to_numpy()
+        starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]]) if len(bucket) else np.empty(0, np.int64)
+        rank = np.arange(len(bucket)) - np.repeat(starts, np.diff(np.r_[starts, len(bucket)]))
+        ev = ev.filter(pa.array(rank < config.bucket_window)).rename_columns(["bucket", "eval_order"])
+        joined = rows.filter(pc.invert(is_eval)).join(ev, "bucket", join_type="inner")
         if joined.num_rows:
-            found = np.stack([joined.column(c).to_numpy() for c in ("order", "eval_order", "row", "eval_row")], axis=1)
-            _, first = np.unique(found[:, :2], axis=0, return_index=True)  # a pair sharing several buckets, once
-            found = found[np.sort(first)]
-            # each candidate pair as a bucket of its own two members, decided by near dedup's own rule
-            member_rows = found[:, 2:].reshape(-1)
-            members = rows.select(["order"] + (["signature"] if config.verify else [])).take(pa.array(member_rows))
-            members = members.append_column("band", pa.array(np.zeros(len(member_rows), np.uint16)))
-            members = members.append_column("bucket", pa.array(np.repeat(np.arange(len(found), dtype=np.uint64), 2)))
-            decided = candidate_edges(members, config)  # by the signatures; pairs too close to call go to exact_edges
-            near_u, near_v = exact_edges(decided.near_u, decided.near_v, ShingleStore(shingle_index), config.threshold)
-            eval_set = set(eval_orders.tolist())
-            kept = [(v, u) if u in eval_set else (u, v)
-                    for u, v in zip(np.r_[decided.edge_u, near_u].tolist(), np.r_[decided.edge_v, near_v].tolist())]
-            if kept:
-                pairs = pa.table({"order": [k[0] for k in kept], "eval_order": [k[1] for k in kept]}, schema=PAIR_SCHEMA)
-    atomic_write_table(out, pairs)
-    return str(out)
+            pairs = np.unique(np.stack([joined.column("order").to_numpy(), joined.column("eval_order").to_numpy()], axis=1), axis=0)
+            u, v = pairs[:, 0], pairs[:, 1]  # a pair sharing several buckets, once
+    table = pa.table({"u": u, "v": v}, schema=near_dedup.PAIR_SCHEMA)
+    if config.verify:
+        write_shuffle(work / EVAL_DIR / "pairs-u" / f"p{p:03d}.shuffle", table, partition_of(u, config.partitions), config.partitions)
+    else:
+        near_dedup.send_edges(work / EVAL_DIR / "edges", u, v, config.partitions, f"p{p:03d}")
+    result = {"candidates": int(len(u))}
+    atomic_write_json(record, result)
+    return result
+
+
+def near_copies(run_tasks: Callable[..., list[Any]], work: Location, eval_orders: np.ndarray, config: MinHashConfig,
+                source: KeySource) -> pa.Table:
+    """(order, eval_order) of every training document that is a near-duplicate of an eval document by near
+    dedup's own rule (the signature estimate, then the exact Jaccard near the threshold): `match_task`'s
+    candidates, decided by `near_dedup.verify_pairs`."""
+    parts = [(p,) for p in range(config.partitions)]
+    run_tasks(match_task, (str(work), eval_orders, config, source), parts, "eval_split near")
+    edges_folder = work / EVAL_DIR / "edges"
+    if config.verify:
+        near_dedup.verify_pairs(run_tasks, work / EVAL_DIR, work / EVAL_DIR, source, config, edges_folder, "eval_split near")
+    files = shuffle_files(edges_folder, [f"p{p:03d}" for p in range(config.partitions)])
+    edges = pa.concat_tables([read_shuffle(files, p, config.partitions, near_dedup.EDGE_SCHEMA) for p in range(config.partitions)])
+    is_eval = np.isin(edges.column("dst").to_numpy(), eval_orders) & ~np.isin(edges.column("src").to_numpy(), eval_orders)
+    edges = edges.filter(pa.array(is_eval))
+    return pa.table({"order": edges.column("src"), "eval_order": edges.column("dst")}, schema=PAIR_SCHEMA)
 
 
 # ---------------------------------------------------------------- another run's split (eval.source)
@@ -257,9 +261,12 @@ def check_source_tokenizer(source: str, manifest: dict[str, Any], sha256: str) -
                           "tokenizer of that run (tokenizer.path), or curate the eval split again with this one")
 
 
+SOURCE_BLOCK = "source"  # eval.source's documents: work/eval/source.arrow, their keys work/eval/<kind>/source.shuffle
+
+
 def source_bucket_task(shared: tuple[str, str, str, MinHashConfig], part: int) -> int:
     """The MinHash keys of `eval.source`'s documents (their text decoded from the tokens), laid out like
-    bucket_task's, as block `source` under work/eval/<kind>/pNNN/."""
+    bucket_task's, as block `source` of work/eval/, its documents in work/eval/source.arrow."""
     from tokenizers import Tokenizer  # only this task decodes
 
     work, source, tokenizer_path, config = location(shared[0]), shared[1], shared[2], shared[3]
@@ -271,19 +278,13 @@ def source_bucket_task(shared: tuple[str, str, str, MinHashConfig], part: int) -
     tokens = docs.column("tokens").chunk(0)
     values, offsets = tokens.values.to_numpy().tolist(), tokens.offsets.to_numpy()
     texts = tokenizer.decode_batch([values[offsets[i]:offsets[i + 1]] for i in range(len(tokens))], skip_special_tokens=True)
-    batch = pa.RecordBatch.from_pydict({
+    table = pa.table({
         "id": docs.column("id").chunk(0), "domain": docs.column("domain").chunk(0), "text": pa.array(texts, pa.large_string()),
         "order": pa.array([order_key(SOURCE_UNIT, i) for i in range(docs.num_rows)], pa.int64()),
         "lang": pa.nulls(docs.num_rows, pa.string()), "lang_score": pa.nulls(docs.num_rows, pa.float32()),
     }, schema=DOC_SCHEMA)
-    emitted = MinHashStage(config).keys(batch)
-    for kind in ("buckets", "shingles"):
-        if kind not in emitted:
-            continue
-        rows = emitted[kind]
-        partition = rows.column("partition").to_numpy()
-        for p in np.unique(partition):
-            atomic_write_table(work / EVAL_DIR / kind / f"p{p:03d}" / "source.arrow", rows.filter(pa.array(partition == p)))
+    atomic_write_table(work / EVAL_DIR / f"{SOURCE_BLOCK}.arrow", table)  # the text the exact check reads
+    write_keys(MinHashStage(config), table, work / EVAL_DIR, SOURCE_BLOCK)
     atomic_write_json(record, {"rows": docs.num_rows})
     return docs.num_rows
 
@@ -301,20 +302,24 @@ def candidate_task(shared: tuple[str, str, EvalSplitConfig], block: str) -> dict
     take = pa.array(rows)
     return {"rows": rows, "meta": meta.take(take),
             "hash": read_table(work / EVAL_DIR / "hashes" / f"{block}.arrow").column("hash").take(take).combine_chunks(),
-            "order": read_table(work / segment / f"{block}.arrow").column("order").to_numpy()[rows]}
+            "order": block_documents(work, segment, block, ["order"]).column("order").to_numpy()[rows]}
 
 
-def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, bool, pa.Table], block: str, input_index: int,
+def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, bool, pa.Table, bool], block: str, input_index: int,
                 eval_rows: np.ndarray) -> dict[str, Any]:
     """One block's training copies of eval documents: exact (identical tokens; with another run's split,
     also the same id) and near (`near`: order and eval id of every near copy). Writes the dropped
-    documents' records and work/eval/rows/<block>.arrow; returns the counters' changes and the counts."""
-    work, out_dir, segment, eval_hashes, eval_ids, by_id, near = location(shared[0]), location(shared[1]), *shared[2:]
+    documents' records (with their text when `keep_text`: output.keep_dropped_text) and
+    work/eval/rows/<block>.arrow; returns the counters' changes and the counts."""
+    work, out_dir, segment, eval_hashes, eval_ids, by_id, near, keep_text = (location(shared[0]), location(shared[1]),
+                                                                             *shared[2:])
     record = work / EVAL_DIR / ROWS_DIR / f"{block}.json"
     if record.exists():
         return json.loads(record.read_text())
     meta = read_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
-    orders = read_table(work / segment / f"{block}.arrow").column("order").to_numpy()
+    # the text only when it is kept with the dropped records (a view's rows are joined to the read block's text)
+    documents = block_documents(work, segment, block, None if keep_text else ["order"])
+    orders = documents.column("order").to_numpy()
     if len(orders) != meta.num_rows:  # a bug, never bad input
         raise RuntimeError(f"eval split: the token blocks and the {segment} blocks differ in rows")
     is_eval = np.zeros(meta.num_rows, dtype=bool)
@@ -340,7 +345,8 @@ def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, bool, pa.Table]
         parts.append(pa.table({
             "id": sub.column("id"), "domain": sub.column("domain"), "order": pa.array(orders[rows], pa.int64()),
             "stage": pa.array([STAGE] * n, pa.string()), "reason": pa.array([reason] * n, pa.string()),
-            "kept_id": kept_id.take(pa.array(rows)), "text": pa.nulls(n, pa.large_string()),
+            "kept_id": kept_id.take(pa.array(rows)),
+            "text": documents.column("text").take(pa.array(rows)) if keep_text else pa.nulls(n, pa.large_string()),
         }, schema=DROPPED_SCHEMA))
         for d, k in zip(sub.column("domain").to_pylist(), sub.column("num_tokens").to_pylist()):
             counters.kept[(input_index, d)][0] -= 1
@@ -364,16 +370,19 @@ def split(
     segment: str,
     config: EvalSplitConfig,
     minhash: MinHashConfig,
-    near_dedup_ran: bool,
+    near_dedup_segment: str | None,
     counters: Counters,
     tokenizer: tuple[str, str] = ("", ""),
+    *,
+    keep_text: bool = False,
 ) -> Split:
     """Choose the eval split and find the training documents that copy it (see the module docstring).
     `blocks` are (block name, input index) in input order; `segment` names the last segment's folder (the
     documents' text and `order`, row for row with the token blocks). Writes the dropped copies to
-    out_dir/dropped/ and takes them out of `counters.kept` (eval documents stay kept: they are written).
-    Per-document work runs in tasks over blocks; the driver holds the eval documents (a `fraction` of
-    the corpus: with a token cap, the candidates) and their near copies only."""
+    out_dir/dropped/ (with their text when `keep_text`) and takes them out of `counters.kept` (eval
+    documents stay kept: they are written). Per-document work runs in tasks over blocks; the driver holds
+    the eval documents (a `fraction` of the corpus: with a token cap, the candidates) and their near copies
+    only."""
     names = [b for b, _ in blocks]
     run_tasks(hash_task, str(work), [(b,) for b in names], "eval_split exact")
     chosen: dict[str, np.ndarray] = {}
@@ -408,18 +417,15 @@ def split(
     # near: MinHash-LSH against the eval documents -> (order, eval id) of each near copy
     near = pa.table({"order": pa.array([], pa.int64()), "eval_id": pa.array([], pa.string())})
     if config.decontaminate == "near" and names:
-        if near_dedup_ran and not config.source:  # its keys are still in work/minhash/ (buckets, and shingles when verifying exactly)
-            keys_root = work / "minhash"
+        if near_dedup_segment is not None and not config.source:  # its keys are still in work/minhash/
+            source = near_dedup.KeySource(str(work / "minhash"), str(work), tuple(f"{near_dedup_segment}/{b}" for b in names))
         else:
-            keys_root = work / EVAL_DIR
+            source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names))
             run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names], "eval_split minhash")
         if config.source:  # its documents' keys next to this run's, under orders after every input
             run_tasks(source_bucket_task, (str(work), config.source, tokenizer[0], minhash), [(0,)], "eval_split source minhash")
-        shingle_index = (run_tasks(shingle_index_task, str(keys_root / "shingles" / "p000"), [(0,)], "eval_split shingles")[0]
-                         if minhash.exact else [])
-        files = run_tasks(match_task, (str(keys_root), str(work / EVAL_DIR), eval_orders, minhash, shingle_index),
-                          [(p,) for p in range(minhash.partitions)], "eval_split near")
-        pairs = pa.concat_tables([read_table(f) for f in files]).sort_by([("order", "ascending"), ("eval_order", "ascending")])
+            source = near_dedup.KeySource(source.keys, source.work, (*source.senders, f"{EVAL_DIR}/{SOURCE_BLOCK}"))
+        pairs = near_copies(run_tasks, work, eval_orders, minhash, source).sort_by([("order", "ascending"), ("eval_order", "ascending")])
         if pairs.num_rows:
             order_col = pairs.column("order").to_numpy()
             first = np.r_[True, order_col[1:] != order_col[:-1]]  # one eval document named per copy: the first in input order
@@ -427,7 +433,7 @@ def split(
             eval_name = eval_ids.take(pc.index_in(pairs.column("eval_order").chunk(0), value_set=pa.array(eval_orders)))
             near = pa.table({"order": pairs.column("order").chunk(0), "eval_id": eval_name})
 
-    shared = (str(work), str(out_dir), segment, eval_hashes, eval_ids, bool(config.source), near)
+    shared = (str(work), str(out_dir), segment, eval_hashes, eval_ids, bool(config.source), near, keep_text)
     items = [(b, input_index, chosen.get(b, np.empty(0, np.int64))) for b, input_index in blocks]
     removed_counts: dict[str, int] = {"eval_duplicate": 0, "eval_near_duplicate": 0}
     for r in run_tasks(finish_task, shared, items, "eval_split remove"):

@@ -4,7 +4,8 @@
 item order; `run_actors(cls, init_args, method, items)` does the same through a pool of stateful
 workers (one `cls(*init_args)` per worker, e.g. one tokenizer each). `LocalExecutor` is a plain loop
 in this process (unit tests, debugging); `RayExecutor` runs on an embedded local Ray or a cluster,
-retrying tasks whose worker process died.
+retrying tasks whose worker process died, and stops a phase in which no task has finished for
+`ray.stall_timeout_s` (`PhaseStalled`) instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import logging
 import os
 import re
+import reprlib
 import sys
 import threading
 import time
@@ -20,17 +22,18 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from tqdm.auto import tqdm
 
-from datapipe.core.config import ConfigError
+from datapipe.core.config import ConfigError, RunStopped
 from datapipe.core.storage import storage_env
 
 
 class Executor(Protocol):
     num_workers: int
 
-    def run_tasks(self, fn: Callable[..., Any], shared: Any, items: Sequence[tuple], desc: str) -> list[Any]: ...
+    def run_tasks(self, fn: Callable[..., Any], shared: Any, items: Sequence[tuple], desc: str, *,
+                  memory: int | None = None) -> list[Any]: ...
 
     def run_actors(
-        self, cls: type, init_args: tuple, method: str, items: Sequence[tuple], desc: str
+        self, cls: type, init_args: tuple, method: str, items: Sequence[tuple], desc: str, *, memory: int | None = None
     ) -> list[Any]: ...
 
     def shutdown(self) -> None: ...
@@ -91,7 +94,8 @@ class LocalExecutor:
     def __init__(self, *, progress: bool = False) -> None:
         self.progress = progress
 
-    def run_tasks(self, fn: Callable[..., Any], shared: Any, items: Sequence[tuple], desc: str) -> list[Any]:
+    def run_tasks(self, fn: Callable[..., Any], shared: Any, items: Sequence[tuple], desc: str, *,
+                  memory: int | None = None) -> list[Any]:
         with _bar(len(items), desc, self.progress) as bar:
             out = []
             for item in items:
@@ -99,7 +103,8 @@ class LocalExecutor:
                 bar.update(1)
             return out
 
-    def run_actors(self, cls: type, init_args: tuple, method: str, items: Sequence[tuple], desc: str) -> list[Any]:
+    def run_actors(self, cls: type, init_args: tuple, method: str, items: Sequence[tuple], desc: str, *,
+                   memory: int | None = None) -> list[Any]:
         worker = cls(*init_args)
         return self.run_tasks(lambda _, *item: getattr(worker, method)(*item), None, items, desc)
 
@@ -233,6 +238,55 @@ class _DropTokenAuthNotice(logging.Filter):
 _RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
+class PhaseStalled(RunStopped):
+    """No task of a phase has finished for `ray.stall_timeout_s` seconds: the message names the phase, the
+    tasks it waits for and what to do. The CLI prints it without a traceback and exits 1."""
+
+
+# How often the driver looks at its running tasks (progress, the stall watchdog), and how many of the
+# earliest unfinished tasks one look covers: `ray.wait` costs time in the number of refs it is given, so
+# a phase of 100k tasks is watched through a window, not all of them at every look. Ray starts tasks
+# in submission order, so the earliest unfinished ones are the ones running.
+_POLL_S = 0.5
+_WAIT_WINDOW = 1024
+
+# A task's item in an error message: its arguments, each cut short (an item may hold a large plan).
+_SHORT = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict = 2, 48, 48, 4, 4, 3
+
+
+def task_label(name: str, item: tuple) -> str:
+    """`segment_task(0, 3, 12)`: a task as the stall error names it, its arguments cut short."""
+    return f"{name}({', '.join(_SHORT.repr(a) for a in item)})"
+
+
+def _logs_folder() -> str:
+    """The logs of this driver's Ray session (the raylet's, the workers'). /tmp/ray/session_latest names the
+    newest session on the machine, which is another instance's when two run at once (two test suites, a
+    user's own Ray)."""
+    try:
+        from ray._private import worker as ray_worker
+
+        return str(ray_worker._global_node.get_logs_dir_path())
+    except Exception:  # noqa: BLE001 - Ray internals of another version, or a Ray client: the usual place
+        return "/tmp/ray/session_latest/logs"
+
+
+class _StallWatch:
+    """Tells when no task of a phase has finished for `timeout_s` seconds (0: never)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.last = time.monotonic()
+
+    def finished(self, n: int) -> None:
+        if n:
+            self.last = time.monotonic()
+
+    def stalled(self) -> bool:
+        return self.timeout_s > 0 and time.monotonic() - self.last > self.timeout_s
+
+
 class RayExecutor:
     """Runs tasks on Ray: an existing cluster (`address`, else `RAY_ADDRESS`) or an embedded local instance."""
 
@@ -243,12 +297,15 @@ class RayExecutor:
         num_cpus: int | None = None,
         max_retries: int = 3,
         progress: bool = True,
+        stall_timeout_s: float = 600.0,
     ) -> None:
         import ray
 
         self.ray = ray
         self.max_retries = max_retries
         self.progress = progress
+        self.stall_timeout_s = stall_timeout_s
+        self._node_memory: int | None = None  # the largest node's memory resource, read once
         self._owns_ray = False
         self.phase = "starting"  # the running phase's name, for the line about a dead worker
         self._unfilter: Callable[[], None] = lambda: None
@@ -273,29 +330,97 @@ class RayExecutor:
     def _say_worker_died(self, line: str) -> None:
         then = (f"Ray retries its work (up to ray.max_retries = {self.max_retries} times; the output is the same)"
                 if self.max_retries else "ray.max_retries is 0, so the run stops")
-        print(f"{line}; {then}. Its log is in Ray's session folder (/tmp/ray/session_latest/logs)", file=sys.stderr, flush=True)
+        print(f"{line}; {then}. Its log is in Ray's session folder ({_logs_folder()})", file=sys.stderr, flush=True)
 
-    def _gather(self, refs: list[Any], desc: str) -> list[Any]:
+    def _gather(self, refs: list[Any], desc: str, name: str, items: Sequence[tuple]) -> list[Any]:
         ray = self.ray
         self.phase = desc
-        pending = list(refs)
+        watch = _StallWatch(self.stall_timeout_s)
+        window: list[Any] = []  # the earliest unfinished refs (`_WAIT_WINDOW`); refs[queued:] are not looked at yet
+        queued = 0
         with _bar(len(refs), desc, self.progress) as bar, _user_errors(ray):
-            while pending:
-                done, pending = ray.wait(pending, num_returns=min(len(pending), 16), timeout=0.5)
+            while window or queued < len(refs):
+                take = min(len(refs), queued + _WAIT_WINDOW - len(window))
+                window += refs[queued:take]
+                queued = take
+                # Returns when the whole window is done or after _POLL_S with those that are: one call per
+                # look, however fast results come (not one per handful of results over every pending ref).
+                done, window = ray.wait(window, num_returns=len(window), timeout=_POLL_S, fetch_local=False)
                 bar.update(len(done))
+                watch.finished(len(done))
+                if window and watch.stalled():
+                    position = {ref: i for i, ref in enumerate(refs)}
+                    waiting = [(ref, task_label(name, items[position[ref]])) for ref in window[:3]]
+                    error = self._stalled(desc, waiting, len(window) + len(refs) - queued, len(refs))
+                    self._cancel(window + refs[queued:])  # after: the error tells Ray's view of them
+                    raise error
             return ray.get(refs)
 
-    def run_tasks(self, fn: Callable[..., Any], shared: Any, items: Sequence[tuple], desc: str) -> list[Any]:
-        if not items:
-            return []
-        remote = self.ray.remote(num_cpus=1, max_retries=self.max_retries, runtime_env={"env_vars": worker_env()})(fn)
-        shared_ref = self.ray.put(shared)
-        return self._gather([remote.remote(shared_ref, *item) for item in items], desc)
+    def _cancel(self, refs: list[Any]) -> None:
+        """Stop a stalled phase's tasks (kill those running): on a shared cluster they would hold its CPUs."""
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                self.ray.cancel(ref, force=True)
 
-    def run_actors(self, cls: type, init_args: tuple, method: str, items: Sequence[tuple], desc: str) -> list[Any]:
+    def _stalled(self, desc: str, waiting: list[tuple[Any, str]], n_waiting: int, total: int) -> PhaseStalled:
+        """The stall error: the phase, a few of the tasks it waits for (with Ray's state for them when its
+        state API answers quickly), the cluster's free CPUs, and what to do."""
+        shown = []
+        for ref, label in waiting:
+            state = self._task_state(ref)
+            shown.append(f"{label} ({state})" if state else label)
+        cpus = ""
+        with contextlib.suppress(Exception):
+            free, total_cpus = self.ray.available_resources().get("CPU", 0), self.ray.cluster_resources().get("CPU", 0)
+            cpus = f" Ray reports {free:g} of {total_cpus:g} CPUs free."
+        return PhaseStalled(
+            f"{desc}: no task has finished for {self.stall_timeout_s:g} s (ray.stall_timeout_s), so the run stops "
+            f"instead of waiting forever; {n_waiting:,} of {total:,} tasks are unfinished, among them "
+            f"{'; '.join(shown)}.{cpus} Finished tasks are kept: rerunning the same command resumes. If Ray's "
+            "workers cannot start or keep being killed (a loaded machine, another job filling its memory, a full "
+            f"disk), its logs say why (raylet.out, runtime_env_agent.log in {_logs_folder()}); if a task is only "
+            "slow (one huge block), raise ray.stall_timeout_s, or set it to 0 to wait without limit."
+        )
+
+    def _task_state(self, ref: Any) -> str | None:
+        """Ray's state of the task behind `ref` ('PENDING_NODE_ASSIGNMENT', 'RUNNING', ...), or None where
+        Ray's state API is not there (it is served by the dashboard) or slow."""
+        try:
+            from ray.util.state import list_tasks
+
+            rows = list_tasks(filters=[("task_id", "=", ref.task_id().hex())], timeout=2, raise_on_missing_output=False)
+        except Exception:  # noqa: BLE001 - optional detail of an error message, never a second error
+            return None
+        return f"Ray: {getattr(rows[-1], 'state', '?')}" if rows else None
+
+    def _memory(self, memory: int | None) -> dict[str, int]:
+        """Ray's `memory=` for a task that needs about `memory` bytes, at most what the largest node has (a
+        task that asks for more than any node has would never be scheduled)."""
+        if not memory:
+            return {}
+        if self._node_memory is None:
+            self._node_memory = max((int(n.get("Resources", {}).get("memory", 0)) for n in self.ray.nodes() if n.get("Alive")),
+                                    default=0)
+        return {"memory": int(min(memory, self._node_memory))} if self._node_memory else {}
+
+    def run_tasks(self, fn: Callable[..., Any], shared: Any, items: Sequence[tuple], desc: str, *,
+                  memory: int | None = None) -> list[Any]:
+        """`memory`: about how many bytes each task needs (Ray then places them so that they fit)."""
         if not items:
             return []
-        actor_cls = self.ray.remote(
+        remote = self.ray.remote(num_cpus=1, max_retries=self.max_retries, runtime_env={"env_vars": worker_env()},
+                                 **self._memory(memory))(fn)
+        shared_ref = self.ray.put(shared)
+        refs = [remote.remote(shared_ref, *item) for item in items]
+        return self._gather(refs, desc, getattr(fn, "__name__", "task"), items)
+
+    def run_actors(self, cls: type, init_args: tuple, method: str, items: Sequence[tuple], desc: str, *,
+                   memory: int | None = None) -> list[Any]:
+        if not items:
+            return []
+        ray = self.ray
+        actor_cls = ray.remote(
+            **self._memory(memory),
             num_cpus=1,
             max_restarts=self.max_retries,
             max_task_retries=self.max_retries,
@@ -304,21 +429,39 @@ class RayExecutor:
         # Constructor arguments go by value (keep them small): an actor restarted after its process
         # died must not depend on an object-store copy that may be gone (ray-project/ray#53727).
         actors = [actor_cls.remote(*init_args) for _ in range(min(self.num_workers, len(items)))]
-        from ray.util import ActorPool
-
-        # The pool hands the next item to whichever actor is free; results come back in item order.
-        pool = ActorPool(actors)
         self.phase = desc
-        results = []
+        name = f"{cls.__name__}.{method}"
+        watch = _StallWatch(self.stall_timeout_s)
+        results: list[Any] = [None] * len(items)
+        free = list(actors)
+        running: dict[Any, tuple[int, Any]] = {}  # ref -> (its item's index, its actor)
+        queued = finished = 0
         try:
-            with _bar(len(items), desc, self.progress) as bar, _user_errors(self.ray):
-                for result in pool.map(lambda actor, item: getattr(actor, method).remote(*item), items):
-                    results.append(result)
-                    bar.update(1)
+            with _bar(len(items), desc, self.progress) as bar, _user_errors(ray):
+                while queued < len(items) or running:
+                    while free and queued < len(items):  # the next item goes to whichever actor is free
+                        actor = free.pop()
+                        running[getattr(actor, method).remote(*items[queued])] = (queued, actor)
+                        queued += 1
+                    refs = list(running)
+                    done, _ = ray.wait(refs, num_returns=1, timeout=_POLL_S, fetch_local=False)
+                    if done:  # and any other that is ready too
+                        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+                    for ref in done:
+                        index, actor = running.pop(ref)
+                        results[index] = ray.get(ref)  # in item order, whatever order they finish in
+                        free.append(actor)
+                    finished += len(done)
+                    bar.update(len(done))
+                    watch.finished(len(done))
+                    if running and watch.stalled():
+                        waiting = sorted(running.items(), key=lambda kv: kv[1][0])[:3]
+                        raise self._stalled(desc, [(ref, task_label(name, items[i])) for ref, (i, _) in waiting],
+                                            len(items) - finished, len(items))
             return results
         finally:
             for a in actors:
-                self.ray.kill(a)
+                ray.kill(a)
 
     def shutdown(self) -> None:
         if self._owns_ray:
@@ -326,10 +469,13 @@ class RayExecutor:
         self._unfilter()
 
 
-def make_executor(kind: str, address: str | None, *, num_cpus: int | None, max_retries: int, progress: bool) -> Executor:
+def make_executor(
+    kind: str, address: str | None, *, num_cpus: int | None, max_retries: int, progress: bool, stall_timeout_s: float = 600.0
+) -> Executor:
     if kind == "local":
         return LocalExecutor(progress=progress)
     if kind == "ray":
-        return RayExecutor(address, num_cpus=num_cpus, max_retries=max_retries, progress=progress)
+        return RayExecutor(address, num_cpus=num_cpus, max_retries=max_retries, progress=progress,
+                           stall_timeout_s=stall_timeout_s)
     raise ValueError(f"executor must be one of {{'local', 'ray'}}, got {kind!r}")
 

@@ -3,42 +3,48 @@
 `NearDedupStage` is near dedup as a global stage (`stages.base.GlobalStage`): the map half is
 `stages.minhash.MinHashStage.keys`, the resolve half is `resolve` below.
 
-After the map side (`stages.minhash.MinHashStage.keys`) has written every document's LSH bucket
-keys into `work/minhash/buckets/pNNN/` (hash-partitioned by bucket), its id and length into
-`work/minhash/nodes/pNNN/` (partitioned by document) and, for exact verification, its shingle
-hashes into `work/minhash/shingles/p000/<block>.arrow` (one row per document, not shuffled), this
-module runs:
+The map side wrote, per block, one shuffle file per kind (`datapipe.core.shuffle`): `buckets/<block>`
+(bucket key and order, 16 bytes a document and band, partitioned by bucket) and `nodes/<block>`
+(order, id, length and the 16-bit signature, once per document, partitioned by order). The block's
+documents themselves stay in the segment's block file (`<work>/<segment>/<block>.arrow`), the only
+copy of their text. Then, each step one task per partition, each writing one shuffle file:
 
-1. edges       one task per bucket partition: the candidate pairs of its buckets, decided by the
-               estimated Jaccard (`stages.minhash.candidate_edges`); edges go to the partitions of
-               both their ends (`cc/r000/`), the pairs too near the threshold to tell to the
-               partition of their first document (`exact/`);
-2. exact       one task per partition: those pairs, each once, decided by the exact Jaccard of the
-               two documents' shingle sets, read by order from the shingles files (`ShingleStore`);
-               edges to `cc/r000/` as well;
-3. components  in one task when there are at most `one_task_edges` edges (large-star and small-star
+1. pairs       the candidate pairs of its buckets (`stages.minhash.bucket_pairs`, windowed), sent to the
+               partition of their first document (`pairs-u/`); without `verify`, the buckets' star edges
+               go straight to `cc/r000/`;
+2. attach      each pair joined with its first document's signature and block, sent to the partition of
+               its second document (`pairs-v/`);
+3. verify      joined with the second's: decided by the estimated Jaccard (`decide_pairs`); the pairs too
+               near the threshold to tell by the exact Jaccard of shingle sets recomputed from the two
+               documents' text, read from their blocks (`exact_edges`); edges to `cc/r000/`;
+4. components  in one task when there are at most `one_task_edges` edges (large-star and small-star
                steps in memory until nothing changes), else in rounds of one task per partition,
                large-star and small-star alternately, each reading the directed edges of its
                partition's nodes and sending its output edges on (`cc/rNNN/`), until a large-star +
                small-star pair leaves the edge set unchanged (compared by an order-independent
                checksum of each partition's input). Either way each node ends up linked to the
                smallest node of its component;
-4. members     each node's component label (the component's first document) joined with its id and
+5. members     each node's component label (the component's first document) joined with its id and
                length, sent to the partition of its label;
-5. winners     one document kept per component; the others become `losers-pNNN.arrow` with reason
+6. winners     one document kept per component; the others become `losers-pNNN.arrow` with reason
                `near_duplicate` and the kept id, which the next segment drops like any global stage's;
                each partition's cluster members (`clusters-pNNN.arrow`, sorted by order);
-6. clusters    one task merges those files by order into `near_duplicates/clusters.parquet`, a range
+7. clusters    one task merges those files by order into `near_duplicates/clusters.parquet`, a range
                of orders at a time (`clusters_task`). The driver only adds up the tasks' counts.
 
-Memory per task is bounded by the partition count (and `one_task_edges`), not by the corpus. Every
-task writes its output atomically and then a record, so a resumed run replays the same steps.
+No step lists a folder: senders are known (the blocks, or the partitions). Objects per step: one per
+task plus its record. A step's input shuffle is deleted once every task that reads it has left its record
+(`pairs-u/`, `pairs-v/`, `cc/`, `members/`), so the resolve's disk use is that of one or two steps, and a
+resumed run skips those tasks by their records. Memory per task is bounded by the partition count (and `one_task_edges`), not by
+the corpus. Every task writes its output atomically and then a record, so a resumed run replays the
+same steps to the same files.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -46,45 +52,66 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from datapipe.core.shards import atomic_write_json, atomic_write_table, read_table, replacing
-from datapipe.core.storage import Location, location
-from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks, read_partition
+from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.storage import Location, location, remove_tree
+from datapipe.curate.blocks import block_documents
+from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 from stages.minhash import (
     CLUSTER_SCHEMA,
-    SHINGLES_SCHEMA,
+    MinHashConfig,
     MinHashStage,
-    candidate_edges,
+    bucket_pairs,
     choose_kept,
     connected_components,
-    distinct_sorted,
+    Candidates,
+    estimate_masks,
     exact_edges,
     fmix,
     labels,
     large_star,
     partition_of,
+    shingle_sets,
+    signature_values,
     small_star,
+    star_edges,
 )
 
 EDGE_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64())])
 PAIR_SCHEMA = pa.schema([("u", pa.int64()), ("v", pa.int64())])
 
 
-def _send_edges(folder: Location, a: np.ndarray, b: np.ndarray, partitions: int, sender: str) -> None:
-    """Write undirected edges (a, b) as directed edges in both directions to the partitions of
-    their sources: `folder/pNNN/from-<sender>.arrow`."""
-    src = np.concatenate([a, b])
-    dst = np.concatenate([b, a])
-    part = partition_of(src, partitions)
-    for p in range(partitions):
-        mask = part == p
-        if mask.any():
-            atomic_write_table(
-                folder / f"p{p:03d}" / f"from-{sender}.arrow",
-                pa.table({"src": src[mask], "dst": dst[mask]}, schema=EDGE_SCHEMA),
-            )
+@dataclass(frozen=True)
+class KeySource:
+    """Where the map side's keys are and where the documents' text is: `keys/<kind>/<name>.shuffle`
+    for each sender, whose documents are in `work/<sender>.arrow` (a sender is a path below the work
+    folder: `seg2/u000000-b00000`, the block file the keys were computed from)."""
+
+    keys: str  # folder holding buckets/ and nodes/
+    work: str
+    senders: tuple[str, ...]
+
+    def files(self, kind: str) -> list[Location]:
+        return shuffle_files(location(self.keys) / kind, [s.rsplit("/", 1)[-1] for s in self.senders])
+
+    def read(self, kind: str, p: int, partitions: int, **kwargs: Any) -> pa.Table | None:
+        return read_shuffle(self.files(kind), p, partitions, **kwargs)
 
 
-def _directed(folder: Location) -> tuple[np.ndarray, np.ndarray]:
-    table = read_partition(folder, EDGE_SCHEMA)
+def _partitions(n: int) -> list[str]:
+    return [f"p{p:03d}" for p in range(n)]
+
+
+def send_edges(folder: Location, a: np.ndarray, b: np.ndarray, partitions: int, sender: str) -> None:
+    """Write undirected edges (a, b) as directed edges in both directions, partitioned by source:
+    one shuffle file `folder/<sender>.shuffle`."""
+    src = np.concatenate([a, b]).astype(np.int64)
+    dst = np.concatenate([b, a]).astype(np.int64)
+    write_shuffle(folder / f"{sender}.shuffle", pa.table({"src": src, "dst": dst}, schema=EDGE_SCHEMA),
+                  partition_of(src, partitions), partitions)
+
+
+def _directed(folder: Location, p: int, partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    table = read_shuffle(shuffle_files(folder, _partitions(partitions)), p, partitions, EDGE_SCHEMA)
     if table.num_rows == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     pairs = np.unique(np.stack([table.column("src").to_numpy(), table.column("dst").to_numpy()], axis=1), axis=0)
@@ -105,145 +132,192 @@ def _once(record: Location, work: Callable[[], dict[str, Any]]) -> dict[str, Any
     return result
 
 
-class ShingleStore:
-    """The documents' shingle sets, read by order from the map side's `shingles` files (one row per
-    document, `order` increasing within a file); `index` is each file's path and first order."""
-
-    def __init__(self, index: list[tuple[str, int]]) -> None:
-        self.paths = [path for path, _ in index]
-        self.first = np.array([first for _, first in index], dtype=np.int64)
-
-    @staticmethod
-    def index(folder: Location) -> list[tuple[str, int]]:
-        """(path, first order) of every shingles file under `folder`, by first order."""
-        files = [(str(f), int(read_table(f).column("order")[0].as_py())) for f in sorted(folder.glob("*.arrow"))]
-        return sorted(files, key=lambda x: x[1])
-
-    def __call__(self, orders: np.ndarray) -> dict[int, np.ndarray]:
-        """Sorted distinct shingle hashes of each of `orders`."""
-        out: dict[int, np.ndarray] = {}
-        which = np.searchsorted(self.first, orders, side="right") - 1
-        for f in np.unique(which):
-            wanted = orders[which == f]
-            table = read_table(self.paths[f]) if f >= 0 else SHINGLES_SCHEMA.empty_table()
-            file_orders = table.column("order").to_numpy()
-            rows = np.minimum(np.searchsorted(file_orders, wanted), max(len(file_orders) - 1, 0))
-            if len(file_orders) == 0 or (file_orders[rows] != wanted).any():  # a bug, never bad input
-                raise RuntimeError(f"near dedup: shingles of documents {wanted.tolist()[:5]} not found in the work folder")
-            picked = table.column("hashes").take(pa.array(rows)).combine_chunks()
-            values = picked.flatten().to_numpy()
-            ends = np.cumsum(pc.list_value_length(picked).to_numpy())
-            for order, part in zip(wanted.tolist(), np.split(values, ends[:-1])):
-                out[order] = distinct_sorted(part)
-        return out
+def _lookup(nodes: pa.Table, orders: np.ndarray, columns: Sequence[str]) -> pa.Table:
+    """The `columns` of `nodes` (all nodes of one partition) at each of `orders`, in that order."""
+    node_orders = nodes.column("order").to_numpy()
+    by_order = np.argsort(node_orders, kind="stable")
+    at = by_order[np.minimum(np.searchsorted(node_orders[by_order], orders), max(len(by_order) - 1, 0))]
+    if len(orders) and (len(node_orders) == 0 or (node_orders[at] != orders).any()):  # a bug, never bad input
+        raise RuntimeError(f"near dedup: documents {orders[:5].tolist()} have no node row in the work folder")
+    return nodes.select(list(columns)).take(pa.array(at, pa.int64()))
 
 
-def shingle_index_task(folder: str, _: int = 0) -> list[tuple[str, int]]:
-    """`ShingleStore.index(folder)` as a task: it opens every shingles file, which the driver does not."""
-    return ShingleStore.index(location(folder))
+def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray, config: MinHashConfig) -> dict[int, np.ndarray]:
+    """The shingle sets of `orders`, recomputed from their text, read from their senders' block files
+    (`senders[i]`: index into `source.senders`); one read per block file."""
+    out: dict[int, np.ndarray] = {}
+    work = location(source.work)
+    for s in np.unique(senders).tolist():
+        wanted = np.unique(orders[senders == s])
+        folder, name = source.senders[s].rsplit("/", 1)
+        block = block_documents(work, folder, name, ["order", "text"])
+        rows = pc.index_in(pa.array(wanted), value_set=block.column("order")).to_numpy(zero_copy_only=False)
+        texts = block.column("text").take(pa.array(rows))
+        for order, shingles in zip(wanted.tolist(), shingle_sets(texts.combine_chunks(), config)):
+            out[order] = shingles
+    return out
 
 
-def edges_task(shared: tuple[str, Any], p: int) -> dict[str, Any]:
-    folder, stage = shared
+def pairs_task(shared: tuple[str, KeySource, MinHashConfig], p: int) -> dict[str, Any]:
+    """Candidate pairs of bucket partition p -> `pairs-u/pNNN` by their first document (or, without
+    `verify`, star edges -> `cc/r000/pNNN`)."""
+    folder, source, config = shared
     root = location(folder)
 
     def work() -> dict[str, Any]:
-        buckets = read_partition(root / "buckets" / f"p{p:03d}")
+        buckets = source.read("buckets", p, config.partitions)
         if buckets is None:
-            return {"edges": 0, "candidates": 0, "near": 0}
-        found = candidate_edges(buckets, stage.config)
-        _send_edges(root / "cc" / "r000", found.edge_u, found.edge_v, stage.config.partitions, f"p{p:03d}")
-        part = partition_of(found.near_u, stage.config.partitions)
-        for q in np.unique(part):
-            pairs = pa.table({"u": found.near_u[part == q], "v": found.near_v[part == q]}, schema=PAIR_SCHEMA)
-            atomic_write_table(root / "exact" / f"p{q:03d}" / f"from-p{p:03d}.arrow", pairs)
-        return {"edges": int(len(found.edge_u)), "candidates": found.pairs, "near": int(len(found.near_u))}
+            buckets = pa.table({"bucket": pa.array([], pa.uint64()), "order": pa.array([], pa.int64())})
+        if not config.verify:
+            a, b = star_edges(buckets)
+            send_edges(root / "cc" / "r000", a, b, config.partitions, f"p{p:03d}")
+            return {"edges": int(len(a)), "candidates": int(len(a))}
+        u, v = bucket_pairs(buckets, config.bucket_window)
+        write_shuffle(root / "pairs-u" / f"p{p:03d}.shuffle", pa.table({"u": u, "v": v}, schema=PAIR_SCHEMA),
+                      partition_of(u, config.partitions), config.partitions)
+        return {"edges": 0, "candidates": int(len(u))}
 
-    return _once(root / "records" / f"edges-p{p:03d}.json", work)
+    return _once(root / "records" / f"pairs-p{p:03d}.json", work)
 
 
-def exact_task(shared: tuple[str, Any, list[tuple[str, int]]], p: int) -> dict[str, Any]:
-    folder, stage, shingle_index = shared
-    root = location(folder)
+def _nodes_with_sender(source: KeySource, p: int, config: MinHashConfig) -> pa.Table:
+    nodes = source.read("nodes", p, config.partitions, source_column="sender")
+    if nodes is None:
+        raise RuntimeError("near dedup: no nodes files in the work folder")
+    return nodes
+
+
+def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], q: int) -> dict[str, Any]:
+    """The pairs of `pairs_folder/pairs-u/` whose first document is in partition q, joined with that
+    document's signature and sender -> `pairs-v/pNNN` by their second document."""
+    folder, pairs_folder, source, config, _ = shared
+    root, pairs_root = location(folder), location(pairs_folder)
 
     def work() -> dict[str, Any]:
-        pairs = read_partition(root / "exact" / f"p{p:03d}", PAIR_SCHEMA)
-        if pairs.num_rows == 0:
-            return {"edges": 0, "checked": 0}
+        pairs = read_shuffle(shuffle_files(pairs_root / "pairs-u", _partitions(config.partitions)), q, config.partitions, PAIR_SCHEMA)
+        # a pair that shares buckets of several partitions, once
         uv = np.unique(np.stack([pairs.column("u").to_numpy(), pairs.column("v").to_numpy()], axis=1), axis=0)
-        a, b = exact_edges(uv[:, 0], uv[:, 1], ShingleStore(shingle_index), stage.config.threshold)
-        _send_edges(root / "cc" / "r000", a, b, stage.config.partitions, f"exact-p{p:03d}")
-        return {"edges": int(len(a)), "checked": int(len(uv))}
+        pairs = pa.table({"u": uv[:, 0], "v": uv[:, 1]}, schema=PAIR_SCHEMA)
+        u = pairs.column("u").to_numpy()
+        found = _lookup(_nodes_with_sender(source, q, config), u, ["signature", "sender"])
+        table = pa.table({"u": pairs.column("u"), "v": pairs.column("v"), "sig_u": found.column("signature"),
+                          "sender_u": found.column("sender")})
+        v = pairs.column("v").to_numpy()
+        write_shuffle(pairs_root / "pairs-v" / f"p{q:03d}.shuffle", table, partition_of(v, config.partitions), config.partitions)
+        return {"pairs": pairs.num_rows}
 
-    return _once(root / "records" / f"exact-p{p:03d}.json", work)
+    return _once(root / "records" / f"attach-p{q:03d}.json", work)
+
+
+def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], r: int) -> dict[str, Any]:
+    """The pairs whose second document is in partition r, decided: by the signatures, then the ones
+    too near the threshold by the exact Jaccard of their text's shingles. Edges -> `edges_folder/pNNN`."""
+    folder, pairs_folder, source, config, edges_folder = shared
+    root, pairs_root, edges_root = location(folder), location(pairs_folder), location(edges_folder)
+
+    def work() -> dict[str, Any]:
+        pairs = read_shuffle(shuffle_files(pairs_root / "pairs-v", _partitions(config.partitions)), r, config.partitions)
+        if pairs is None or pairs.num_rows == 0:
+            send_edges(edges_root, np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, f"p{r:03d}")
+            return {"edges": 0, "checked": 0, "near": 0}
+        u, v = pairs.column("u").to_numpy(), pairs.column("v").to_numpy()
+        found = _lookup(_nodes_with_sender(source, r, config), v, ["signature", "sender"])
+        edge, near = estimate_masks(signature_values(pairs.column("sig_u"), config.num_perm),
+                                    signature_values(found.column("signature"), config.num_perm), config)
+        near_u, near_v = u[near], v[near]
+        if len(near_u):
+            orders = np.r_[near_u, near_v]
+            senders = np.r_[pairs.column("sender_u").to_numpy()[near], found.column("sender").to_numpy()[near]]
+            sets = text_shingle_sets(source, orders, senders, config)
+            near_u, near_v = exact_edges(near_u, near_v, lambda wanted: {o: sets[o] for o in wanted.tolist()}, config.threshold)
+        decided = Candidates(u[edge], v[edge], u[near], v[near], len(u))
+        a, b = np.r_[decided.edge_u, near_u], np.r_[decided.edge_v, near_v]
+        send_edges(edges_root, a, b, config.partitions, f"p{r:03d}")
+        return {"edges": int(len(a)), "checked": int(len(decided.near_u)), "near": int(len(near_u))}
+
+    return _once(root / "records" / f"verify-p{r:03d}.json", work)
+
+
+def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, source: KeySource, config: MinHashConfig,
+                 edges_folder: Location, desc: str) -> dict[str, int]:
+    """Decide the candidate pairs in `pairs_folder/pairs-u/` (one shuffle file per partition, by first
+    document): `attach_task` then `verify_task` (their records in `folder/records/`); the edges end in
+    `edges_folder` (one shuffle file per partition, partitioned by source). Returns the counts."""
+    shared = (str(folder), str(pairs_folder), source, config, str(edges_folder))
+    parts = [(p,) for p in range(config.partitions)]
+    run_tasks(attach_task, shared, parts, f"{desc} attach")
+    remove_tree(location(pairs_folder) / "pairs-u")  # consumed: every attach task's record is written
+    checked = run_tasks(verify_task, shared, parts, f"{desc} verify")
+    remove_tree(location(pairs_folder) / "pairs-v")  # consumed (its signatures are the resolve's largest files)
+    return {"edges": sum(x["edges"] for x in checked), "exact_checked": sum(x["checked"] for x in checked)}
 
 
 def components_task(shared: tuple[str, Any]) -> dict[str, Any]:
     """All edges in one task: components in memory, written as the converged rounds would be."""
-    folder, stage = shared
+    folder, config = shared
     root = location(folder)
 
     def work() -> dict[str, Any]:
-        edges = _all_edges(root / "cc" / "r000")
-        keep = edges[0] < edges[1]  # each undirected edge once
-        a, b, rounds = connected_components(edges[0][keep], edges[1][keep], stage.config.max_rounds)
-        _send_edges(root / "cc" / "one-task", a, b, stage.config.partitions, "components")
+        files = shuffle_files(root / "cc" / "r000", _partitions(config.partitions))
+        tables = [read_shuffle(files, p, config.partitions, EDGE_SCHEMA) for p in range(config.partitions)]
+        table = pa.concat_tables(tables)
+        src, dst = table.column("src").to_numpy(), table.column("dst").to_numpy()
+        keep = src < dst  # each undirected edge once
+        a, b, rounds = connected_components(src[keep], dst[keep], config.max_rounds)
+        send_edges(root / "cc" / "one-task", a, b, config.partitions, "p000")
+        for p in range(1, config.partitions):  # every sender of the folder exists, as after the rounds
+            send_edges(root / "cc" / "one-task", np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, f"p{p:03d}")
         return {"rounds": rounds}
 
     return _once(root / "records" / "components.json", work)
 
 
-def _all_edges(folder: Location) -> tuple[np.ndarray, np.ndarray]:
-    """The directed edges of every partition under `folder`."""
-    tables = [read_partition(part, EDGE_SCHEMA) for part in sorted(folder.glob("p*"))]
-    table = pa.concat_tables(tables) if tables else EDGE_SCHEMA.empty_table()
-    return table.column("src").to_numpy(), table.column("dst").to_numpy()
-
-
 def round_task(shared: tuple[str, Any], r: int, p: int) -> dict[str, Any]:
-    folder, stage = shared
+    folder, config = shared
     root = location(folder)
 
     def work() -> dict[str, Any]:
-        src, dst = _directed(root / "cc" / f"r{r:03d}" / f"p{p:03d}")
+        src, dst = _directed(root / "cc" / f"r{r:03d}", p, config.partitions)
         step = large_star if r % 2 == 0 else small_star
         a, b = step(src, dst)
-        _send_edges(root / "cc" / f"r{r + 1:03d}", a, b, stage.config.partitions, f"p{p:03d}")
+        send_edges(root / "cc" / f"r{r + 1:03d}", a, b, config.partitions, f"p{p:03d}")
         return {"input_edges": int(len(src)), "checksum": _checksum(src, dst)}
 
     return _once(root / "records" / f"round{r:03d}-p{p:03d}.json", work)
 
 
-def members_task(shared: tuple[str, Any], converged: str, p: int) -> dict[str, Any]:
+MEMBER_SCHEMA = pa.schema([("order", pa.int64()), ("label", pa.int64()), ("id", pa.string()), ("length", pa.int64())])
+
+
+def members_task(shared: tuple[str, Any, KeySource], converged: str, p: int) -> dict[str, Any]:
     """Labels from the converged edges in `cc/<converged>/`, joined with the nodes' ids and lengths."""
-    folder, stage = shared
+    folder, config, source = shared
     root = location(folder)
 
     def work() -> dict[str, Any]:
-        node, label = labels(*_directed(root / "cc" / converged / f"p{p:03d}"))
-        nodes = read_partition(root / "nodes" / f"p{p:03d}")
-        if len(node) == 0 or nodes is None:
-            return {"members": 0}
-        in_graph = pa.table({"order": node, "label": label})
-        members = in_graph.join(nodes.select(["order", "id", "length"]), "order", join_type="inner")
-        part = partition_of(members.column("label").to_numpy(), stage.config.partitions)
-        for q in np.unique(part):
-            atomic_write_table(root / "members" / f"p{q:03d}" / f"from-p{p:03d}.arrow", members.filter(pa.array(part == q)))
+        node, label = labels(*_directed(root / "cc" / converged, p, config.partitions))
+        members = MEMBER_SCHEMA.empty_table()
+        if len(node):
+            found = _lookup(source.read("nodes", p, config.partitions), node, ["id", "length"])
+            members = pa.table({"order": node, "label": label, "id": found.column("id"), "length": found.column("length")},
+                               schema=MEMBER_SCHEMA)
+        write_shuffle(root / "members" / f"p{p:03d}.shuffle", members,
+                      partition_of(members.column("label").to_numpy(), config.partitions), config.partitions)
         return {"members": members.num_rows}
 
     return _once(root / "records" / f"members-p{p:03d}.json", work)
 
 
 def winners_task(shared: tuple[str, Any], p: int) -> dict[str, Any]:
-    folder, stage = shared
+    folder, config = shared
     root = location(folder)
 
     def work() -> dict[str, Any]:
-        members = read_partition(root / "members" / f"p{p:03d}")
-        if members is None:
+        members = read_shuffle(shuffle_files(root / "members", _partitions(config.partitions)), p, config.partitions, MEMBER_SCHEMA)
+        if members.num_rows == 0:
             losers, clusters = LOSER_SCHEMA.empty_table(), CLUSTER_SCHEMA.empty_table()
         else:
-            losers, clusters = choose_kept(members, stage.config.keep)
+            losers, clusters = choose_kept(members, config.keep)
         # By order, so that `clusters_task` merges the partitions without sorting them all at once.
         clusters = clusters.sort_by([("order", "ascending")])
         atomic_write_table(root / f"clusters-p{p:03d}.arrow", clusters)
@@ -295,36 +369,46 @@ def clusters_task(shared: tuple[str, str], _: int = 0) -> dict[str, Any]:
 class NearDedupStage(MinHashStage, GlobalStage):
     """Near dedup as a global stage: `MinHashStage`'s keys, resolved by this module's tasks."""
 
-    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location) -> dict[str, Any]:
-        return resolve(run_tasks, folder, self, out_dir)
+    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str]) -> dict[str, Any]:
+        return resolve(run_tasks, folder, self, out_dir, senders)
 
 
-def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location) -> dict[str, Any]:
+def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location, senders: Sequence[str]) -> dict[str, Any]:
     """Run the whole resolution with `run_tasks(fn, shared, items, desc)` (an executor's: it calls
-    `fn(shared, *item)` for each item); write
-    `out_dir/near_duplicates/clusters.parquet`. Returns a summary for the stats."""
+    `fn(shared, *item)` for each item); `senders` are the map side's blocks (paths below the work
+    folder, `folder.parent`). Writes `out_dir/near_duplicates/clusters.parquet`; returns a summary
+    for the stats."""
     config = stage.config
-    partitions = range(config.partitions)
-    shared = (str(folder), stage)
-    found = run_tasks(edges_task, shared, [(p,) for p in partitions], f"{stage.name} edges")
-    checked = []
-    if sum(x["near"] for x in found):
-        shingle_index = run_tasks(shingle_index_task, str(folder / "shingles" / "p000"), [(0,)], f"{stage.name} shingles")[0]
-        checked = run_tasks(exact_task, (*shared, shingle_index), [(p,) for p in partitions], f"{stage.name} exact")
-    edges = sum(x["edges"] for x in found) + sum(x["edges"] for x in checked)
-    if edges <= config.one_task_edges:
-        rounds = run_tasks(components_task, shared, [()], f"{stage.name} components")[0]["rounds"]
-        converged = "one-task"
+    parts = [(p,) for p in range(config.partitions)]
+    source = KeySource(str(folder), str(folder.parent), tuple(senders))
+    found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs")
+    verified = {"edges": sum(x["edges"] for x in found), "exact_checked": 0}
+    if config.verify:  # the verified edges are the components' input, as the star edges are without
+        verified = verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name)
+    edges = verified["edges"]
+    shared = (str(folder), config)
+    labelled = folder / "records" / "members-done.json"  # components and members finished: cc/ is gone
+    if labelled.exists():
+        rounds = json.loads(labelled.read_text())["rounds"]
     else:
-        rounds = _component_rounds(run_tasks, shared, config)
-        converged = f"r{rounds - 1:03d}"  # the input of the last round
-    run_tasks(members_task, shared, [(converged, p) for p in partitions], f"{stage.name} members")
-    kept = run_tasks(winners_task, shared, [(p,) for p in partitions], f"{stage.name} keep")
+        # (one task or rounds: `one_task_edges` may change on a resume, so cc/r000 stays until the end)
+        if edges <= config.one_task_edges:
+            rounds = run_tasks(components_task, shared, [()], f"{stage.name} components")[0]["rounds"]
+            converged = "one-task"
+        else:
+            rounds = _component_rounds(run_tasks, shared, config)
+            converged = f"r{rounds - 1:03d}"  # the input of the last round
+        run_tasks(members_task, (str(folder), config, source), [(converged, p) for p in range(config.partitions)],
+                  f"{stage.name} members")
+        atomic_write_json(labelled, {"rounds": rounds})
+        remove_tree(folder / "cc")  # consumed: the members carry the labels on
+    kept = run_tasks(winners_task, (str(folder), config), parts, f"{stage.name} keep")
+    remove_tree(folder / "members")  # consumed
     run_tasks(clusters_task, (str(folder), str(out_dir)), [(0,)], f"{stage.name} clusters")
     losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)
     return {
         "candidate_pairs": sum(x["candidates"] for x in found),  # distinct within each bucket partition
-        "exact_checked": sum(x["checked"] for x in checked),
+        "exact_checked": verified["exact_checked"],
         "edges": edges,
         "rounds": rounds,
         "clusters": n_clusters,
@@ -338,11 +422,13 @@ def _component_rounds(run_tasks: RunTasks, shared: tuple[str, Any], config: Any)
     checksums: list[tuple[int, int]] = []
     r = 0
     while True:
-        results = run_tasks(round_task, shared, [(r, p) for p in range(config.partitions)], f"{shared[1].name} components round {r}")
+        results = run_tasks(round_task, shared, [(r, p) for p in range(config.partitions)], f"minhash components round {r}")
         checksums.append((sum(x["input_edges"] for x in results), sum(x["checksum"] for x in results) % 2**64))
         # A large-star round whose input equals the previous large-star round's input: converged.
         if r % 2 == 0 and r >= 2 and checksums[r] == checksums[r - 2]:
             return r + 1
+        if r >= 2:  # the input of the round before (not r000): no later round reads it, and this one was not the last
+            remove_tree(location(shared[0]) / "cc" / f"r{r - 1:03d}")
         r += 1
         if r >= config.max_rounds:
             raise RuntimeError(

@@ -186,6 +186,17 @@ def hist_task(shared: tuple[str, RowCopies | None], block: str) -> str:
     return str(out)
 
 
+MERGE_GROUP = 256  # histogram files summed per task
+
+
+def hist_merge_task(_: None, files: list[str]) -> pa.Table:
+    """The sum of some blocks' histograms (`hist_task`'s files), per (domain, key): at most one row per
+    rank bucket of each cluster, whatever the number of blocks."""
+    table = pa.concat_tables([read_table(f) for f in files]) if files else HIST_SCHEMA.empty_table()
+    table = table.group_by(["domain", "key"], use_threads=False).aggregate([("docs", "sum"), ("tokens", "sum")])
+    return table.select(["domain", "key", "docs_sum", "tokens_sum"]).rename_columns(HIST_SCHEMA.names).cast(HIST_SCHEMA)
+
+
 @dataclass
 class _Cut:
     """Where one sampled domain's clusters stop: cluster c keeps its rows of rank buckets below
@@ -226,10 +237,12 @@ def _diversity_cuts(run_tasks: Callable[..., list[Any]], work: Location, names: 
                     centroids: dict[str, np.ndarray], held_out: RowCopies | None) -> tuple[dict[str, _Cut], dict[str, Any], dict[str, int]]:
     """Each sampled domain's cut, its report entry, and the tokens its kept rows hold."""
     files = run_tasks(hist_task, (str(work), held_out), [(b,) for b in names], "diversity histogram")
+    # the blocks' histograms summed by tasks, a group of files each: the driver opens no file
+    groups = [(files[i : i + MERGE_GROUP],) for i in range(0, len(files), MERGE_GROUP)]
+    merged = run_tasks(hist_merge_task, None, groups, "diversity histogram merge")
     docs = {d: np.zeros(len(c) * BUCKETS, np.int64) for d, c in centroids.items()}
     tokens = {d: np.zeros(len(c) * BUCKETS, np.int64) for d, c in centroids.items()}
-    for f in files:  # one block's histogram at a time
-        table = read_table(f)
+    for table in merged:  # one group's sums at a time
         for d in np.unique(np.array(table.column("domain").to_pylist(), dtype=object)) if table.num_rows else []:
             sub = table.filter(pc.equal(table.column("domain"), d))
             np.add.at(docs[d], sub.column("key").to_numpy(), sub.column("docs").to_numpy())

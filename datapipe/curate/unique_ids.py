@@ -12,7 +12,7 @@ deterministic fix; every id in the shards, `dropped/` and `datapipe stats --why`
 document. `stats.json` counts the renamed documents (`duplicate_ids`).
 
 How, without holding every id in one place: the read task writes each block's (id, order, hash)
-keys, the hash being of the id's base (the id without trailing `#N` suffixes, so `x`, `x#2` and
+keys as one shuffle file (`datapipe.core.shuffle`), the hash being of the id's base (the id without trailing `#N` suffixes, so `x`, `x#2` and
 `x#2#3` meet in one partition); one task per hash partition names the renames of its ids; the
 first segment task of each block applies its unit's renames before any stage runs.
 """
@@ -23,12 +23,14 @@ import json
 import re
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.shards import atomic_write_json, atomic_write_table, read_table
+from datapipe.core.shuffle import SUFFIX, read_shuffle, shuffle_files, write_shuffle
 from datapipe.core.storage import Location
 
 KEY_SCHEMA = pa.schema([("id", pa.string()), ("order", pa.int64()), ("hash", pa.uint64())])
@@ -42,28 +44,25 @@ def base_of(doc_id: str) -> str:
     return _SUFFIXES.sub("", doc_id) if "#" in doc_id else doc_id
 
 
-def write_keys(work: Location, block: str, table: pa.Table) -> None:
-    """Write the (id, order, hash of the id's base) keys of one block's documents. The partition
-    (hash % partitions) is taken when resolving, so a resume with another partition count still
-    finds every key."""
+def write_keys(work: Location, block: str, table: pa.Table, partitions: int) -> None:
+    """Write the (id, order, hash of the id's base) keys of one block's documents as one shuffle file
+    (`datapipe.core.shuffle`), partitioned by hash % partitions."""
     ids = table.column("id")
-    hashes = pa.array([xxhash.xxh64_intdigest(base_of(i).encode()) for i in ids.to_pylist()], pa.uint64())
-    atomic_write_table(work / FOLDER / "keys" / f"{block}.arrow", pa.table([ids, table.column("order"), hashes], schema=KEY_SCHEMA))
+    hashes = np.fromiter((xxhash.xxh64_intdigest(base_of(i).encode()) for i in ids.to_pylist()), np.uint64, count=len(ids))
+    keys = pa.table([ids, table.column("order"), pa.array(hashes, pa.uint64())], schema=KEY_SCHEMA)
+    write_shuffle(work / FOLDER / "keys" / f"{block}{SUFFIX}", keys, (hashes % np.uint64(partitions)).astype(np.int64), partitions)
 
 
-def resolve(work: Location, partition: int, partitions: int) -> dict[str, Any]:
-    """Name the renames of one hash partition of the ids: write them per input unit and return
+def resolve(shared: tuple[Location, list[str]], partition: int, partitions: int) -> dict[str, Any]:
+    """Name the renames of one hash partition of the ids (its rows of every block's key file: `shared`
+    is the work folder and the block names): write them per input unit and return
     {"renamed": n, "examples": [[id, new_id, order], ...] (the first few by order)}."""
+    work, blocks = shared
     record = work / FOLDER / f"resolved-p{partition:03d}-of-{partitions:03d}.json"
     if record.exists():
         return json.loads(record.read_text())
-    parts = []
-    for f in sorted((work / FOLDER / "keys").glob("*.arrow")):
-        keys = read_table(f)
-        mine = keys.column("hash").to_numpy() % partitions == partition
-        if mine.any():
-            parts.append(keys.filter(pa.array(mine)))
-    renames = _renames(pa.concat_tables(parts) if parts else KEY_SCHEMA.empty_table())
+    keys = read_shuffle(shuffle_files(work / FOLDER / "keys", blocks), partition, partitions, KEY_SCHEMA)
+    renames = _renames(keys)
     units = pc.shift_right(renames.column("order"), ROW_BITS) if renames.num_rows else pa.array([], pa.int64())
     for u in pc.unique(units).to_pylist():
         # Any partition count names the same renames, so files of an earlier count may stay beside these.

@@ -4,6 +4,8 @@ evaluated on by default by the trainer."""
 
 from __future__ import annotations
 
+import json
+
 import math
 import random
 from pathlib import Path
@@ -22,7 +24,9 @@ from datapipe.curate.executors import LocalExecutor
 from datapipe.curate.runner import curate
 from datapipe.inspect import stats
 from datapipe.testing.synthetic import exact_jaccard, mutate
-from stages.minhash import MinHashConfig, candidate_edges
+from datapipe.curate.executors import LocalExecutor
+from datapipe.curate.near_dedup import KeySource
+from stages.minhash import MinHashConfig, bucket_pairs, decide_pairs
 
 FRACTION = 0.3
 SHINGLES = MinHashConfig()  # word 5-grams, lowercased: what near dedup and the near check compare
@@ -175,6 +179,21 @@ def test_a_huge_document_early_in_hash_order_does_not_end_the_budget():
     assert sorted(held) == sorted(by_rank[:1] + by_rank[2:11])  # the ten lowest hashes that fit: 100 tokens
 
 
+def _keys_of_one_bucket(tmp_path, signatures, orders, num_perm):
+    """One map block `seg/x` whose documents (orders `orders`) all share bucket 7, with these signatures."""
+    from datapipe.core.shuffle import write_shuffle
+    from stages.minhash import stored_signatures
+
+    n = len(orders)
+    keys = tmp_path / "keys"
+    write_shuffle(keys / "buckets" / "x.shuffle", pa.table({"bucket": pa.array([7] * n, pa.uint64()), "order": pa.array(orders, pa.int64())}),
+                  np.zeros(n, np.int64), 1)
+    nodes = pa.table({"order": pa.array(orders, pa.int64()), "id": [f"d{o}" for o in orders], "length": pa.array([1] * n, pa.int64()),
+                      "signature": stored_signatures(np.asarray(signatures, np.uint32).reshape(n, num_perm))})
+    write_shuffle(keys / "nodes" / "x.shuffle", nodes, np.zeros(n, np.int64), 1)
+    return KeySource(str(keys), str(tmp_path), ("seg/x",))
+
+
 def test_the_near_check_compares_every_bucket_member_with_the_eval_documents(tmp_path):
     """A bucket {A, H, B} in input order, A held out for eval, B a near copy of A, H unlike both. Near
     dedup verifies each member against the `bucket_window` (here 1) members before it: A-H and H-B,
@@ -185,15 +204,28 @@ def test_the_near_check_compares_every_bucket_member_with_the_eval_documents(tmp
     b = a.copy()
     b[0] = 999  # 7 of 8 values equal: estimated Jaccard 0.875
     sig = np.stack([a, h, b])
-    buckets = pa.table({"partition": pa.array([0, 0, 0], pa.uint32()), "band": pa.array([0, 0, 0], pa.uint16()),
-                        "bucket": pa.array([7, 7, 7], pa.uint64()), "order": pa.array([1, 2, 3], pa.int64()),
-                        "signature": pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), 3, [None, pa.py_buffer(sig.tobytes())])})
-    assert len(candidate_edges(buckets, config).edge_u) == 0  # near dedup: A-H and H-B fail, A-B is never tried
-    from datapipe.core.shards import atomic_write_table
+    buckets = pa.table({"bucket": pa.array([7, 7, 7], pa.uint64()), "order": pa.array([1, 2, 3], pa.int64())})
+    u, v = bucket_pairs(buckets, config.bucket_window)
+    assert sorted(zip(u.tolist(), v.tolist())) == [(1, 2), (2, 3)]  # near dedup: A-H and H-B, never A-B
+    assert len(decide_pairs(u, v, sig[u - 1].astype(np.uint16), sig[v - 1].astype(np.uint16), config).edge_u) == 0
+    source = _keys_of_one_bucket(tmp_path, sig, [1, 2, 3], 8)
+    found = eval_split.near_copies(LocalExecutor().run_tasks, tmp_path, np.array([1]), config, source)
+    assert found.to_pylist() == [{"order": 3, "eval_order": 1}]
 
-    atomic_write_table(tmp_path / "keys" / "buckets" / "p000" / "x.arrow", buckets)
-    found = eval_split.match_task((str(tmp_path / "keys"), str(tmp_path), np.array([1]), config, []), 0)
-    assert pa.ipc.open_file(found).read_all().to_pylist() == [{"order": 3, "eval_order": 1}]
+
+def test_the_near_check_is_bounded_by_the_window_in_a_crowded_bucket(tmp_path):
+    """A bucket of 40 eval documents and 10 training documents: each training document meets the first
+    `bucket_window` (4) eval documents of the bucket, 40 candidate pairs, not 400."""
+    config = MinHashConfig(num_perm=8, threshold=0.75, bands=1, rows=8, partitions=1, bucket_window=4, exact_margin=0.0)
+    orders = list(range(50))
+    sig = np.tile(np.arange(8, dtype=np.uint32), (50, 1))  # all alike
+    source = _keys_of_one_bucket(tmp_path, sig, orders, 8)
+    eval_orders = np.arange(10, 50)
+    found = eval_split.near_copies(LocalExecutor().run_tasks, tmp_path, eval_orders, config, source)
+    record = json.loads((tmp_path / "eval" / "records" / "match-p000.json").read_text())
+    assert record["candidates"] == 40
+    assert sorted(found.column("order").to_pylist()) == sorted(list(range(10)) * 4)
+    assert set(found.column("eval_order").to_pylist()) == {10, 11, 12, 13}
 
 
 def _checksums(out: Path) -> list[str]:

@@ -17,7 +17,8 @@ from helpers import small_config
 from datapipe.core.shards import atomic_write_table, read_manifest
 from datapipe.curate.executors import LocalExecutor
 from datapipe.curate.runner import curate
-from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks, read_partition
+from datapipe.core.shuffle import read_shuffle
+from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 
 PARTITIONS = 2
 
@@ -26,6 +27,7 @@ class FirstLineDedup(GlobalStage):
     """Keeps the first document (by input order) of each distinct first line."""
 
     name = "first_line"
+    partitions = PARTITIONS
 
     def keys(self, batch: pa.RecordBatch) -> dict[str, pa.Table]:
         lines = [t.split("\n", 1)[0] for t in batch.column("text").to_pylist()]
@@ -33,13 +35,16 @@ class FirstLineDedup(GlobalStage):
         return {"keys": pa.table({"line": lines, "partition": pa.array(partition, pa.uint32()),
                                   "order": batch.column("order"), "id": batch.column("id")})}
 
-    def resolve(self, run_tasks: RunTasks, folder: Path, out_dir: Path) -> dict[str, Any]:
-        removed = run_tasks(_first_line_task, str(folder), [(p,) for p in range(PARTITIONS)], self.name)
+    def resolve(self, run_tasks: RunTasks, folder: Path, out_dir: Path, senders: list[str]) -> dict[str, Any]:
+        # one key file per block that sent keys, named by the block: no listing
+        files = [str(folder / "keys" / f"{s.rsplit('/', 1)[-1]}.shuffle") for s in senders]
+        removed = run_tasks(_first_line_task, (str(folder), files), [(p,) for p in range(PARTITIONS)], self.name)
         return {"removed": sum(removed)}
 
 
-def _first_line_task(folder: str, p: int) -> int:
-    keys = read_partition(Path(folder) / "keys" / f"p{p:03d}")
+def _first_line_task(shared: tuple[str, list[str]], p: int) -> int:
+    folder, files = shared
+    keys = read_shuffle(files, p, PARTITIONS)
     rows = sorted(keys.to_pylist(), key=lambda r: r["order"]) if keys is not None else []
     first: dict[str, str] = {}
     losers = []

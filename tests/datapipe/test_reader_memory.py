@@ -24,8 +24,9 @@ from datapipe.curate.readers import InputUnit
 from datapipe.curate import runner
 path, out, max_bytes = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 cfg = from_dict(CurateConfig, {"inputs": [{"path": path}], "output": {"dir": str(out)},
-                               "read": {"max_bytes_per_doc": max_bytes, "block_bytes": 1 << 20}})
-plan = types.SimpleNamespace(cfg=cfg, out_dir=str(out), out=out, work=out / "work")
+                               "read": {"max_bytes_per_doc": max_bytes, "block_bytes": 1 << 20},
+                               "dedup": {"exact": {"partitions": 4}}})  # (the runner resolves auto ones)
+plan = types.SimpleNamespace(cfg=cfg, out_dir=str(out), out=out, work=out / "work", read_stages=[])
 (out / "work" / "read").mkdir(parents=True)
 result = runner._read(plan, 0, InputUnit(0, path, "jsonl"), cfg.inputs[0], out / "work" / "read" / "u000000.json")
 import pyarrow as pa

@@ -35,7 +35,7 @@ class KilledAfter(LocalExecutor):
         self.left = n
         self.descs: list[str] = []
 
-    def run_tasks(self, fn, shared, items, desc):
+    def run_tasks(self, fn, shared, items, desc, **kwargs):
         def task(shared, *item):
             if self.left is not None:
                 if self.left <= 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -299,7 +300,7 @@ class _DriverReads(LocalExecutor):
         for module in (runner, selection, eval_split, near_dedup, unique_ids, stages.base, stages.exact_dedup):
             monkeypatch.setattr(module, "read_table", spy)
 
-    def run_tasks(self, fn, shared, items, desc):
+    def run_tasks(self, fn, shared, items, desc, **kwargs):
         self.in_task = True
         try:
             return super().run_tasks(fn, shared, items, desc)
@@ -310,9 +311,8 @@ class _DriverReads(LocalExecutor):
 def test_the_driver_reads_no_document_table(tmp_path, slice_input, monkeypatch):
     """Memory bounded by blocks and partitions, not by the corpus: every per-document decision (global
     stages' losers, near-dedup clusters, the tokenizer's sample, the eval split, diversity sampling, the mixture) is made in
-    tasks; the driver only streams per-block summaries, one block at a time: row lengths and copies
-    for shard planning, the eval split's row marks, diversity's cluster histograms. (Before, it read
-    every token block, every loser and every cluster member.)"""
+    tasks; the driver only adds up the tasks' per-block summaries. (Before, it read every token block,
+    every loser and every cluster member, and then every block's lengths and histogram files.)"""
     cfg = small_config(tmp_path / "out", [slice_input],
                        dedup={"exact": {"enabled": True}, "minhash": {"enabled": True, "partitions": 3}},
                        eval={"enabled": True, "fraction": 0.2, "max_tokens_per_domain": 3000},
@@ -323,7 +323,66 @@ def test_the_driver_reads_no_document_table(tmp_path, slice_input, monkeypatch):
     assert result.stats["eval"]["domains"] and result.stats["diversity"]["man"]["docs_kept"] > 0
     work = tmp_path / "out" / "work"
     read = {os.path.relpath(p, work) for p in executor.driver_reads}
-    # and the near copies of eval documents (pairs naming the eval document: a fraction of the split)
-    allowed = ("lengths/", "select/", "eval/rows/", "diversity/hist/", "eval/near-p")
-    assert read and [p for p in read if not p.startswith(allowed)] == []
-    assert any(p.startswith("lengths/") for p in read)
+    # No file at all: shard planning's sums and cuts, diversity's histogram sums run in tasks over groups
+    # of blocks (the driver adds up one number per block). (Before: every block's lengths, copies, eval
+    # row marks and histogram, one file at a time.)
+    assert read == set()
+
+
+def test_ray_stall_timeout_is_a_checked_key_that_reaches_the_executor(tmp_path, slice_input, monkeypatch):
+    from datapipe.curate import runner
+
+    assert small_config(tmp_path / "o", [slice_input]).ray.stall_timeout_s == 600
+    with pytest.raises(ConfigError, match=r"stall_timeout_s must be >= 0 \(0 = no limit\), got -1"):
+        small_config(tmp_path / "o", [slice_input], ray={"stall_timeout_s": -1})
+    seen = {}
+
+    def make_executor(kind, address, **kwargs):
+        seen.update(kwargs)
+        return LocalExecutor()
+
+    monkeypatch.setattr(runner, "make_executor", make_executor)  # curate without an executor starts Ray's
+    curate(small_config(tmp_path / "out", [slice_input], ray={"stall_timeout_s": 7}), progress=False, log=lambda _: None)
+    assert seen["stall_timeout_s"] == 7
+
+
+def test_a_resumed_run_says_how_much_work_it_reused(tmp_path, slice_input):
+    tiny_blocks = {"block_bytes": 1024}
+    out = tmp_path / "out"
+    cfg = small_config(out, [slice_input], read=tiny_blocks)
+    with pytest.raises(_Interrupt):
+        run(cfg, extra_stages=[CrashAfter(5)])
+    # the records of the killed run: its one read task, all of the first segment's blocks, some of the second's
+    seg0, seg1 = (len(list((out / "work" / seg).glob("*.json"))) for seg in ("seg0", "seg1"))
+    assert seg0 > seg1 > 0
+    lines: list[str] = []
+    result = curate(cfg, executor=LocalExecutor(), progress=False, log=lines.append, extra_stages=[PassThrough()])
+    (line,) = [x for x in lines if x.startswith("resumed: ")]
+    assert re.fullmatch(rf"resumed: {1 + seg0 + seg1} of \d+ tasks were already done \(read 1/1, exact_dedup "
+                        rf"{seg0}/{seg0}, filters\+crash {seg1}/{seg0}, tokenize 0/{seg0}, shards 0/\d+\)", line), line
+    assert result.resumed_tasks == 1 + seg0 + seg1
+    fresh: list[str] = []
+    curate(small_config(tmp_path / "fresh", [slice_input]), executor=LocalExecutor(), progress=False, log=fresh.append)
+    assert not any(x.startswith("resumed") for x in fresh)  # a fresh run lists nothing and says nothing
+
+
+def test_keep_dropped_text_keeps_the_text_of_language_id_and_eval_split_drops(tmp_path):
+    english = [orjson.loads(line) for line in (ASSETS / "corpus_slice.jsonl").read_bytes().splitlines()]
+    other = [r for r in map(orjson.loads, (ASSETS / "multilingual_sample.jsonl").read_bytes().splitlines())
+             if r["lang"] not in ("en", "python")]
+    docs = [{"id": f"d{i}", "text": r["text"]} for i, r in enumerate(english + other)]
+    # with dedup off, a copy under another id is dropped by the eval split when one of the two is held out
+    docs += [{"id": f"copy-of-d{i}", "text": r["text"]} for i, r in enumerate(english)]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in docs))
+    out = tmp_path / "out"
+    run(small_config(out, [{"path": str(path)}], filters={}, langid={"enabled": True, "keep": ["en"]},
+                     dedup={"exact": {"enabled": False}, "minhash": {"enabled": False}},
+                     eval={"enabled": True, "fraction": 0.5}, output={"keep_dropped_text": True}))
+    texts = {d["id"]: d["text"] for d in docs}
+    dropped = dropped_rows(out)
+    for stage in ("langid", "eval_split"):
+        rows = [r for r in dropped if r["stage"] == stage]
+        assert rows, f"no {stage} drop: the test would check nothing"
+        # the text as curated (normalized: line ends and trailing blanks), not null
+        assert all(r["text"] is not None and r["text"].split() == texts[r["id"]].split() for r in rows), stage

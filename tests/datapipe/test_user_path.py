@@ -39,7 +39,7 @@ def test_progress_lines_are_named_by_the_stages(tmp_path, capsys):
         assert not name.startswith("seg")
         assert set(name.split(" ")[0].split("+")) <= known, name
     # a segment is named by its stages, a global stage's resolve by the stage and its step
-    assert {"normalize+exact_dedup", "exact_dedup resolve", "langid+filters+minhash", "minhash edges", "minhash drop",
+    assert {"exact_dedup", "exact_dedup resolve", "langid+filters+minhash", "minhash pairs", "minhash verify", "minhash drop",
             "tokenize", "eval_split exact", "shards"} <= set(names)
 
 

@@ -107,3 +107,54 @@ def test_clean_up_of_work_is_in_stats(tmp_path):
     stats = json.loads((out / "stats.json").read_text())
     assert "clean_up" in stats["phase_seconds"] and stats == result.stats
     assert sum(stats["phase_seconds"].values()) == pytest.approx(stats["seconds"], abs=0.02)
+
+
+# ---------------------------------------------------------------- shuffle partitions and task memory (issue 22)
+
+
+@pytest.mark.parametrize(
+    ("input_bytes", "shuffle", "partitions"),
+    [
+        (2**40, "minhash", 1280),  # 1 TiB of text: near dedup's partitions each fit 4 GiB
+        (2**40, "exact", 256),
+        (151_000_000, "minhash", 16),  # the shared corpus: the floor
+        (None, "minhash", 16),  # sizes unknown: the floor
+    ],
+)
+def test_auto_partitions_keep_each_task_under_the_budget(input_bytes, shuffle, partitions):
+    from datapipe.curate.config import TASK_BYTES_PER_TEXT_BYTE, auto_partitions
+
+    budget = 4 * 2**30
+    assert auto_partitions(input_bytes, shuffle, budget) == partitions
+    if input_bytes is not None:
+        assert input_bytes * TASK_BYTES_PER_TEXT_BYTE[shuffle] / partitions <= budget
+
+
+def test_auto_partitions_come_from_the_input_and_do_not_change_the_output(tmp_path, slice_input):
+    from datapipe.curate.readers import plan_units
+    from datapipe.curate.runner import resolve_block_bytes
+
+    dedup = {"exact": {"enabled": True}, "minhash": {"enabled": True}}
+    auto = small_config(tmp_path / "auto", [slice_input], dedup=dedup)
+    assert auto.dedup.minhash.partitions == "auto" and auto.dedup.exact.partitions == "auto"  # the defaults
+    resolved = resolve_block_bytes(auto, plan_units(list(auto.inputs)))
+    assert (resolved.dedup.exact.partitions, resolved.dedup.minhash.partitions) == (16, 16)
+    # a budget small enough to need more partitions than the floor: the same shards
+    tiny = small_config(tmp_path / "tiny", [slice_input], dedup=dedup, ray={"task_memory_gib": 5e-6})
+    assert resolve_block_bytes(tiny, plan_units(list(tiny.inputs))).dedup.minhash.partitions > 16
+    a = curate(auto, executor=LocalExecutor(), progress=False, log=lambda _: None)
+    b = curate(tiny, executor=LocalExecutor(), progress=False, log=lambda _: None)
+    assert [s["sha256"] for s in a.manifest["shards"]] == [s["sha256"] for s in b.manifest["shards"]]
+
+
+def test_ray_is_told_each_tasks_memory_capped_at_the_largest_node():
+    from datapipe.curate.executors import RayExecutor
+
+    executor = RayExecutor.__new__(RayExecutor)  # no Ray started: only the sizing is under test
+    executor._node_memory = None
+    executor.ray = type("FakeRay", (), {"nodes": staticmethod(lambda: [
+        {"Alive": True, "Resources": {"memory": 8 * 2**30}}, {"Alive": True, "Resources": {"memory": 16 * 2**30}},
+        {"Alive": False, "Resources": {"memory": 64 * 2**30}}])})
+    assert executor._memory(None) == {}
+    assert executor._memory(2**30) == {"memory": 2**30}
+    assert executor._memory(32 * 2**30) == {"memory": 16 * 2**30}  # never more than a live node has: it would never run

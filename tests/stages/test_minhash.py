@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import unicodedata
 
 import numpy as np
@@ -23,10 +24,10 @@ from stages.minhash import (
     MinHasher,
     MinHashStage,
     bucket_pairs,
-    candidate_edges,
     candidate_probability,
     choose_kept,
     connected_components,
+    decide_pairs,
     distinct_sorted,
     exact_edges,
     exact_jaccard,
@@ -36,8 +37,11 @@ from stages.minhash import (
     recall_banding,
     shingle_hash32,
     shingle_hashes64,
+    shingle_sets,
     shingles,
+    signature_values,
     small_star,
+    star_edges,
     vector_word_hash,
 )
 from stages import minhash
@@ -84,10 +88,12 @@ def _combine(word_hashes: list[int]) -> int:
     return value
 
 
-def _reference_shingle_hashes(text: str, ngram: int, lowercase: bool = True) -> list[int]:
-    """64-bit shingle hashes as `hash: vector` documents them: the words of `text.lower().split()`,
-    each window of n (or all words, when fewer) combined as h = h * 0x9E3779B97F4A7C15 + word hash."""
-    words = [_reference_word_hash(w) for w in (text.lower() if lowercase else text).split()]
+def _reference_shingle_hashes(text: str, ngram: int, lowercase: bool = True, words: str = "whitespace") -> list[int]:
+    r"""64-bit shingle hashes as `hash: vector` documents them: the words of `text.lower().split()` (or of
+    `re.findall(r"\w+", text.lower())` with words: alnum), each window of n (or all words, when fewer)
+    combined as h = h * 0x9E3779B97F4A7C15 + word hash."""
+    text = text.lower() if lowercase else text
+    words = [_reference_word_hash(w) for w in (re.findall(r"\w+", text) if words == "alnum" else text.split())]
     n = min(ngram, len(words))
     return [_combine(words[i : i + n]) for i in range(len(words) - n + 1)] if n else []
 
@@ -112,11 +118,13 @@ def test_signatures_equal_datasketch(unit, hash_name):
         assert np.array_equal(ref.hashvalues, row)
 
 
-def test_vector_hash_equals_a_slow_reference():
-    texts = ["", "   ", "one", "one two", "a b c d", *UNICODE_TEXTS, *DOCS[:6], *MULTILINGUAL[:6], "x" * 70_000 + " y"]
-    cfg = MinHashConfig(hash="vector", num_perm=64, seed=3)
+@pytest.mark.parametrize("words", ["alnum", "whitespace"])
+def test_vector_hash_equals_a_slow_reference(words):
+    texts = ["", "   ", "one", "one two", "a b c d", *UNICODE_TEXTS, *DOCS[:6], *MULTILINGUAL[:6], "x" * 70_000 + " y",
+             "end. end, (end) end! -- «end» end…end_of_line 3.14 a-b"]
+    cfg = MinHashConfig(hash="vector", num_perm=64, seed=3, words=words)
     flat, counts = shingle_hashes64(texts, cfg)
-    expected = [_reference_shingle_hashes(t, cfg.ngram) for t in texts]
+    expected = [_reference_shingle_hashes(t, cfg.ngram, words=words) for t in texts]
     assert counts.tolist() == [len(e) for e in expected]
     assert flat.tolist() == [h for e in expected for h in e]
     assert all(vector_word_hash(w.encode()) == _reference_word_hash(w) for t in UNICODE_TEXTS for w in t.lower().split())
@@ -127,15 +135,25 @@ def test_vector_hash_equals_a_slow_reference():
         ref = MinHash(num_perm=64, seed=3, hashfunc=_reference_hash32)
         ref.update_batch(shingles(text, cfg))
         assert np.array_equal(ref.hashvalues, row)
-    # without lowercasing: the words of text.split()
-    raw, _ = shingle_hashes64(texts, MinHashConfig(hash="vector", lowercase=False))
-    assert raw.tolist() == [h for t in texts for h in _reference_shingle_hashes(t, 5, lowercase=False)]
+    # without lowercasing
+    raw, _ = shingle_hashes64(texts, MinHashConfig(hash="vector", lowercase=False, words=words))
+    assert raw.tolist() == [h for t in texts for h in _reference_shingle_hashes(t, 5, lowercase=False, words=words)]
+
+
+def test_alnum_words_ignore_punctuation():
+    # the default rule: a change of punctuation is no change of words (whitespace: three of five words differ)
+    a, b = "The end. It works, really!", "the end it works really"
+    for hash_name in ("vector", "xxh3", "sha1"):
+        alnum = MinHashConfig(hash=hash_name)
+        assert alnum.words == "alnum" and shingle_sets([a], alnum)[0].tolist() == shingle_sets([b], alnum)[0].tolist()
+        spaces = MinHashConfig(hash=hash_name, words="whitespace")
+        assert shingle_sets([a], spaces)[0].tolist() != shingle_sets([b], spaces)[0].tolist()
 
 
 def test_vector_hash_is_pinned():
     # the same text gives the same signature on any machine: a change of formula fails here
     assert vector_word_hash(b"hello") == _reference_word_hash("hello") == 0xF94B193FEE7FFC72
-    sig, _ = MinHasher(MinHashConfig(hash="vector")).signatures(DOCS[:3])
+    sig, _ = MinHasher(MinHashConfig(hash="vector", words="whitespace")).signatures(DOCS[:3])
     assert hashlib.sha256(sig.tobytes()).hexdigest()[:16] == "32463c763daf6576"
 
 
@@ -166,6 +184,17 @@ def test_vector_words_are_those_of_str_split_for_every_code_point():
     assert _words_that_differ(UNICODE_TEXTS + MULTILINGUAL + DOCS) == []
     # the table of whitespace is complete: nothing above U+FFFF is whitespace
     assert not any(chr(c).isspace() for c in range(0x10000, 0x110000))
+
+
+def test_vector_alnum_words_are_those_of_python_regex_for_every_code_point():
+    # every code point inside a word, between two words and alone: the words of re.findall(r"\w+", text.lower())
+    # (but letters newer than Python's Unicode database, "Cn" to Python, which Arrow lowers and Python does not)
+    code_points = [c for c in range(0x110000) if not 0xD800 <= c < 0xE000 and unicodedata.category(chr(c)) != "Cn"]
+    texts = [" ".join(f"Ab{chr(c)}Cd {chr(c)} x{chr(c)}" for c in code_points[i : i + 256]) for i in range(0, len(code_points), 256)]
+    hashes, counts = minhash._vector_units(pa.array(texts, pa.large_string()), True, "alnum")
+    words = [re.findall(r"\w+", t.lower()) for t in texts]
+    assert counts.tolist() == [len(w) for w in words]
+    assert hashes.tolist() == [vector_word_hash(w.encode()) for ws in words for w in ws]
 
 
 def test_batch_signatures_equal_each_document_alone():
@@ -272,6 +301,15 @@ def _batch(texts):
     return pa.RecordBatch.from_pylist(rows, schema=DOC_SCHEMA)
 
 
+def _decided(keys, config):
+    """The map side's candidate pairs decided by their stored signatures, in memory."""
+    u, v = bucket_pairs(keys["buckets"], config.bucket_window)
+    nodes = keys["nodes"]
+    sig = signature_values(nodes.column("signature"), config.num_perm)
+    row = {o: i for i, o in enumerate(nodes.column("order").to_pylist())}
+    return decide_pairs(u, v, sig[[row[o] for o in u.tolist()]], sig[[row[o] for o in v.tolist()]], config)
+
+
 def test_candidates_are_verified_by_estimated_jaccard():
     base = max(DOCS, key=len)
     words = base.split()
@@ -279,25 +317,28 @@ def test_candidates_are_verified_by_estimated_jaccard():
     far = min(DOCS, key=len)
     stage = MinHashStage(MinHashConfig(partitions=1))
     keys = stage.keys(_batch([base, near, far, base]))
-    found = candidate_edges(keys["buckets"], stage.config)
+    found = _decided(keys, stage.config)
     assert list(zip(found.edge_u.tolist(), found.edge_v.tolist())) == [(0, 1), (0, 3), (1, 3)]
     assert len(found.near_u) == 0  # all far above the threshold: no exact check needed
-    assert keys["nodes"].column("id").to_pylist() == ["d0", "d1", "d2", "d3"]
-    # the shingle sets, one row per document, as shingle_hashes64 gives them, all in partition 0
-    rows = keys["shingles"].to_pylist()
-    assert [r["order"] for r in rows] == [0, 1, 2, 3] and {r["partition"] for r in rows} == {0}
-    assert rows[2]["hashes"] == shingle_hashes64([far], stage.config)[0].tolist()
+    nodes = keys["nodes"]
+    assert nodes.column("id").to_pylist() == ["d0", "d1", "d2", "d3"]
+    # the signature once per document, 16 bits a value; the buckets one row per band: no signature, no shingles
+    assert nodes.column("signature").type == pa.binary(2 * stage.config.num_perm)
+    assert keys["buckets"].column_names == ["partition", "bucket", "order"] and set(keys) == {"buckets", "nodes"}
+    full, _ = stage.hasher.signatures([far])
+    assert signature_values(nodes.column("signature"), stage.config.num_perm)[2].tolist() == (full[0] & 0xFFFF).tolist()
 
 
-def _one_bucket(signatures, num_perm):
-    """A bucket partition holding one bucket (band 0) whose members are documents 0, 1, ..."""
-    sig = np.ascontiguousarray(np.array(signatures, dtype=np.uint32))
+def _one_bucket(signatures):
+    """A bucket partition holding one bucket whose members are documents 0, 1, ...; their signatures."""
     n = len(signatures)
-    return pa.table({
-        "partition": np.zeros(n, np.uint32), "band": np.zeros(n, np.uint16), "bucket": np.full(n, 42, np.uint64),
-        "order": np.arange(n, dtype=np.int64),
-        "signature": pa.FixedSizeBinaryArray.from_buffers(pa.binary(4 * num_perm), n, [None, pa.py_buffer(sig)]),
-    })
+    buckets = pa.table({"bucket": np.full(n, 42, np.uint64), "order": np.arange(n, dtype=np.int64)})
+    return buckets, np.array(signatures, dtype=np.uint16)
+
+
+def _decide_bucket(buckets, sig, config):
+    u, v = bucket_pairs(buckets, config.bucket_window)
+    return decide_pairs(u, v, sig[u], sig[v], config)
 
 
 def _changed(base, k, salt):
@@ -310,26 +351,31 @@ def _changed(base, k, salt):
 def test_every_pair_of_a_bucket_is_verified_not_only_pairs_with_its_first_member():
     # A shares the bucket with B and C but resembles neither; B and C are near-duplicates (est. 0.9)
     a, b = np.arange(100), np.arange(1000, 1100)
-    buckets = _one_bucket([a, b, _changed(b, 10, 2)], 100)
-    found = candidate_edges(buckets, MinHashConfig(num_perm=100, exact_margin=0.0))
+    buckets, sig = _one_bucket([a, b, _changed(b, 10, 2)])
+    found = _decide_bucket(buckets, sig, MinHashConfig(num_perm=100, exact_margin=0.0))
     assert list(zip(found.edge_u.tolist(), found.edge_v.tolist())) == [(1, 2)]
+    # without verification, a star from the bucket's first member: the same components as all pairs
+    assert list(zip(*map(np.ndarray.tolist, star_edges(buckets)))) == [(0, 1), (0, 2)]
 
 
 def test_bucket_window_bounds_the_pairs_of_a_big_bucket():
-    buckets = _one_bucket([np.arange(8)] * 5, 8)
+    buckets, _ = _one_bucket([np.arange(8)] * 5)
     u, v = bucket_pairs(buckets, 2)
-    order = buckets.column("order").to_numpy()
-    assert sorted(zip(order[u].tolist(), order[v].tolist())) == [(0, 1), (0, 2), (1, 2), (1, 3), (2, 3), (2, 4), (3, 4)]
+    assert sorted(zip(u.tolist(), v.tolist())) == [(0, 1), (0, 2), (1, 2), (1, 3), (2, 3), (2, 4), (3, 4)]
     u, v = bucket_pairs(buckets, 4)  # window >= size - 1: every pair
-    assert sorted(zip(order[u].tolist(), order[v].tolist())) == [(i, j) for i in range(5) for j in range(i + 1, 5)]
+    assert sorted(zip(u.tolist(), v.tolist())) == [(i, j) for i in range(5) for j in range(i + 1, 5)]
+    # two buckets: pairs never cross them, and a pair sharing both is given once
+    two = pa.table({"bucket": np.array([1, 1, 2, 2, 2], np.uint64), "order": np.array([0, 1, 0, 1, 2], np.int64)})
+    u, v = bucket_pairs(two, 4)
+    assert sorted(zip(u.tolist(), v.tolist())) == [(0, 1), (0, 2), (1, 2)]
 
 
 def test_pairs_near_the_threshold_are_decided_by_exact_jaccard():
     base = np.arange(100)
     # estimated Jaccard with document 0: 0.75, 0.85 (both within 0.12 of 0.8), 0.95 and 0.6 (clear)
     sigs = [base, _changed(base, 25, 1), _changed(base, 15, 2), _changed(base, 5, 3), _changed(base, 40, 4)]
-    buckets = _one_bucket(sigs, 100)
-    found = candidate_edges(buckets, MinHashConfig(num_perm=100, exact_margin=0.12))
+    buckets, sig = _one_bucket(sigs)
+    found = _decide_bucket(buckets, sig, MinHashConfig(num_perm=100, exact_margin=0.12))
     edges = set(zip(found.edge_u.tolist(), found.edge_v.tolist()))
     near = set(zip(found.near_u.tolist(), found.near_v.tolist()))
     assert (0, 3) in edges and {(0, 1), (0, 2)} <= near and not {(0, 4)} & (edges | near)
@@ -339,7 +385,7 @@ def test_pairs_near_the_threshold_are_decided_by_exact_jaccard():
     a, b = exact_edges(np.array([0, 0]), np.array([1, 2]), lambda orders: {o: sets[o] for o in orders.tolist()}, 0.8)
     assert list(zip(a.tolist(), b.tolist())) == [(0, 1)]
     # with no margin the estimate decides alone: 0.85 passes, 0.75 does not
-    alone = candidate_edges(buckets, MinHashConfig(num_perm=100, exact_margin=0.0))
+    alone = _decide_bucket(buckets, sig, MinHashConfig(num_perm=100, exact_margin=0.0))
     assert {(0, 2), (0, 3)} <= set(zip(alone.edge_u.tolist(), alone.edge_v.tolist())) and len(alone.near_u) == 0
 
 
@@ -370,8 +416,8 @@ def _near_duplicate_pairs(texts: list[str], config: MinHashConfig) -> set[tuple[
     the exact checks, all in memory."""
     stage = MinHashStage(config)
     keys = stage.keys(_batch(texts))
-    found = candidate_edges(keys["buckets"], config)
-    sets = {row["order"]: distinct_sorted(np.array(row["hashes"], dtype=np.uint64)) for row in keys["shingles"].to_pylist()}
+    found = _decided(keys, config)
+    sets = dict(enumerate(shingle_sets(texts, config)))
     u, v = exact_edges(found.near_u, found.near_v, lambda orders: {o: sets[o] for o in orders.tolist()}, config.threshold)
     edges = list(zip(np.r_[found.edge_u, u].tolist(), np.r_[found.edge_v, v].tolist()))
     labels_ = components(len(texts), edges)

@@ -1,0 +1,166 @@
+"""Shuffle files: one file per sending task, holding its rows for every partition, with an offset header.
+
+A shuffle moves rows from M sending tasks to P receiving tasks by a partition number per row. Writing
+one file per (sender, partition) makes M x P objects, which an object store answers one request at a
+time (1 B documents: ~10^8-10^9 objects a phase). Here each sender writes **one** file, its rows
+sorted by partition, and each receiver reads its byte range of every sender's file (datatrove's
+MinHash buckets are laid out the same way). Objects per phase: M; requests per receiver: two reads per
+sender file (the header's pieces it needs, then its range: a header with many partitions is not read
+whole), issued concurrently on an object store (`fsspec`'s `cat_ranges`), seeks and reads on a local disk.
+
+Layout (little endian)::
+
+    b"DPSHUF01"  uint64 P  uint64 S  uint64 offsets[P + 1]  schema (S bytes)  batch of p=0 ... batch of p=P-1
+
+`schema` is the Arrow IPC schema message and each partition's rows are one Arrow IPC record-batch
+message at `[offsets[p], offsets[p+1])` (empty when the sender had none for p). Files are written
+whole (`atomic_write_bytes`: one PUT on an object store, a rename on a disk), so a killed sender
+leaves no file, and a file's bytes depend only on its rows: resume gives identical files.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from datapipe.core.shards import atomic_write_bytes
+from datapipe.core.storage import Location, RemotePath, location
+
+MAGIC = b"DPSHUF01"
+SUFFIX = ".shuffle"
+_FIXED = len(MAGIC) + 16  # magic, P, S
+_SCHEMA_GUESS = 2048  # bytes read past the offsets in the first request: the schemas here are smaller
+
+
+def shuffle_bytes(table: pa.Table, partition: np.ndarray, partitions: int) -> bytes:
+    """The bytes of a shuffle file holding `table`'s rows, row i going to partition `partition[i]`
+    (in `[0, partitions)`); rows keep their order within a partition."""
+    partition = np.asarray(partition, dtype=np.int64)
+    if len(partition) != table.num_rows:
+        raise ValueError(f"{len(partition)} partition numbers for {table.num_rows} rows")
+    if len(partition) and (partition.min() < 0 or partition.max() >= partitions):
+        raise ValueError(f"partition numbers must be in [0, {partitions})")
+    rows = np.argsort(partition, kind="stable")
+    bounds = np.searchsorted(partition[rows], np.arange(partitions + 1))
+    table = table.take(pa.array(rows)).combine_chunks() if table.num_rows else table
+    schema = table.schema.serialize().to_pybytes()
+    header = _FIXED + 8 * (partitions + 1) + len(schema)
+    parts, offsets, at = [], [header], header
+    for p in range(partitions):
+        start, stop = int(bounds[p]), int(bounds[p + 1])
+        if stop > start:
+            piece = table.slice(start, stop - start).to_batches()[0].serialize().to_pybytes()
+            parts.append(piece)
+            at += len(piece)
+        offsets.append(at)
+    head = MAGIC + struct.pack("<QQ", partitions, len(schema)) + np.asarray(offsets, "<u8").tobytes() + schema
+    return b"".join([head, *parts])
+
+
+def write_shuffle(path: str | Location, table: pa.Table, partition: np.ndarray, partitions: int) -> int:
+    """Write a shuffle file (atomically, in one request on an object store); its size in bytes."""
+    data = shuffle_bytes(table, partition, partitions)
+    atomic_write_bytes(path, data)
+    return len(data)
+
+
+_SMALL_HEADER = 1 << 16  # a header up to this size is read whole; a larger one (many partitions) in pieces
+
+
+def _header_ranges(p: int, partitions: int) -> list[tuple[int, int]]:
+    """The byte ranges of a file's header that a reader of partition p needs: the fixed part, offsets
+    p and p + 1, and (a guess of) the schema. One range when the header is small."""
+    schema_at = _FIXED + 8 * (partitions + 1)
+    if schema_at <= _SMALL_HEADER:
+        return [(0, schema_at + _SCHEMA_GUESS)]
+    return [(0, _FIXED), (_FIXED + 8 * p, _FIXED + 8 * p + 16), (schema_at, schema_at + _SCHEMA_GUESS)]
+
+
+def _parse(path: str, pieces: list[bytes], p: int, partitions: int) -> tuple[int, int, int, bytes]:
+    """(start and end of partition p's range, the schema's length, the schema bytes read so far)."""
+    schema_at = _FIXED + 8 * (partitions + 1)
+    head = pieces[0]
+    if head[: len(MAGIC)] != MAGIC:
+        raise ValueError(f"{path} is not a shuffle file (no {MAGIC!r} header)")
+    written_for, schema_len = struct.unpack_from("<QQ", head, len(MAGIC))
+    if written_for != partitions:
+        raise ValueError(f"{path} was written for {written_for} partitions, not {partitions}")
+    if len(pieces) == 1:
+        start, stop = struct.unpack_from("<QQ", head, _FIXED + 8 * p)
+        schema = head[schema_at : schema_at + schema_len]
+    else:
+        start, stop = struct.unpack_from("<QQ", pieces[1], 0)
+        schema = pieces[2][:schema_len]
+    return int(start), int(stop), int(schema_len), schema
+
+
+def _local_reads(paths: list[Path], p: int, partitions: int) -> list[tuple[bytes, bytes]]:
+    out = []
+    schema_at = _FIXED + 8 * (partitions + 1)
+    for path in paths:
+        with open(path, "rb") as f:
+            pieces = []
+            for a, b in _header_ranges(p, partitions):
+                f.seek(a)
+                pieces.append(f.read(b - a))
+            start, stop, schema_len, schema = _parse(str(path), pieces, p, partitions)
+            if len(schema) < schema_len:
+                f.seek(schema_at)
+                schema = f.read(schema_len)
+            f.seek(start)
+            out.append((schema, f.read(stop - start) if stop > start else b""))
+    return out
+
+
+def _remote_reads(paths: list[RemotePath], p: int, partitions: int) -> list[tuple[bytes, bytes]]:
+    """Concurrent range requests over all files: the headers' pieces, then the ranges."""
+    fs, names = paths[0].fs, [x.path for x in paths]
+    schema_at = _FIXED + 8 * (partitions + 1)
+    ranges = _header_ranges(p, partitions)
+    flat = fs.cat_ranges([n for n in names for _ in ranges], [a for _ in names for a, _ in ranges],
+                         [b for _ in names for _, b in ranges], on_error="raise")
+    parsed = [_parse(str(x), flat[i * len(ranges) : (i + 1) * len(ranges)], p, partitions) for i, x in enumerate(paths)]
+    short = [i for i, (_, _, n, schema) in enumerate(parsed) if len(schema) < n]  # a schema past the guess
+    schemas = [schema for *_, schema in parsed]
+    if short:
+        more = fs.cat_ranges([names[i] for i in short], [schema_at] * len(short), [schema_at + parsed[i][2] for i in short],
+                             on_error="raise")
+        for i, schema in zip(short, more):
+            schemas[i] = schema
+    todo = [i for i, (start, stop, _, _) in enumerate(parsed) if stop > start]
+    bodies = fs.cat_ranges([names[i] for i in todo], [parsed[i][0] for i in todo], [parsed[i][1] for i in todo], on_error="raise")
+    got = dict(zip(todo, bodies))
+    return [(schemas[i], got.get(i, b"")) for i in range(len(paths))]
+
+
+def read_shuffle(paths: Sequence[str | Location], p: int, partitions: int, schema: pa.Schema | None = None, *,
+                 source_column: str | None = None) -> pa.Table | None:
+    """Partition `p`'s rows of every shuffle file in `paths` (in that order, each file's rows in
+    their order). None when there are no files and no `schema` is given; an empty table of the
+    files' (or the given) schema when none holds a row for `p`. With `source_column`, a last int32
+    column of that name holds each row's file (its index in `paths`)."""
+    locations = [location(x) for x in paths]
+    remote = [x for x in locations if isinstance(x, RemotePath)]
+    if remote and len(remote) != len(locations):
+        raise ValueError("shuffle files must all be local or all remote")
+    if not locations:
+        return schema.empty_table() if schema is not None else None
+    pieces = _remote_reads(remote, p, partitions) if remote else _local_reads(locations, p, partitions)
+    file_schema = pa.ipc.read_schema(pa.py_buffer(pieces[0][0]))
+    batches = [(i, pa.ipc.read_record_batch(pa.py_buffer(body), file_schema)) for i, (_, body) in enumerate(pieces) if body]
+    if source_column is None:
+        return pa.Table.from_batches([b for _, b in batches], schema=file_schema)
+    out_schema = file_schema.append(pa.field(source_column, pa.int32()))
+    return pa.Table.from_batches(
+        [pa.RecordBatch.from_arrays([*b.columns, pa.array(np.full(b.num_rows, i, np.int32))], schema=out_schema) for i, b in batches],
+        schema=out_schema)
+
+
+def shuffle_files(folder: str | Location, senders: Sequence[str]) -> list[Location]:
+    """The shuffle files of the named senders in `folder` (no listing: the senders are known)."""
+    folder = location(folder)
+    return [folder / f"{name}{SUFFIX}" for name in senders]
