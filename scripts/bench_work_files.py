@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(tree: Path, corpus: str, partitions: int, out: Path) -> dict:
     cmd = [sys.executable, "-m", "datapipe.cli", "curate", str(ROOT / "configs" / "quickstart.yaml"), "--input", corpus,
            "--output", str(out), "--set", "output.keep_work=true", "--set", f"dedup.minhash.partitions={partitions}",
-           "--set", "ray.num_cpus=1"]
+           "--set", "ray.num_cpus=1", "--set", "inputs.0.domain_field=source"]  # the corpus's domains: the recipe's filters run
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if proc.returncode != 0:

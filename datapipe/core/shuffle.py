@@ -150,14 +150,22 @@ def read_shuffle(paths: Sequence[str | Location], p: int, partitions: int, schem
     if not locations:
         return schema.empty_table() if schema is not None else None
     pieces = _remote_reads(remote, p, partitions) if remote else _local_reads(locations, p, partitions)
-    file_schema = pa.ipc.read_schema(pa.py_buffer(pieces[0][0]))
-    batches = [(i, pa.ipc.read_record_batch(pa.py_buffer(body), file_schema)) for i, (_, body) in enumerate(pieces) if body]
-    if source_column is None:
-        return pa.Table.from_batches([b for _, b in batches], schema=file_schema)
-    out_schema = file_schema.append(pa.field(source_column, pa.int32()))
-    return pa.Table.from_batches(
-        [pa.RecordBatch.from_arrays([*b.columns, pa.array(np.full(b.num_rows, i, np.int32))], schema=out_schema) for i, b in batches],
-        schema=out_schema)
+    # each file's rows by its own schema (a sender with no rows may have typed a column as null), unified
+    tables = []
+    for i, (schema_bytes, body) in enumerate(pieces):
+        file_schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+        if not body:
+            continue
+        batch = pa.ipc.read_record_batch(pa.py_buffer(body), file_schema)
+        if source_column is not None:
+            batch = batch.append_column(source_column, pa.array(np.full(batch.num_rows, i, np.int32)))
+        tables.append(pa.Table.from_batches([batch]))
+    if not tables:
+        empty = schema if schema is not None else pa.ipc.read_schema(pa.py_buffer(pieces[0][0]))
+        if source_column is not None and source_column not in empty.names:
+            empty = empty.append(pa.field(source_column, pa.int32()))
+        return empty.empty_table()
+    return pa.concat_tables(tables, promote_options="default")
 
 
 def shuffle_files(folder: str | Location, senders: Sequence[str]) -> list[Location]:

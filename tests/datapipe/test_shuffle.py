@@ -1,0 +1,97 @@
+"""Shuffle files (`datapipe.core.shuffle`): one file per sender, each receiver reads its range of every file;
+local and on a real S3 API server; and a curate run's objects grow with its tasks, not tasks x partitions."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from helpers import small_config
+from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
+from datapipe.curate.executors import LocalExecutor
+from datapipe.curate.runner import curate
+
+
+def _senders(folder, partitions: int, sizes=(0, 1, 37, 500)) -> dict[str, pa.Table]:
+    """One file per sender, rows of every partition (an empty sender too); the tables written."""
+    rng = np.random.default_rng(0)
+    written = {}
+    for s, n in enumerate(sizes):
+        table = pa.table({"key": rng.integers(0, 2**62, n), "name": [f"s{s}-r{i}" for i in range(n)]})
+        partition = rng.integers(0, partitions, n)
+        write_shuffle(folder / f"s{s}.shuffle", table, partition, partitions)
+        written[f"s{s}"] = table.append_column("partition", pa.array(partition))
+    return written
+
+
+@pytest.mark.parametrize("partitions", [1, 7, 20_000])  # 20,000: a header too large to read whole
+def test_each_partition_gets_exactly_its_rows_in_sender_then_row_order(tmp_path, partitions):
+    written = _senders(tmp_path, partitions)
+    files = shuffle_files(tmp_path, list(written))
+    seen = 0
+    for p in sorted({int(x) for t in written.values() for x in t.column("partition").to_pylist()} | {0}):
+        got = read_shuffle(files, p, partitions, source_column="sender")
+        expected = [(i, n) for i, t in enumerate(written.values())
+                    for n, q in zip(t.column("name").to_pylist(), t.column("partition").to_pylist()) if q == p]
+        assert list(zip(got.column("sender").to_pylist(), got.column("name").to_pylist())) == expected
+        seen += got.num_rows
+    assert seen == sum(t.num_rows for t in written.values())
+
+
+def test_a_file_is_deterministic_and_read_checks_its_partition_count(tmp_path):
+    table = pa.table({"x": np.arange(10)})
+    write_shuffle(tmp_path / "a.shuffle", table, np.arange(10) % 3, 3)
+    write_shuffle(tmp_path / "b.shuffle", table, np.arange(10) % 3, 3)
+    assert (tmp_path / "a.shuffle").read_bytes() == (tmp_path / "b.shuffle").read_bytes()  # resume: the same file
+    with pytest.raises(ValueError, match="written for 3 partitions, not 4"):
+        read_shuffle([tmp_path / "a.shuffle"], 0, 4)
+    (tmp_path / "c.shuffle").write_bytes(b"not a shuffle file at all, but long enough to hold a header" * 10)
+    with pytest.raises(ValueError, match="is not a shuffle file"):
+        read_shuffle([tmp_path / "c.shuffle"], 0, 3)
+    with pytest.raises(ValueError, match=r"partition numbers must be in \[0, 3\)"):
+        write_shuffle(tmp_path / "d.shuffle", table, np.arange(10), 3)
+    assert read_shuffle([], 0, 3) is None and read_shuffle([], 0, 3, pa.schema([("x", pa.int64())])).num_rows == 0
+
+
+def test_remote_files_are_read_by_ranges_on_a_real_s3_server(s3_server, tmp_path):
+    from datapipe.core.storage import location
+
+    endpoint, bucket = s3_server
+    folder = location(f"s3://{bucket}/shuffle-test")
+    local = _senders(tmp_path, 5)
+    remote = _senders(folder, 5)
+    for p in range(5):
+        a = read_shuffle(shuffle_files(tmp_path, list(local)), p, 5)
+        b = read_shuffle(shuffle_files(folder, list(remote)), p, 5)
+        assert a.equals(b)
+    # one object per sender, written in one request: no temporary key is ever left
+    assert sorted(f.name for f in folder.iterdir()) == [f"s{s}.shuffle" for s in range(4)]
+
+
+def _objects(work: Path) -> dict[str, int]:
+    return {top: sum(len(files) for _, _, files in os.walk(work / top)) for top in sorted(os.listdir(work))}
+
+
+def test_objects_grow_with_the_tasks_not_with_tasks_times_partitions(tmp_path, slice_input):
+    """The same run at 3 and at 24 partitions: the map side's key files do not change at all (one per
+    block and kind), the resolve writes a few objects per partition task, and the shards are the same."""
+    runs = {}
+    for partitions in (3, 24):
+        cfg = small_config(tmp_path / f"p{partitions}", [slice_input], output={"keep_work": True}, read={"block_bytes": 2048},
+                           dedup={"exact": {"enabled": True, "partitions": partitions},
+                                  "minhash": {"enabled": True, "partitions": partitions}})
+        runs[partitions] = curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
+    few, many = (_objects(tmp_path / f"p{p}" / "work") for p in (3, 24))
+    blocks = len(list((tmp_path / "p3" / "work" / "read").glob("*.arrow")))
+    assert blocks > 10
+    # map side: one key file per block and kind, whatever the partition count (it was blocks x partitions)
+    for folder in ("minhash/buckets", "minhash/nodes", "exact_dedup/keys", "ids/keys"):
+        counts = [len(list((tmp_path / f"p{p}" / "work" / folder).iterdir())) for p in (3, 24)]
+        assert counts == [blocks, blocks], folder
+    # resolve side: per partition task, its output and its record (a few kinds), never partitions squared
+    assert many["minhash"] - few["minhash"] <= 12 * (24 - 3)
+    assert [s["sha256"] for s in runs[3].manifest["shards"]] == [s["sha256"] for s in runs[24].manifest["shards"]]
