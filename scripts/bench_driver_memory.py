@@ -1,15 +1,15 @@
 """The curation scale benchmark: driver memory (issue 13), work files, objects and CPU per phase (issue 22).
 
-usage: python -m scripts.bench_driver_memory [--base 625000] [--scales 1,4,16] [--workers 2] [--partitions 16]
+usage: python -m scripts.bench_driver_memory [--base 625000] [--scales 1,4,16] [--workers 2] [--partitions auto]
            [--no-verify] [--keep DIR]
 
-For each scale s, a synthetic corpus of s x BASE short documents (100-300 bytes of text: 15-45 words
-drawn from a 20,000-word vocabulary, Zipf-like) in 16 JSONL files, with planted duplicates: 5% exact
+For each scale s, a synthetic corpus of s x BASE short documents (by default 100-300 bytes of text: 15-45 words;
+`--doc-words 150,200` gives ~1 KB, the size of 1 TB / 1 B documents) drawn from a 20,000-word vocabulary, Zipf-like) in 16 JSONL files, with planted duplicates: 5% exact
 copies of an earlier document and 10% near copies (an earlier document with one word added at its
 end or one word dropped from it: word 5-gram Jaccard >= 0.9), all seeded. Then the whole pipeline,
 `datapipe curate` with exact and near dedup (no filters, a trained 2,048-token tokenizer, `auto`
 blocks and shards) on the embedded Ray with `--workers` CPUs, as a fresh process tree; the same
-config at every scale (16 partitions for exact and near dedup: a worker's share of a partition grows
+config at every scale (`--partitions`, default `auto`: chosen from the input's size; with a fixed count a worker's share of a partition grows
 with the corpus, the driver's share must not). `--no-verify` sets `dedup.minhash.verify: false`:
 candidates are not checked against the threshold, so no signature is stored. (Before issue 22 every
 bucket row held the document's 128-value signature, 16 bands: several KB of work files a document, which
@@ -51,7 +51,7 @@ VOCAB = 20_000
 EXACT_SHARE, NEAR_SHARE = 0.05, 0.10
 
 
-def write_corpus(folder: Path, docs: int, seed: int = 0) -> dict[str, Any]:
+def write_corpus(folder: Path, docs: int, seed: int = 0, words: tuple[int, int] = (15, 45)) -> dict[str, Any]:
     """`docs` short documents in FILES JSONL files under `folder`; returns counts of what was planted."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -64,7 +64,7 @@ def write_corpus(folder: Path, docs: int, seed: int = 0) -> dict[str, Any]:
     n = 0
     for f in range(FILES):
         count = min(per_file, docs - n)
-        lengths = rng.integers(15, 46, size=count)
+        lengths = rng.integers(words[0], words[1] + 1, size=count)
         drawn = rng.choice(VOCAB, size=int(lengths.sum()), p=weights)
         kind = rng.random(count)
         lines = []
@@ -179,7 +179,7 @@ def work_files(work: Path) -> dict[str, dict[str, int]]:
     return dict(sorted(out.items()))
 
 
-def run_scale(corpus: Path, out: Path, workers: int, partitions: int, verify: bool) -> dict[str, Any]:
+def run_scale(corpus: Path, out: Path, workers: int, partitions: int | str, verify: bool) -> dict[str, Any]:
     repo = Path(__file__).parents[1]
     config = {
         "inputs": [{"path": str(corpus / "*.jsonl"), "domain": "web"}],
@@ -233,14 +233,17 @@ def main() -> None:
     p.add_argument("--base", type=int, default=625_000, help="documents at scale 1 (default 625,000: 16x = 10 M)")
     p.add_argument("--scales", default="1,4,16")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--partitions", type=int, default=16, help="dedup.exact.partitions and dedup.minhash.partitions")
+    p.add_argument("--partitions", default="auto", help="dedup.exact.partitions and dedup.minhash.partitions (auto: the default)")
+    p.add_argument("--doc-words", default="15,45", help="MIN,MAX words a document (15,45: ~185 bytes; 150,200: ~1 KB, "
+                   "the size of 1 TB / 1 B documents)")
     p.add_argument("--no-verify", action="store_true", help="dedup.minhash.verify: false (much smaller work files)")
     p.add_argument("--keep", default=None, help="folder for the corpora and outputs (default: a temporary one, deleted)")
     args = p.parse_args()
+    args.partitions = args.partitions if args.partitions == "auto" else int(args.partitions)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-driver-memory-"))
     results: dict[str, Any] = {
         "command": f"python -m scripts.bench_driver_memory --base {args.base} --scales {args.scales} --workers {args.workers}"
-                   + f" --partitions {args.partitions}" + (" --no-verify" if args.no_verify else ""),
+                   + f" --partitions {args.partitions} --doc-words {args.doc_words}" + (" --no-verify" if args.no_verify else ""),
         "minhash_verify": not args.no_verify,
         "cpus": os.cpu_count(), "workers": args.workers, "load_avg_1min_at_start": round(os.getloadavg()[0], 2), "scales": {},
     }
@@ -248,7 +251,7 @@ def main() -> None:
         for scale in [int(s) for s in args.scales.split(",")]:
             corpus = root / f"corpus-{scale}x"
             t0 = time.perf_counter()
-            planted = write_corpus(corpus, scale * args.base)
+            planted = write_corpus(corpus, scale * args.base, words=tuple(int(x) for x in args.doc_words.split(",")))
             entry = {"corpus": planted, "generate_seconds": round(time.perf_counter() - t0, 1)}
             entry.update(run_scale(corpus, root / f"out-{scale}x", args.workers, args.partitions, not args.no_verify))
             entry["load_avg_1min_after"] = round(os.getloadavg()[0], 2)

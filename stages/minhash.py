@@ -587,19 +587,17 @@ class MinHashStage:
 
         - `buckets`: one row per (document, band): the band's bucket key (the band number is mixed
           into the key) and the document's order, partitioned by the key: 16 bytes a row;
-        - `nodes`: one row per document, partitioned by its order: order, id, length and, when
-          verifying, the signature (`SIGNATURE_BITS` a value) — stored once, not once per band.
+        - `nodes`: one row per document, partitioned by its order: order, its length (for `keep:
+          longest`) and, when verifying, the signature (`SIGNATURE_BITS` a value) — stored once, not
+          once per band. Ids are not stored: the members of clusters (a few) get theirs from their block.
 
         Shingle sets are not stored: the few pairs near the threshold are checked exactly against
         shingles recomputed from the two documents' text (`shingle_sets`)."""
         sig, has = self.hasher.signatures(batch.column("text"))
         order = batch.column("order").to_numpy()
-        nodes = {
-            "partition": partition_of(order, self.config.partitions),
-            "order": order,
-            "id": batch.column("id"),
-            "length": pc.utf8_length(batch.column("text")).cast(pa.int64()),
-        }
+        nodes = {"partition": partition_of(order, self.config.partitions), "order": order}
+        if self.config.keep == "longest":  # (ids are not stored: the few cluster members' come from their block)
+            nodes["length"] = pc.utf8_length(batch.column("text")).cast(pa.int64())
         if self.config.verify:
             nodes["signature"] = stored_signatures(sig)
         keys = band_keys(sig[has], self.bands, self.rows).reshape(-1)

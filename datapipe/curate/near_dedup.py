@@ -158,6 +158,19 @@ def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray
     return out
 
 
+def _ids(source: KeySource, orders: np.ndarray, senders: np.ndarray) -> pa.Array:
+    """The ids of `orders` (as their segment named them), from their senders' block views: one read per block."""
+    work = location(source.work)
+    ids = np.empty(len(orders), dtype=object)
+    for s in np.unique(senders).tolist():
+        mine = np.flatnonzero(senders == s)
+        folder, name = source.senders[s].rsplit("/", 1)
+        view = block_documents(work, folder, name, ["order", "id"])
+        rows = pc.index_in(pa.array(orders[mine]), value_set=view.column("order")).to_numpy(zero_copy_only=False)
+        ids[mine] = view.column("id").take(pa.array(rows)).to_pylist()
+    return pa.array(ids.tolist(), pa.string())
+
+
 def pairs_task(shared: tuple[str, KeySource, MinHashConfig], p: int) -> dict[str, Any]:
     """Candidate pairs of bucket partition p -> `pairs-u/pNNN` by their first document (or, without
     `verify`, star edges -> `cc/r000/pNNN`)."""
@@ -290,7 +303,8 @@ MEMBER_SCHEMA = pa.schema([("order", pa.int64()), ("label", pa.int64()), ("id", 
 
 
 def members_task(shared: tuple[str, Any, KeySource], converged: str, p: int) -> dict[str, Any]:
-    """Labels from the converged edges in `cc/<converged>/`, joined with the nodes' ids and lengths."""
+    """Labels from the converged edges in `cc/<converged>/`, joined with the nodes' ids (read from their
+    blocks: only the documents of a cluster are looked up) and lengths."""
     folder, config, source = shared
     root = location(folder)
 
@@ -298,9 +312,11 @@ def members_task(shared: tuple[str, Any, KeySource], converged: str, p: int) -> 
         node, label = labels(*_directed(root / "cc" / converged, p, config.partitions))
         members = MEMBER_SCHEMA.empty_table()
         if len(node):
-            found = _lookup(source.read("nodes", p, config.partitions), node, ["id", "length"])
-            members = pa.table({"order": node, "label": label, "id": found.column("id"), "length": found.column("length")},
-                               schema=MEMBER_SCHEMA)
+            longest = config.keep == "longest"
+            found = _lookup(_nodes_with_sender(source, p, config), node, ["sender"] + (["length"] if longest else []))
+            ids = _ids(source, node, found.column("sender").to_numpy())
+            length = found.column("length") if longest else pa.array(np.zeros(len(node), np.int64))
+            members = pa.table({"order": node, "label": label, "id": ids, "length": length}, schema=MEMBER_SCHEMA)
         write_shuffle(root / "members" / f"p{p:03d}.shuffle", members,
                       partition_of(members.column("label").to_numpy(), config.partitions), config.partitions)
         return {"members": members.num_rows}

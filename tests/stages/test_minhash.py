@@ -321,9 +321,13 @@ def test_candidates_are_verified_by_estimated_jaccard():
     assert list(zip(found.edge_u.tolist(), found.edge_v.tolist())) == [(0, 1), (0, 3), (1, 3)]
     assert len(found.near_u) == 0  # all far above the threshold: no exact check needed
     nodes = keys["nodes"]
-    assert nodes.column("id").to_pylist() == ["d0", "d1", "d2", "d3"]
-    # the signature once per document, 16 bits a value; the buckets one row per band: no signature, no shingles
+    assert nodes.column("order").to_pylist() == [0, 1, 2, 3]
+    # the signature once per document, 16 bits a value, and nothing else (no id, no length with keep: first);
+    # the buckets one row per band: no signature, no shingles
+    assert nodes.column_names == ["partition", "order", "signature"]
     assert nodes.column("signature").type == pa.binary(2 * stage.config.num_perm)
+    assert MinHashStage(MinHashConfig(partitions=1, keep="longest")).keys(_batch([base]))["nodes"].column_names == [
+        "partition", "order", "length", "signature"]
     assert keys["buckets"].column_names == ["partition", "bucket", "order"] and set(keys) == {"buckets", "nodes"}
     full, _ = stage.hasher.signatures([far])
     assert signature_values(nodes.column("signature"), stage.config.num_perm)[2].tolist() == (full[0] & 0xFFFF).tolist()
