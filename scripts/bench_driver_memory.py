@@ -51,7 +51,7 @@ VOCAB = 20_000
 EXACT_SHARE, NEAR_SHARE = 0.05, 0.10
 
 
-def write_corpus(folder: Path, docs: int, seed: int = 0, words: tuple[int, int] = (15, 45)) -> dict[str, Any]:
+def write_corpus(folder: Path, docs: int, seed: int = 0, doc_words: tuple[int, int] = (15, 45)) -> dict[str, Any]:
     """`docs` short documents in FILES JSONL files under `folder`; returns counts of what was planted."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -64,7 +64,7 @@ def write_corpus(folder: Path, docs: int, seed: int = 0, words: tuple[int, int] 
     n = 0
     for f in range(FILES):
         count = min(per_file, docs - n)
-        lengths = rng.integers(words[0], words[1] + 1, size=count)
+        lengths = rng.integers(doc_words[0], doc_words[1] + 1, size=count)
         drawn = rng.choice(VOCAB, size=int(lengths.sum()), p=weights)
         kind = rng.random(count)
         lines = []
@@ -251,7 +251,7 @@ def main() -> None:
         for scale in [int(s) for s in args.scales.split(",")]:
             corpus = root / f"corpus-{scale}x"
             t0 = time.perf_counter()
-            planted = write_corpus(corpus, scale * args.base, words=tuple(int(x) for x in args.doc_words.split(",")))
+            planted = write_corpus(corpus, scale * args.base, doc_words=tuple(int(x) for x in args.doc_words.split(",")))
             entry = {"corpus": planted, "generate_seconds": round(time.perf_counter() - t0, 1)}
             entry.update(run_scale(corpus, root / f"out-{scale}x", args.workers, args.partitions, not args.no_verify))
             entry["load_avg_1min_after"] = round(os.getloadavg()[0], 2)

@@ -63,7 +63,6 @@ from stages.minhash import (
     bucket_pairs,
     choose_kept,
     connected_components,
-    Candidates,
     estimate_masks,
     exact_edges,
     fmix,
@@ -222,6 +221,28 @@ def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], q: int) 
     return _once(root / "records" / f"attach-p{q:03d}.json", work)
 
 
+def _not_yet_connected(edge_u: np.ndarray, edge_v: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Mask of the pairs (u[i], v[i]) whose ends the edges do not already connect (a union-find over the edges)."""
+    if len(u) == 0 or len(edge_u) == 0:
+        return np.ones(len(u), dtype=bool)
+    nodes, index = np.unique(np.concatenate([edge_u, edge_v, u, v]), return_inverse=True)
+    parent = np.arange(len(nodes))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    n = len(edge_u)
+    for a, b in zip(index[:n].tolist(), index[n : 2 * n].tolist()):
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    pu, pv = index[2 * n : 2 * n + len(u)], index[2 * n + len(u) :]
+    return np.fromiter((find(a) != find(b) for a, b in zip(pu.tolist(), pv.tolist())), dtype=bool, count=len(u))
+
+
 def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], r: int) -> dict[str, Any]:
     """The pairs whose second document is in partition r, decided: by the signatures, then the ones
     too near the threshold by the exact Jaccard of their text's shingles. Edges -> `edges_folder/pNNN`."""
@@ -237,16 +258,19 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], r: int) 
         found = _lookup(_nodes_with_sender(source, r, config), v, ["signature", "sender"])
         edge, near = estimate_masks(signature_values(pairs.column("sig_u"), config.num_perm),
                                     signature_values(found.column("signature"), config.num_perm), config)
-        near_u, near_v = u[near], v[near]
-        if len(near_u):
+        # a near pair whose documents this task's sure edges already connect needs no exact check: its
+        # edge could not change the components (dense clusters of near-identical pages are mostly such)
+        rows = np.flatnonzero(near)
+        rows = rows[_not_yet_connected(u[edge], v[edge], u[rows], v[rows])]
+        near_u, near_v = u[rows], v[rows]
+        if len(rows):
             orders = np.r_[near_u, near_v]
-            senders = np.r_[pairs.column("sender_u").to_numpy()[near], found.column("sender").to_numpy()[near]]
+            senders = np.r_[pairs.column("sender_u").to_numpy()[rows], found.column("sender").to_numpy()[rows]]
             sets = text_shingle_sets(source, orders, senders, config)
             near_u, near_v = exact_edges(near_u, near_v, lambda wanted: {o: sets[o] for o in wanted.tolist()}, config.threshold)
-        decided = Candidates(u[edge], v[edge], u[near], v[near], len(u))
-        a, b = np.r_[decided.edge_u, near_u], np.r_[decided.edge_v, near_v]
+        a, b = np.r_[u[edge], near_u], np.r_[v[edge], near_v]
         send_edges(edges_root, a, b, config.partitions, f"p{r:03d}")
-        return {"edges": int(len(a)), "checked": int(len(decided.near_u)), "near": int(len(near_u))}
+        return {"edges": int(len(a)), "checked": int(len(rows)), "near": int(len(near_u)), "near_connected": int(near.sum() - len(rows))}
 
     return _once(root / "records" / f"verify-p{r:03d}.json", work)
 
