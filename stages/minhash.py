@@ -1,7 +1,8 @@
-"""Near-duplicate removal with MinHash-LSH: the pure parts (the runner distributes them).
+r"""Near-duplicate removal with MinHash-LSH: the pure parts (the runner distributes them).
 
-1. **Signatures**, vectorised per batch. Each document's shingles (word n-grams of the lowercased,
-   whitespace-split text, or character n-grams) are hashed to 64 bits, and the 32 bits datasketch
+1. **Signatures**, vectorised per batch. Each document's shingles (word n-grams of the lowercased
+   text, or character n-grams; words are `\w+` runs, or with `words: whitespace` those of
+   `str.split()`) are hashed to 64 bits, and the 32 bits datasketch
    would see go through datasketch's own permutations (its `affine32` scheme: the MurmurHash3
    finalizer, then `a * h + b mod 2**32`, with `a, b` drawn from `np.random.RandomState(seed)`
    exactly as `datasketch.MinHash` draws them); the signature is the per-permutation minimum,
@@ -10,7 +11,7 @@
    shingle), so the signatures equal `datasketch.MinHash(num_perm, seed).update(shingle)` exactly;
    `hash: xxh3` hashes each word (or character) once and combines n of them polynomially, which
    is several times faster and equals `datasketch.MinHash(..., hashfunc=shingle_hash32)`. The
-   default `hash: vector` sees the same words (those of `text.lower().split()`) but runs no Python
+   default `hash: vector` sees the same words but runs no Python
    per word: the words of a whole batch are found by numpy over its UTF-8 bytes and each is hashed
    as a byte polynomial (`vector_word_hash`), then combined into shingles as `xxh3` combines its
    word hashes (for `shingle: char` the two are the same hash).
@@ -23,7 +24,8 @@
    documents, and bounded work in a huge one. A candidate pair is an edge when its Jaccard reaches
    the threshold: by the signature's estimate (the fraction of equal values) when that is more than
    `exact_margin` away from the threshold, else by the exact Jaccard of the two documents' sets of
-   64-bit shingle hashes, which the map side writes once per document (`shingles`).
+   64-bit shingle hashes, recomputed from their text (`shingle_sets`). The map side keeps per document
+   its bucket keys and its signature once, at `SIGNATURE_BITS` a value (`MinHashStage.keys`).
 4. **Connected components** over the edges by alternating *large-star* and *small-star*
    rounds (Kiveris et al., "Connected Components in MapReduce and Beyond", 2014). Each round is a
    pure function of the edges of one hash partition of nodes, so the runner runs a round as one task

@@ -55,7 +55,7 @@ class ReadConfig:
     max_bytes_per_doc: int = note(10_000_000, help="longer documents are quarantined (reason 'too_long')")
     block_bytes: int | Literal["auto"] = note(
         "auto", help="text bytes per work block, the unit of parallelism after reading; auto = from the input size "
-        "(at least 16 blocks, at most 8 MiB each: `auto_block_bytes`)")
+        "(at least 16 blocks, at most 8 MiB each, but no more than 16,384 blocks: 1 TB gives 61 MB blocks)")
 
     def __post_init__(self) -> None:
         check(self.batch_size > 0, f"batch_size must be > 0, got {self.batch_size!r}")
@@ -96,13 +96,17 @@ SHARD_TARGET_BYTES = 64 * 2**20  # large outputs: shards of this size
 MIN_SHARDS = 4  # small outputs: at least this many shards (a trainer can hold one out, 2 ranks get 2 each)
 
 
+MAX_BLOCKS = 16_384  # huge inputs: blocks grow past the target rather than outnumber this
+# (a shuffle's range reads are blocks x partitions: 1 TB in 8 MiB blocks would be 119,000 senders)
+
+
 def auto_block_bytes(input_bytes: int | None) -> int:
     """The block size for `read.block_bytes: auto`, from an estimate of the input's text bytes (None: unknown).
     Blocks of BLOCK_TARGET_BYTES for large inputs, at least MIN_BLOCKS of them for small ones, never under
-    BLOCK_FLOOR_BYTES."""
+    BLOCK_FLOOR_BYTES, and no more than MAX_BLOCKS of them for huge ones (1 TB: 61 MB blocks)."""
     if input_bytes is None:
         return BLOCK_TARGET_BYTES
-    return max(BLOCK_FLOOR_BYTES, min(BLOCK_TARGET_BYTES, -(-input_bytes // MIN_BLOCKS)))
+    return max(BLOCK_FLOOR_BYTES, min(BLOCK_TARGET_BYTES, -(-input_bytes // MIN_BLOCKS)), -(-input_bytes // MAX_BLOCKS))
 
 
 # Memory a partition's task holds per byte of input text, by shuffle (upper estimates: documents of >= 200

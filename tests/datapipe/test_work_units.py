@@ -24,6 +24,7 @@ REPO = Path(__file__).parents[2]
 @pytest.mark.parametrize(
     ("input_bytes", "block_bytes"),
     [
+        (10**12, 61_035_157),  # 1 TB: no more than 16,384 blocks (a shuffle reads blocks x partitions ranges)
         (10 * 2**30, 8 * MiB),  # a large input: blocks of the 8 MiB target (1,280 of them)
         (151_000_000, 8 * MiB),  # the shared corpus's text: 18 blocks of 8 MiB
         (64 * MiB, 4 * MiB),  # smaller: 16 blocks, so 8 workers get 2 each
