@@ -49,8 +49,9 @@ def requests(blocks: int, p_exact: int, p_near: int, shards: int) -> dict[str, i
         "exact_dedup resolve": 2 * m * pe + 3 * pe + 2 * pe * m + 2 * pe,  # keys; losers by unit (read by blocks later)
         "filters+minhash": 2 * m * pe + 6 * m,  # each block reads its unit's range of every losers file
         "minhash resolve": (2 * m * pn + 3 * pn)  # pairs: the buckets
-        + 2 * (2 * pn * pn + 2 * m * pn + 3 * pn)  # attach, verify: pairs and nodes
-        + (2 * pn * pn + 2 * m * pn + 3 * pn)  # members: the converged edges and nodes (ids from views)
+        + (2 * m * pn + 2 * pn)  # gather: every block's nodes, once, into one file per partition
+        + 2 * (2 * pn * pn + 4 * pn)  # attach, verify: pairs and the gathered nodes
+        + (2 * pn * pn + 4 * pn)  # members: the converged edges and the gathered nodes (ids from views)
         + (2 * pn * pn + 4 * pn)  # keep
         + 2 * pn * m + 2 * pn,  # losers by unit
         "minhash drop": 2 * m * pn + 5 * m,

@@ -418,7 +418,8 @@ def split(
     near = pa.table({"order": pa.array([], pa.int64()), "eval_id": pa.array([], pa.string())})
     if config.decontaminate == "near" and names:
         if near_dedup_segment is not None and not config.source:  # its keys are still in work/minhash/
-            source = near_dedup.KeySource(str(work / "minhash"), str(work), tuple(f"{near_dedup_segment}/{b}" for b in names))
+            source = near_dedup.KeySource(str(work / "minhash"), str(work), tuple(f"{near_dedup_segment}/{b}" for b in names),
+                                          gathered=True)  # its resolve gathered the nodes by partition
         else:
             source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names))
             run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names], "eval_split minhash")

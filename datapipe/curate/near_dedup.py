@@ -42,6 +42,7 @@ same steps to the same files.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -88,12 +89,38 @@ class KeySource:
     keys: str  # folder holding buckets/ and nodes/
     work: str
     senders: tuple[str, ...]
+    gathered: bool = False  # the nodes were gathered into one file per partition (`gather_nodes_task`)
 
     def files(self, kind: str) -> list[Location]:
         return shuffle_files(location(self.keys) / kind, [s.rsplit("/", 1)[-1] for s in self.senders])
 
     def read(self, kind: str, p: int, partitions: int, **kwargs: Any) -> pa.Table | None:
         return read_shuffle(self.files(kind), p, partitions, **kwargs)
+
+    def nodes(self, p: int, partitions: int) -> pa.Table:
+        """Partition p's nodes, with each row's `sender` (its index in `senders`): one file when gathered,
+        else a range of every sender's file."""
+        if self.gathered:
+            return read_table(location(self.keys) / GATHERED / f"p{p:03d}.arrow")
+        nodes = self.read("nodes", p, partitions, source_column="sender")
+        if nodes is None:
+            raise RuntimeError("near dedup: no nodes files in the work folder")
+        return nodes
+
+
+GATHERED = "nodes-by-partition"  # keys/nodes-by-partition/pNNN.arrow: every sender's nodes of partition p
+
+
+def gather_nodes_task(shared: tuple[str, KeySource, int], p: int) -> int:
+    """Partition p's nodes of every sender, read once (M ranges) into one file, so that the three steps
+    that look nodes up (attach, verify, members) read one file each instead of M ranges each."""
+    folder, source, partitions = shared
+    out = location(source.keys) / GATHERED / f"p{p:03d}.arrow"
+    if out.exists():  # written whole (one PUT, or a rename): its existence is its record
+        return -1
+    nodes = source.nodes(p, partitions)
+    atomic_write_table(out, nodes)
+    return nodes.num_rows
 
 
 def _partitions(n: int) -> list[str]:
@@ -193,10 +220,7 @@ def pairs_task(shared: tuple[str, KeySource, MinHashConfig], p: int) -> dict[str
 
 
 def _nodes_with_sender(source: KeySource, p: int, config: MinHashConfig) -> pa.Table:
-    nodes = source.read("nodes", p, config.partitions, source_column="sender")
-    if nodes is None:
-        raise RuntimeError("near dedup: no nodes files in the work folder")
-    return nodes
+    return source.nodes(p, config.partitions)
 
 
 def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], q: int) -> dict[str, Any]:
@@ -422,6 +446,10 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     parts = [(p,) for p in range(config.partitions)]
     source = KeySource(str(folder), str(folder.parent), tuple(senders))
     found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs")
+    # the nodes, read by three later steps, are gathered once by partition; the senders' files then go
+    run_tasks(gather_nodes_task, (str(folder), source, config.partitions), parts, f"{stage.name} gather")
+    remove_tree(folder / "nodes")
+    source = dataclasses.replace(source, gathered=True)
     verified = {"edges": sum(x["edges"] for x in found), "exact_checked": 0}
     if config.verify:  # the verified edges are the components' input, as the star edges are without
         verified = verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name)

@@ -169,7 +169,7 @@ class KilledAt(LocalExecutor):
         return results
 
 
-@pytest.mark.parametrize("desc, after", [("minhash pairs", 1), ("minhash attach", 1), ("minhash verify", 2), ("minhash components", 0), ("minhash members", 2), ("minhash keep", 1)])
+@pytest.mark.parametrize("desc, after", [("minhash pairs", 1), ("minhash gather", 1), ("minhash attach", 1), ("minhash verify", 2), ("minhash components", 0), ("minhash members", 2), ("minhash keep", 1)])
 def test_run_killed_in_the_resolve_resumes_to_the_same_result(tmp_path, desc, after):
     path, _ = _corpus(tmp_path)
     ref = _minhash_run(tmp_path / "ref", path, LocalExecutor())

@@ -89,9 +89,12 @@ def test_objects_grow_with_the_tasks_not_with_tasks_times_partitions(tmp_path, s
     blocks = len(list((tmp_path / "p3" / "work" / "read").glob("*.arrow")))
     assert blocks > 10
     # map side: one key file per block and kind, whatever the partition count (it was blocks x partitions)
-    for folder in ("minhash/buckets", "minhash/nodes", "exact_dedup/keys", "ids/keys"):
+    for folder in ("minhash/buckets", "exact_dedup/keys", "ids/keys"):
         counts = [len(list((tmp_path / f"p{p}" / "work" / folder).iterdir())) for p in (3, 24)]
         assert counts == [blocks, blocks], folder
+    # the nodes were gathered by partition once (their block files then removed): P files
+    assert [len(list((tmp_path / f"p{p}" / "work" / "minhash" / "nodes-by-partition").iterdir())) for p in (3, 24)] == [3, 24]
+    assert not (tmp_path / "p3" / "work" / "minhash" / "nodes").exists()
     # resolve side: per partition task, its output and its record (a few kinds), never partitions squared
     assert many["minhash"] - few["minhash"] <= 12 * (24 - 3)
     assert [s["sha256"] for s in runs[3].manifest["shards"]] == [s["sha256"] for s in runs[24].manifest["shards"]]
