@@ -11,7 +11,8 @@ copy of their text. Then, each step one task per partition, each writing one shu
 
 1. pairs       the candidate pairs of its buckets (`stages.minhash.bucket_pairs`, windowed), sent to the
                partition of their first document (`pairs-u/`); without `verify`, the buckets' star edges
-               go straight to `cc/r000/`;
+               go straight to `cc/r000/`; then `gather` reads every block's nodes of partition p once into
+               `nodes-by-partition/pNNN.arrow` (the block files go), for the three steps that look nodes up;
 2. attach      each pair joined with its first document's signature and block, sent to the partition of
                its second document (`pairs-v/`);
 3. verify      joined with the second's: decided by the estimated Jaccard (`decide_pairs`); the pairs too
