@@ -37,7 +37,9 @@ and is skipped when that output exists, so the split is the same on any number o
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
@@ -419,13 +421,14 @@ def split(
     if config.decontaminate == "near" and names:
         if near_dedup_segment is not None and not config.source:  # its keys are still in work/minhash/
             source = near_dedup.KeySource(str(work / "minhash"), str(work), tuple(f"{near_dedup_segment}/{b}" for b in names),
-                                          gathered=True)  # its resolve gathered the nodes by partition
+                                          gathered=True, run=uuid.uuid4().hex)  # its resolve gathered the nodes by partition
         else:
-            source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names))
+            source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names),
+                                          run=uuid.uuid4().hex)
             run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names], "eval_split minhash")
         if config.source:  # its documents' keys next to this run's, under orders after every input
             run_tasks(source_bucket_task, (str(work), config.source, tokenizer[0], minhash), [(0,)], "eval_split source minhash")
-            source = near_dedup.KeySource(source.keys, source.work, (*source.senders, f"{EVAL_DIR}/{SOURCE_BLOCK}"))
+            source = dataclasses.replace(source, senders=(*source.senders, f"{EVAL_DIR}/{SOURCE_BLOCK}"))
         pairs = near_copies(run_tasks, work, eval_orders, minhash, source).sort_by([("order", "ascending"), ("eval_order", "ascending")])
         if pairs.num_rows:
             order_col = pairs.column("order").to_numpy()

@@ -43,8 +43,10 @@ same steps to the same files.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -91,6 +93,7 @@ class KeySource:
     work: str
     senders: tuple[str, ...]
     gathered: bool = False  # the nodes were gathered into one file per partition (`gather_nodes_task`)
+    run: str = ""  # a fresh id per resolve: what `_ShingleCache` keys by (no effect on any output)
 
     def files(self, kind: str) -> list[Location]:
         return shuffle_files(location(self.keys) / kind, [s.rsplit("/", 1)[-1] for s in self.senders])
@@ -169,19 +172,55 @@ def _lookup(nodes: pa.Table, orders: np.ndarray, columns: Sequence[str]) -> pa.T
     return nodes.select(list(columns)).take(pa.array(at, pa.int64()))
 
 
+class _ShingleCache:
+    """Shingle sets recomputed in this worker process, kept for the next verify task of the same run (a
+    document near the threshold with many partners is checked by several tasks): least recently used out
+    beyond `budget` bytes. Keyed by the run's `KeySource.run` (a fresh id per resolve), so a later run in
+    the same process, whose blocks may differ, never reads an earlier one's sets. Only speed depends on it."""
+
+    def __init__(self, budget: int = 256 * 2**20) -> None:
+        self.budget, self.used = budget, 0
+        self.sets: collections.OrderedDict[tuple[str, int], np.ndarray] = collections.OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> np.ndarray | None:
+        found = self.sets.get(key)
+        if found is not None:
+            self.sets.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[str, int], value: np.ndarray) -> None:
+        self.sets[key] = value
+        self.used += value.nbytes
+        while self.used > self.budget and self.sets:
+            self.used -= self.sets.popitem(last=False)[1].nbytes
+
+
+_SHINGLES = _ShingleCache()
+
+
 def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray, config: MinHashConfig) -> dict[int, np.ndarray]:
     """The shingle sets of `orders`, recomputed from their text, read from their senders' block files
-    (`senders[i]`: index into `source.senders`); one read per block file."""
+    (`senders[i]`: index into `source.senders`); one read per block file, none for the documents this
+    process already computed in this run (`_ShingleCache`)."""
     out: dict[int, np.ndarray] = {}
     work = location(source.work)
     for s in np.unique(senders).tolist():
-        wanted = np.unique(orders[senders == s])
+        wanted = []
+        for order in np.unique(orders[senders == s]).tolist():
+            cached = _SHINGLES.get((source.run, order))
+            if cached is None:
+                wanted.append(order)
+            else:
+                out[order] = cached
+        if not wanted:
+            continue
         folder, name = source.senders[s].rsplit("/", 1)
         block = block_documents(work, folder, name, ["order", "text"])
-        rows = pc.index_in(pa.array(wanted), value_set=block.column("order")).to_numpy(zero_copy_only=False)
+        rows = pc.index_in(pa.array(wanted, pa.int64()), value_set=block.column("order")).to_numpy(zero_copy_only=False)
         texts = block.column("text").take(pa.array(rows))
-        for order, shingles in zip(wanted.tolist(), shingle_sets(texts.combine_chunks(), config)):
+        for order, shingles in zip(wanted, shingle_sets(texts.combine_chunks(), config)):
             out[order] = shingles
+            _SHINGLES.put((source.run, order), shingles)
     return out
 
 
@@ -445,7 +484,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     for the stats."""
     config = stage.config
     parts = [(p,) for p in range(config.partitions)]
-    source = KeySource(str(folder), str(folder.parent), tuple(senders))
+    source = KeySource(str(folder), str(folder.parent), tuple(senders), run=uuid.uuid4().hex)
     found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs")
     # the nodes, read by three later steps, are gathered once by partition; the senders' files then go
     run_tasks(gather_nodes_task, (str(folder), source, config.partitions), parts, f"{stage.name} gather")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import orjson
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -218,3 +220,29 @@ def test_clusters_merged_a_few_rows_at_a_time_equal_one_sort(tmp_path, monkeypat
     docs = [int(i[3:]) for i in a.column("id").to_pylist()]
     assert docs == sorted(docs)  # input order: doc<N> is the N-th document of the one input file
     assert result.stats["global_stages"]["minhash"] == ref.stats["global_stages"]["minhash"]
+
+
+def test_recomputed_shingles_are_cached_per_run_only(tmp_path):
+    """A verify task reuses the shingle sets this process computed earlier in the same resolve (`KeySource.run`);
+    another run, whose block at the same path may hold other text, computes its own."""
+    from datapipe.core.schema import DOC_SCHEMA
+    from datapipe.core.shards import atomic_write_table
+    from datapipe.curate.near_dedup import KeySource, text_shingle_sets
+    from stages.minhash import shingle_sets
+
+    config = MinHashConfig()
+
+    def block(text):
+        atomic_write_table(tmp_path / "seg" / "b0.arrow", pa.table(
+            {"id": ["d0"], "domain": ["d"], "text": pa.array([text], pa.large_string()), "order": pa.array([0], pa.int64()),
+             "lang": pa.nulls(1, pa.string()), "lang_score": pa.nulls(1, pa.float32())}, schema=DOC_SCHEMA))
+
+    first, second = "one two three four five six seven", "eight nine ten eleven twelve thirteen fourteen"
+    block(first)
+    got = text_shingle_sets(KeySource(str(tmp_path), str(tmp_path), ("seg/b0",), run="r1"), np.array([0]), np.array([0]), config)
+    assert got[0].tolist() == shingle_sets([first], config)[0].tolist()
+    block(second)
+    again = text_shingle_sets(KeySource(str(tmp_path), str(tmp_path), ("seg/b0",), run="r1"), np.array([0]), np.array([0]), config)
+    assert again[0].tolist() == got[0].tolist()  # the same run: from the cache, the block is not read again
+    other = text_shingle_sets(KeySource(str(tmp_path), str(tmp_path), ("seg/b0",), run="r2"), np.array([0]), np.array([0]), config)
+    assert other[0].tolist() == shingle_sets([second], config)[0].tolist()
