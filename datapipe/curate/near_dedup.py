@@ -15,7 +15,7 @@ copy of their text. Then, each step one task per partition, each writing one shu
                `nodes-by-partition/pNNN.arrow` (the block files go), for the three steps that look nodes up;
 2. attach      each pair joined with its first document's signature and block, sent to the partition of
                its second document (`pairs-v/`);
-3. verify      joined with the second's: decided by the estimated Jaccard (`decide_pairs`); the pairs too
+3. verify      joined with the second's: decided by the estimated Jaccard (`estimate_masks`); the pairs too
                near the threshold to tell by the exact Jaccard of shingle sets recomputed from the two
                documents' text, read from their blocks (`exact_edges`); edges to `cc/r000/`;
 4. components  in one task when there are at most `one_task_edges` edges (large-star and small-star
