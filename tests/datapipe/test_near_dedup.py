@@ -246,3 +246,22 @@ def test_recomputed_shingles_are_cached_per_run_only(tmp_path):
     assert again[0].tolist() == got[0].tolist()  # the same run: from the cache, the block is not read again
     other = text_shingle_sets(KeySource(str(tmp_path), str(tmp_path), ("seg/b0",), run="r2"), np.array([0]), np.array([0]), config)
     assert other[0].tolist() == shingle_sets([second], config)[0].tolist()
+
+
+def test_without_verification_every_candidate_pair_joins_a_cluster(tmp_path):
+    """`verify: false`: the buckets' star edges are the clusters' input (no signatures stored, no exact
+    check); every verified cluster is inside an unverified one, and the eval split's near check runs too."""
+    path, _ = _corpus(tmp_path)
+    verified = _minhash_run(tmp_path / "verified", path, LocalExecutor())
+    cfg = small_config(tmp_path / "unverified", [{"path": str(path), "domain": "web"}], filters={},
+                       dedup={"exact": {"enabled": False}, "minhash": {"enabled": True, "partitions": 3, "verify": False}},
+                       eval={"enabled": True, "fraction": 0.2}, output={"keep_work": True})
+    unverified = curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
+    assert unverified.stats["global_stages"]["minhash"]["exact_checked"] == 0
+    assert unverified.stats["global_stages"]["minhash"]["removed"] >= verified.stats["global_stages"]["minhash"]["removed"]
+    loose = _found_clusters(tmp_path / "unverified")
+    for a, b in cluster_pairs(_found_clusters(tmp_path / "verified")):
+        assert a in loose and loose[a] == loose.get(b)
+    nodes = pa.concat_tables([pa.ipc.open_file(f).read_all() for f in sorted((tmp_path / "unverified" / "work" / "minhash"
+                                                                            / "nodes-by-partition").glob("*.arrow"))])
+    assert "signature" not in nodes.column_names
