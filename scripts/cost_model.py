@@ -37,24 +37,25 @@ from datapipe.curate.config import auto_block_bytes, auto_partitions
 SERIAL = {"start", "tokenizer", "write", "shutdown", "clean_up"}  # the driver's own steps, or one task
 
 
-def requests(blocks: int, p_exact: int, p_near: int, shards: int) -> dict[str, int]:
+def requests(blocks: int, p_exact: int, p_near: int, shards: int, units: int | None = None) -> dict[str, int]:
     """Requests per phase of a run with exact and near dedup (verification on), from its layout: a task
     reads its input objects and writes its output and its record (3); a shuffle read costs 2 per sender
     and receiver. `rounds` of connected components are counted as one (one task up to `one_task_edges`)."""
     m, pe, pn = blocks, p_exact, p_near
+    groups = min(units or m, 256)  # the losers are gathered by group of input units (runner.gather_losers_task)
     return {
         "read": 3 * m + 2 * m,  # the input range, the block, the ids' keys, the record
         "unique_ids": 2 * m * pe + 3 * pe,
         "exact_dedup": 4 * m,  # the read block, the view, the keys, the record
-        "exact_dedup resolve": 2 * m * pe + 3 * pe + 2 * pe * m + 2 * pe,  # keys; losers by unit (read by blocks later)
-        "filters+minhash": 2 * m * pe + 6 * m,  # each block reads its unit's range of every losers file
+        "exact_dedup resolve": 2 * m * pe + 3 * pe + 3 * pe + 2 * pe * groups + groups,  # keys; losers split, gathered
+        "filters+minhash": 2 * m + 6 * m,  # each block reads its unit's range of its group's losers file
         "minhash resolve": (2 * m * pn + 3 * pn)  # pairs: the buckets
         + (2 * m * pn + 2 * pn)  # gather: every block's nodes, once, into one file per partition
         + 2 * (2 * pn * pn + 4 * pn)  # attach, verify: pairs and the gathered nodes
         + (2 * pn * pn + 4 * pn)  # members: the converged edges and the gathered nodes (ids from views)
         + (2 * pn * pn + 4 * pn)  # keep
-        + 2 * pn * m + 2 * pn,  # losers by unit
-        "minhash drop": 2 * m * pn + 5 * m,
+        + 3 * pn + 2 * pn * groups + groups,  # losers split by unit, gathered by group of units
+        "minhash drop": 2 * m + 5 * m,
         "tokenize": 5 * m,
         "shards": 2 * m + 3 * shards,
     }

@@ -71,17 +71,17 @@ def write_shuffle(path: str | Location, table: pa.Table, partition: np.ndarray, 
 _SMALL_HEADER = 1 << 16  # a header up to this size is read whole; a larger one (many partitions) in pieces
 
 
-def _header_ranges(p: int, partitions: int) -> list[tuple[int, int]]:
-    """The byte ranges of a file's header that a reader of partition p needs: the fixed part, offsets
-    p and p + 1, and (a guess of) the schema. One range when the header is small."""
+def _header_ranges(p0: int, p1: int, partitions: int) -> list[tuple[int, int]]:
+    """The byte ranges of a file's header that a reader of partitions p0..p1-1 needs: the fixed part, offsets
+    p0 to p1, and (a guess of) the schema. One range when the header is small."""
     schema_at = _FIXED + 8 * (partitions + 1)
     if schema_at <= _SMALL_HEADER:
         return [(0, schema_at + _SCHEMA_GUESS)]
-    return [(0, _FIXED), (_FIXED + 8 * p, _FIXED + 8 * p + 16), (schema_at, schema_at + _SCHEMA_GUESS)]
+    return [(0, _FIXED), (_FIXED + 8 * p0, _FIXED + 8 * (p1 + 1)), (schema_at, schema_at + _SCHEMA_GUESS)]
 
 
-def _parse(path: str, pieces: list[bytes], p: int, partitions: int) -> tuple[int, int, int, bytes]:
-    """(start and end of partition p's range, the schema's length, the schema bytes read so far)."""
+def _parse(path: str, pieces: list[bytes], p0: int, p1: int, partitions: int) -> tuple[np.ndarray, int, bytes]:
+    """(offsets p0..p1 of the file, the schema's length, the schema bytes read so far)."""
     schema_at = _FIXED + 8 * (partitions + 1)
     head = pieces[0]
     if head[: len(MAGIC)] != MAGIC:
@@ -90,80 +90,95 @@ def _parse(path: str, pieces: list[bytes], p: int, partitions: int) -> tuple[int
     if written_for != partitions:
         raise ValueError(f"{path} was written for {written_for} partitions, not {partitions}")
     if len(pieces) == 1:
-        start, stop = struct.unpack_from("<QQ", head, _FIXED + 8 * p)
+        offsets = np.frombuffer(head, "<u8", count=p1 - p0 + 1, offset=_FIXED + 8 * p0)
         schema = head[schema_at : schema_at + schema_len]
     else:
-        start, stop = struct.unpack_from("<QQ", pieces[1], 0)
+        offsets = np.frombuffer(pieces[1], "<u8", count=p1 - p0 + 1)
         schema = pieces[2][:schema_len]
-    return int(start), int(stop), int(schema_len), schema
+    return offsets.astype(np.int64), int(schema_len), schema
 
 
-def _local_reads(paths: list[Path], p: int, partitions: int) -> list[tuple[bytes, bytes]]:
+Piece = tuple[bytes, bytes, np.ndarray]  # a file's schema, the bytes of partitions p0..p1-1, their offsets in them
+
+
+def _local_reads(paths: list[Path], p0: int, p1: int, partitions: int) -> list[Piece]:
     out = []
     schema_at = _FIXED + 8 * (partitions + 1)
     for path in paths:
         with open(path, "rb") as f:
             pieces = []
-            for a, b in _header_ranges(p, partitions):
+            for a, b in _header_ranges(p0, p1, partitions):
                 f.seek(a)
                 pieces.append(f.read(b - a))
-            start, stop, schema_len, schema = _parse(str(path), pieces, p, partitions)
+            offsets, schema_len, schema = _parse(str(path), pieces, p0, p1, partitions)
             if len(schema) < schema_len:
                 f.seek(schema_at)
                 schema = f.read(schema_len)
-            f.seek(start)
-            out.append((schema, f.read(stop - start) if stop > start else b""))
+            f.seek(int(offsets[0]))
+            body = f.read(int(offsets[-1] - offsets[0])) if offsets[-1] > offsets[0] else b""
+            out.append((schema, body, offsets - offsets[0]))
     return out
 
 
-def _remote_reads(paths: list[RemotePath], p: int, partitions: int) -> list[tuple[bytes, bytes]]:
+def _remote_reads(paths: list[RemotePath], p0: int, p1: int, partitions: int) -> list[Piece]:
     """Concurrent range requests over all files: the headers' pieces, then the ranges."""
     fs, names = paths[0].fs, [x.path for x in paths]
     schema_at = _FIXED + 8 * (partitions + 1)
-    ranges = _header_ranges(p, partitions)
+    ranges = _header_ranges(p0, p1, partitions)
     flat = fs.cat_ranges([n for n in names for _ in ranges], [a for _ in names for a, _ in ranges],
                          [b for _ in names for _, b in ranges], on_error="raise")
-    parsed = [_parse(str(x), flat[i * len(ranges) : (i + 1) * len(ranges)], p, partitions) for i, x in enumerate(paths)]
-    short = [i for i, (_, _, n, schema) in enumerate(parsed) if len(schema) < n]  # a schema past the guess
+    parsed = [_parse(str(x), flat[i * len(ranges) : (i + 1) * len(ranges)], p0, p1, partitions) for i, x in enumerate(paths)]
+    short = [i for i, (_, n, schema) in enumerate(parsed) if len(schema) < n]  # a schema past the guess
     schemas = [schema for *_, schema in parsed]
     if short:
-        more = fs.cat_ranges([names[i] for i in short], [schema_at] * len(short), [schema_at + parsed[i][2] for i in short],
+        more = fs.cat_ranges([names[i] for i in short], [schema_at] * len(short), [schema_at + parsed[i][1] for i in short],
                              on_error="raise")
         for i, schema in zip(short, more):
             schemas[i] = schema
-    todo = [i for i, (start, stop, _, _) in enumerate(parsed) if stop > start]
-    bodies = fs.cat_ranges([names[i] for i in todo], [parsed[i][0] for i in todo], [parsed[i][1] for i in todo], on_error="raise")
+    todo = [i for i, (offsets, _, _) in enumerate(parsed) if offsets[-1] > offsets[0]]
+    bodies = fs.cat_ranges([names[i] for i in todo], [int(parsed[i][0][0]) for i in todo], [int(parsed[i][0][-1]) for i in todo],
+                           on_error="raise")
     got = dict(zip(todo, bodies))
-    return [(schemas[i], got.get(i, b"")) for i in range(len(paths))]
+    return [(schemas[i], got.get(i, b""), offsets - offsets[0]) for i, (offsets, _, _) in enumerate(parsed)]
 
 
 def read_shuffle(paths: Sequence[str | Location], p: int, partitions: int, schema: pa.Schema | None = None, *,
-                 source_column: str | None = None) -> pa.Table | None:
+                 source_column: str | None = None, through: int | None = None,
+                 partition_column: str | None = None) -> pa.Table | None:
     """Partition `p`'s rows of every shuffle file in `paths` (in that order, each file's rows in
     their order). None when there are no files and no `schema` is given; an empty table of the
     files' (or the given) schema when none holds a row for `p`. With `source_column`, a last int32
-    column of that name holds each row's file (its index in `paths`)."""
+    column of that name holds each row's file (its index in `paths`). With `through`, partitions p to
+    `through` - 1 (one range of each file: they are adjacent), file by file, and `partition_column`
+    names an int32 column holding each row's partition."""
+    p1 = p + 1 if through is None else through
     locations = [location(x) for x in paths]
     remote = [x for x in locations if isinstance(x, RemotePath)]
     if remote and len(remote) != len(locations):
         raise ValueError("shuffle files must all be local or all remote")
     if not locations:
         return schema.empty_table() if schema is not None else None
-    pieces = _remote_reads(remote, p, partitions) if remote else _local_reads(locations, p, partitions)
+    pieces = _remote_reads(remote, p, p1, partitions) if remote else _local_reads(locations, p, p1, partitions)
     # each file's rows by its own schema (a sender with no rows may have typed a column as null), unified
     tables = []
-    for i, (schema_bytes, body) in enumerate(pieces):
-        file_schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+    for i, (schema_bytes, body, offsets) in enumerate(pieces):
         if not body:
             continue
-        batch = pa.ipc.read_record_batch(pa.py_buffer(body), file_schema)
-        if source_column is not None:
-            batch = batch.append_column(source_column, pa.array(np.full(batch.num_rows, i, np.int32)))
-        tables.append(pa.Table.from_batches([batch]))
+        file_schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
+        for k in range(p1 - p):
+            if offsets[k + 1] == offsets[k]:
+                continue
+            batch = pa.ipc.read_record_batch(pa.py_buffer(body[offsets[k] : offsets[k + 1]]), file_schema)
+            if source_column is not None:
+                batch = batch.append_column(source_column, pa.array(np.full(batch.num_rows, i, np.int32)))
+            if partition_column is not None:
+                batch = batch.append_column(partition_column, pa.array(np.full(batch.num_rows, p + k, np.int32)))
+            tables.append(pa.Table.from_batches([batch]))
     if not tables:
         empty = schema if schema is not None else pa.ipc.read_schema(pa.py_buffer(pieces[0][0]))
-        if source_column is not None and source_column not in empty.names:
-            empty = empty.append(pa.field(source_column, pa.int32()))
+        for extra in (source_column, partition_column):
+            if extra is not None and extra not in empty.names:
+                empty = empty.append(pa.field(extra, pa.int32()))
         return empty.empty_table()
     return pa.concat_tables(tables, promote_options="default")
 

@@ -4,16 +4,18 @@ Phases, each a set of independent tasks whose outputs are files in `OUT/work/`:
 
 1. read       one task per input unit (a file, or a slice of a dataset/folder): parse, quarantine
               what cannot be read, cut the documents into blocks of `read.block_bytes` of text
-              (`auto`: sized from the input files' bytes, `resolve_block_bytes`);
+              (`auto`: sized from the input files' bytes, `resolve_block_bytes`), normalize them and
+              write each block once (`blocks.py`: later phases write views, not the text);
    unique ids one task per hash partition of the ids: a later document with a taken id `x` is
               renamed `x#2`, ... in input order (`unique_ids.py`), applied as segment 0 reads;
-2. segments   one task per block: the map stages (normalize, filters, ...) up to the next global
+2. segments   one task per block: the map stages (language id, filters, ...) up to the next global
               stage (`stages.base.GlobalStage`), whose map half emits keys into hash partitions
-              (`work/<stage>/<kind>/pNNN/`);
+              (one shuffle file per block and kind, `work/<stage>/<kind>/<block>.shuffle`);
    resolve    the global stage's resolve half, with its own tasks (exact dedup: one per partition;
               near dedup: shuffles and connected-components rounds) decides the losers over all
-              its keys; one task per losers file cuts them by input unit (`split_losers_task`),
-              and the next segment's task reads its unit's and drops them first (so exact dedup is
+              its keys; one task per losers file cuts them by input unit (`split_losers_task`), one
+              task per group of units gathers the group's into one file (`gather_losers_task`),
+              and the next segment's task reads its unit's range and drops them first (so exact dedup is
               global across every file, worker and node, and its winner is the first document in
               input order);
 3. tokenizer  trained once on a deterministic sample of the kept text, taken by one task per block (or loaded);
@@ -402,7 +404,7 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int) -> dic
     if (done := _done(record)) is not None:
         return done
     previous = plan.segments[seg_index - 1].global_stage if seg_index > 0 else None
-    losers = _unit_losers(plan.work / previous.name, previous, unit_index, len(plan.units)) if previous is not None else None
+    losers = _unit_losers(plan.work / previous.name, unit_index, len(plan.units)) if previous is not None else None
     input_index = plan.units[unit_index].input_index
     table = block_documents(plan.work, READ if seg_index == 0 else plan.segments[seg_index - 1].name, name)
     if seg_index == 0:  # ids made unique before any stage sees them (datapipe/curate/unique_ids.py)
@@ -451,11 +453,39 @@ def split_losers_task(shared: tuple[str, int], file_name: str) -> int:
     return losers.num_rows
 
 
-def _unit_losers(folder: Path | RemotePath, stage: GlobalStage, unit_index: int, units: int) -> pa.Table:
-    """The losers of input unit `unit_index`: its range of every losers file's shuffle (`split_losers_task`;
-    the files are named by the stage's partitions, so nothing is listed)."""
-    files = shuffle_files(folder / LOSERS_BY_UNIT, [f"losers-p{p:03d}" for p in range(stage.partitions)])
-    return read_shuffle(files, unit_index, units, LOSER_SCHEMA)
+UNIT_GROUPS = 256  # the losers of at most this many groups of input units: one file each (`gather_losers_task`)
+
+
+def _unit_group(units: int) -> int:
+    """Input units per group: contiguous ranges, so a group's units are adjacent partitions of every file."""
+    return -(-units // min(units, UNIT_GROUPS))
+
+
+def gather_losers_task(shared: tuple[str, int, int], group: int) -> int:
+    """The losers of one group of input units, from the group's range of every losers file's shuffle (one
+    read each: its units are adjacent partitions) into one file `losers-by-unit/gNNNNN.shuffle`,
+    partitioned by the unit within the group. So each block task reads one range of one file, not a range
+    of every losers file (blocks x partitions requests at scale); the number of losers."""
+    folder, partitions, units = shared
+    root = location(folder) / LOSERS_BY_UNIT
+    out = root / f"g{group:05d}{SHUFFLE_SUFFIX}"
+    if out.exists():  # written whole (one PUT, or a rename): its existence is its record
+        return -1
+    size = _unit_group(units)
+    u0, u1 = group * size, min(units, (group + 1) * size)
+    files = shuffle_files(root, [f"losers-p{p:03d}" for p in range(partitions)])
+    losers = read_shuffle(files, u0, units, LOSER_SCHEMA, through=u1, partition_column="unit").sort_by([("order", "ascending")])
+    unit = losers.column("unit").to_numpy().astype(np.int64) - u0
+    write_shuffle(out, losers.drop(["unit"]), unit, u1 - u0)
+    return losers.num_rows
+
+
+def _unit_losers(folder: Path | RemotePath, unit_index: int, units: int) -> pa.Table:
+    """The losers of input unit `unit_index`: its range of its group's file (`gather_losers_task`)."""
+    size = _unit_group(units)
+    group = unit_index // size
+    u0, u1 = group * size, min(units, (group + 1) * size)
+    return read_shuffle([folder / LOSERS_BY_UNIT / f"g{group:05d}{SHUFFLE_SUFFIX}"], unit_index - u0, u1 - u0, LOSER_SCHEMA)
 
 
 # ---------------------------------------------------------------- phase 3: tokenizer
@@ -956,6 +986,9 @@ def curate(
                 loser_files = [f"losers-p{p:03d}.arrow" for p in range(stage.partitions)]  # one per partition, always
                 executor.run_tasks(split_losers_task, (str(plan.work / stage.name), len(plan.units)), [(f,) for f in loser_files],
                                    f"{stage.name} losers by unit")
+                groups = -(-len(plan.units) // _unit_group(len(plan.units)))
+                executor.run_tasks(gather_losers_task, (str(plan.work / stage.name), stage.partitions, len(plan.units)),
+                                   [(g,) for g in range(groups)], f"{stage.name} losers by unit group")
                 lap(f"{stage.name} resolve")
 
         if kept_docs == 0:

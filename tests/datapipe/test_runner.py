@@ -386,3 +386,22 @@ def test_keep_dropped_text_keeps_the_text_of_language_id_and_eval_split_drops(tm
         assert rows, f"no {stage} drop: the test would check nothing"
         # the text as curated (normalized: line ends and trailing blanks), not null
         assert all(r["text"] is not None and r["text"].split() == texts[r["id"]].split() for r in rows), stage
+
+
+def test_losers_gathered_by_unit_group_are_the_same_whatever_the_grouping(tmp_path, monkeypatch):
+    """Five input files with copies across them: each block reads its unit's losers from its group's one
+    file (`gather_losers_task`); groups of 2 units and one unit each drop exactly the same documents."""
+    from datapipe.curate import runner
+
+    texts = [f"document {i} " + " ".join(f"w{(i * 7 + j) % 97}" for j in range(60)) for i in range(12)]
+    for f in range(5):
+        rows = [{"id": f"f{f}-{i}", "text": texts[(f * 3 + i) % 12]} for i in range(8)]  # repeats across files
+        (tmp_path / f"part-{f}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    outputs = {}
+    for groups in (2, 256):
+        monkeypatch.setattr(runner, "UNIT_GROUPS", groups)
+        cfg = small_config(tmp_path / f"g{groups}", [{"path": str(tmp_path / "part-*.jsonl"), "domain": "web"}], filters={},
+                           dedup={"exact": {"enabled": True}, "minhash": {"enabled": True}})
+        outputs[groups] = curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
+    assert outputs[2].stats["dropped"] == outputs[256].stats["dropped"] and outputs[2].stats["dropped"]["exact_dedup"]
+    assert [s["sha256"] for s in outputs[2].manifest["shards"]] == [s["sha256"] for s in outputs[256].manifest["shards"]]

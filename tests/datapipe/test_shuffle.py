@@ -98,3 +98,14 @@ def test_objects_grow_with_the_tasks_not_with_tasks_times_partitions(tmp_path, s
     # resolve side: per partition task, its output and its record (a few kinds), never partitions squared
     assert many["minhash"] - few["minhash"] <= 12 * (24 - 3)
     assert [s["sha256"] for s in runs[3].manifest["shards"]] == [s["sha256"] for s in runs[24].manifest["shards"]]
+
+
+@pytest.mark.parametrize("partitions", [7, 20_000])
+def test_a_range_of_partitions_is_read_in_one_piece_of_each_file(tmp_path, partitions):
+    written = _senders(tmp_path, partitions)
+    p0, p1 = 2, 6
+    got = read_shuffle(shuffle_files(tmp_path, list(written)), p0, partitions, through=p1, source_column="sender",
+                       partition_column="p")
+    expected = [(i, q, n) for i, t in enumerate(written.values()) for q in range(p0, p1)
+                for n, r in zip(t.column("name").to_pylist(), t.column("partition").to_pylist()) if r == q]
+    assert list(zip(got.column("sender").to_pylist(), got.column("p").to_pylist(), got.column("name").to_pylist())) == expected
