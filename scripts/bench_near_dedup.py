@@ -69,7 +69,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The near-dedup stage on its own, in a fresh process: argv = tree, input jsonl, work folder, config json.
 # Works with this tree's GlobalStage API and with the previous one (MinHashStage + near_dedup.resolve).
 _STAGE = r"""
-import json, sys, time
+import inspect, json, sys, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np, orjson, pyarrow as pa, pyarrow.compute as pc
 from pathlib import Path
@@ -118,11 +118,13 @@ def run_tasks(fn, shared, items, desc, _local=LocalExecutor()):  # CPU per resol
     step = desc.split(" r")[0]
     phases[step] = phases.get(step, 0.0) + time.process_time() - t
     return out
-if senders:
+if senders and "documents" in inspect.signature(stage.resolve).parameters:  # the resolve sizes its tasks by them
+    summary = stage.resolve(run_tasks, folder, work, senders, table.num_rows)
+elif senders:
     summary = stage.resolve(run_tasks, folder, work, senders)
 else:
     summary = stage.resolve(run_tasks, folder, work) if hasattr(stage, "resolve") else nd.resolve(run_tasks, folder, stage, work)
-losers = pa.concat_tables([read_table(f) for f in sorted(folder.glob("losers-p*.arrow"))])
+losers = pa.concat_tables([read_table(f) for f in sorted(folder.glob("losers-[pt]*.arrow"))])
 kept = table.filter(pc.invert(pc.is_in(table.column("order"), value_set=losers.column("order"))))
 stage_cpu = time.process_time() - t0
 clusters = {r["id"]: r["cluster_id"] for r in __import__("pyarrow.parquet").parquet.read_table(work / "near_duplicates" / "clusters.parquet").to_pylist()}

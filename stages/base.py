@@ -65,13 +65,13 @@ class GlobalStage(ABC):
       stages, and writes the rows of kind k from block b as one shuffle file `folder/k/b.shuffle`
       (`datapipe.core.shuffle`: partitioned by that column, which is not stored), `folder` being
       `work/<name>/`.
-    - **resolve half**, `resolve(run_tasks, folder, out_dir, senders)`: called once, after every block's
-      keys are written; `senders` name the blocks (paths below the work folder, `folder.parent`: the
+    - **resolve half**, `resolve(run_tasks, folder, out_dir, senders, documents)`: called once, after every
+      block's keys are written; `documents` is how many documents the blocks hold; `senders` name the blocks (paths below the work folder, `folder.parent`: the
       block file `<sender>.arrow` holds the documents the keys were computed from, and the key files
       are `folder/<kind>/<last part of the sender>.shuffle`). It decides which documents lose, running
       its own tasks through `run_tasks` (partition p of a kind: `datapipe.core.shuffle.read_shuffle`), and
-      leaves them in `folder/losers-pNNN.arrow`, one file for every p below `partitions`, empty or not
-      (`LOSER_SCHEMA`; each document at most once over all files). It may write reports into `out_dir` and returns a JSON-able summary, which the runner
+      leaves them in `folder/losers-tNNN.arrow`, one file for every resolve task t below
+      `tasks(documents)`, empty or not (`LOSER_SCHEMA`; each document at most once over all files). It may write reports into `out_dir` and returns a JSON-able summary, which the runner
       puts in stats.json under `global_stages.<name>`. Each of its tasks writes its outputs
       atomically and is skipped when they exist, so a killed run resumes to the same result.
 
@@ -86,14 +86,21 @@ class GlobalStage(ABC):
     def keys(self, batch: pa.RecordBatch) -> dict[str, pa.Table]:
         """The map half: key tables by kind, each with a `partition` column."""
 
+    def tasks(self, documents: int) -> int:
+        """How many tasks the resolve runs (per step) for `documents` documents: one losers file each.
+        By default one per partition."""
+        return self.partitions
+
     @abstractmethod
-    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str]) -> dict[str, Any]:
-        """The resolve half: write `folder/losers-pNNN.arrow`; return a summary for the stats."""
+    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str],
+                documents: int) -> dict[str, Any]:
+        """The resolve half: write `folder/losers-tNNN.arrow` for t below `tasks(documents)`; return a
+        summary for the stats."""
 
     @staticmethod
     def losers(folder: Location) -> pa.Table:
         """Every loser `resolve` wrote into `folder`."""
-        tables = [read_table(f) for f in sorted(folder.glob("losers-p*.arrow"))]
+        tables = [read_table(f) for f in sorted(folder.glob("losers-t*.arrow"))]
         return pa.concat_tables(tables) if tables else LOSER_SCHEMA.empty_table()
 
 

@@ -65,8 +65,9 @@ class ExactDedupStage(GlobalStage):
     def partitions(self) -> int:
         return self.config.partitions
 
-    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str]) -> dict[str, Any]:
-        """One task per partition: `folder/losers-pNNN.arrow` from partition p of every sender's
+    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str],
+                documents: int = 0) -> dict[str, Any]:
+        """One task per partition: `folder/losers-tNNN.arrow` from partition p of every sender's
         `folder/keys/<block>.shuffle`."""
         items = [(p,) for p in range(self.config.partitions)]
         files = [str(f) for f in shuffle_files(folder / "keys", [s.rsplit("/", 1)[-1] for s in senders])]
@@ -99,9 +100,9 @@ class ExactDedupStage(GlobalStage):
 
 def partition_task(shared: tuple[str, list[str], int], partition: int) -> int:
     """The losers of one partition (its rows of every key file), written once to
-    `folder/losers-pNNN.arrow`; their count."""
+    `folder/losers-tNNN.arrow` (t = the partition); their count."""
     folder, files, partitions = shared
-    out = location(folder) / f"losers-p{partition:03d}.arrow"
+    out = location(folder) / f"losers-t{partition:03d}.arrow"
     if out.exists():
         return read_table(out).num_rows
     keys = read_shuffle(files, partition, partitions)

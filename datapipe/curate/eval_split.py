@@ -176,24 +176,25 @@ def bucket_task(shared: tuple[str, str, MinHashConfig], block: str) -> int:
     work, segment, config = location(shared[0]), shared[1], shared[2]
     record = work / EVAL_DIR / "records" / f"buckets-{block}.json"
     if record.exists():
-        return 0
+        return json.loads(record.read_text())["rows"]
     table = block_documents(work, segment, block)
     write_keys(MinHashStage(config), table, work / EVAL_DIR, block)
     atomic_write_json(record, {"rows": table.num_rows})
     return table.num_rows
 
 
-def match_task(shared: tuple[str, np.ndarray, MinHashConfig, KeySource], p: int) -> dict[str, int]:
-    """The candidate pairs (training document, eval document) of bucket partition p: every member of
-    a bucket with each of the first `bucket_window` eval documents in it (input order), so the work is
-    bounded by members x window however crowded a bucket is. Written (as u, v) to
-    work/eval/pairs-u/pNNN.shuffle, partitioned by the training document, for `near_dedup.verify_pairs`;
-    without `verify` every candidate is a match, written to work/eval/edges/ directly."""
+def match_task(shared: tuple[str, np.ndarray, MinHashConfig, KeySource], g: int) -> dict[str, int]:
+    """The candidate pairs (training document, eval document) of the bucket partitions of group g
+    (`source.groups`): every member of a bucket with each of the first `bucket_window` eval documents in
+    it (input order), so the work is bounded by members x window however crowded a bucket is. Written (as
+    u, v) to work/eval/pairs-u/gNNN.shuffle, partitioned by the training document, for
+    `near_dedup.verify_pairs`; without `verify` every candidate is a match, written to work/eval/edges/ directly."""
     work, eval_orders, config, source = location(shared[0]), shared[1], shared[2], shared[3]
-    record = work / EVAL_DIR / "records" / f"match-p{p:03d}.json"
+    record = work / EVAL_DIR / "records" / f"match-g{g:03d}.json"
     if record.exists():
         return json.loads(record.read_text())
-    rows = source.read("buckets", p, config.partitions)
+    lo, hi = source.groups.range(g)
+    rows = source.read("buckets", lo, config.partitions, through=hi)
     u = v = np.empty(0, np.int64)
     if rows is not None and rows.num_rows and len(eval_orders):
         is_eval = pc.is_in(rows.column("order"), value_set=pa.array(eval_orders, pa.int64()))
@@ -208,9 +209,9 @@ def match_task(shared: tuple[str, np.ndarray, MinHashConfig, KeySource], p: int)
             u, v = pairs[:, 0], pairs[:, 1]  # a pair sharing several buckets, once
     table = pa.table({"u": u, "v": v}, schema=near_dedup.PAIR_SCHEMA)
     if config.verify:
-        write_shuffle(work / EVAL_DIR / "pairs-u" / f"p{p:03d}.shuffle", table, partition_of(u, config.partitions), config.partitions)
+        write_shuffle(work / EVAL_DIR / "pairs-u" / f"g{g:03d}.shuffle", table, partition_of(u, config.partitions), config.partitions)
     else:
-        near_dedup.send_edges(work / EVAL_DIR / "edges", u, v, config.partitions, f"p{p:03d}")
+        near_dedup.send_edges(work / EVAL_DIR / "edges", u, v, config.partitions, f"g{g:03d}")
     result = {"candidates": int(len(u))}
     atomic_write_json(record, result)
     return result
@@ -221,13 +222,12 @@ def near_copies(run_tasks: Callable[..., list[Any]], work: Location, eval_orders
     """(order, eval_order) of every training document that is a near-duplicate of an eval document by near
     dedup's own rule (the signature estimate, then the exact Jaccard near the threshold): `match_task`'s
     candidates, decided by `near_dedup.verify_pairs`."""
-    parts = [(p,) for p in range(config.partitions)]
-    run_tasks(match_task, (str(work), eval_orders, config, source), parts, "eval_split near")
+    run_tasks(match_task, (str(work), eval_orders, config, source), source.groups.items(), "eval_split near")
     edges_folder = work / EVAL_DIR / "edges"
     if config.verify:
         near_dedup.verify_pairs(run_tasks, work / EVAL_DIR, work / EVAL_DIR, source, config, edges_folder, "eval_split near")
-    files = shuffle_files(edges_folder, [f"p{p:03d}" for p in range(config.partitions)])
-    edges = pa.concat_tables([read_shuffle(files, p, config.partitions, near_dedup.EDGE_SCHEMA) for p in range(config.partitions)])
+    files = shuffle_files(edges_folder, source.groups.names())
+    edges = read_shuffle(files, 0, config.partitions, near_dedup.EDGE_SCHEMA, through=config.partitions)
     is_eval = np.isin(edges.column("dst").to_numpy(), eval_orders) & ~np.isin(edges.column("src").to_numpy(), eval_orders)
     edges = edges.filter(pa.array(is_eval))
     return pa.table({"order": edges.column("src"), "eval_order": edges.column("dst")}, schema=PAIR_SCHEMA)
@@ -274,7 +274,7 @@ def source_bucket_task(shared: tuple[str, str, str, MinHashConfig], part: int) -
     work, source, tokenizer_path, config = location(shared[0]), shared[1], shared[2], shared[3]
     record = work / EVAL_DIR / "records" / "buckets-source.json"
     if record.exists():
-        return 0
+        return json.loads(record.read_text())["rows"]
     _, docs = read_source(source)
     tokenizer = Tokenizer.from_str(location(tokenizer_path).read_text())  # the output folder may be a URL
     tokens = docs.column("tokens").chunk(0)
@@ -420,15 +420,19 @@ def split(
     near = pa.table({"order": pa.array([], pa.int64()), "eval_id": pa.array([], pa.string())})
     if config.decontaminate == "near" and names:
         if near_dedup_segment is not None and not config.source:  # its keys are still in work/minhash/
+            # its resolve gathered the nodes by its groups: the same groups here
+            groups = near_dedup.Groups(**json.loads((work / "minhash" / "records" / near_dedup.GROUPS_RECORD).read_text()))
             source = near_dedup.KeySource(str(work / "minhash"), str(work), tuple(f"{near_dedup_segment}/{b}" for b in names),
-                                          gathered=True, run=uuid.uuid4().hex)  # its resolve gathered the nodes by partition
+                                          gathered=True, run=uuid.uuid4().hex, groups=groups)
         else:
             source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names),
                                           run=uuid.uuid4().hex)
-            run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names], "eval_split minhash")
-        if config.source:  # its documents' keys next to this run's, under orders after every input
-            run_tasks(source_bucket_task, (str(work), config.source, tokenizer[0], minhash), [(0,)], "eval_split source minhash")
-            source = dataclasses.replace(source, senders=(*source.senders, f"{EVAL_DIR}/{SOURCE_BLOCK}"))
+            documents = sum(run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names], "eval_split minhash"))
+            if config.source:  # its documents' keys next to this run's, under orders after every input
+                documents += run_tasks(source_bucket_task, (str(work), config.source, tokenizer[0], minhash), [(0,)],
+                                       "eval_split source minhash")[0]
+                source = dataclasses.replace(source, senders=(*source.senders, f"{EVAL_DIR}/{SOURCE_BLOCK}"))
+            source = dataclasses.replace(source, groups=near_dedup.resolve_groups(minhash.partitions, documents))
         pairs = near_copies(run_tasks, work, eval_orders, minhash, source).sort_by([("order", "ascending"), ("eval_order", "ascending")])
         if pairs.num_rows:
             order_col = pairs.column("order").to_numpy()

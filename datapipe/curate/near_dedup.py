@@ -92,8 +92,9 @@ class KeySource:
     keys: str  # folder holding buckets/ and nodes/
     work: str
     senders: tuple[str, ...]
-    gathered: bool = False  # the nodes were gathered into one file per partition (`gather_nodes_task`)
+    gathered: bool = False  # the nodes were gathered into one file per group (`gather_nodes_task`)
     run: str = ""  # a fresh id per resolve: what `_ShingleCache` keys by (no effect on any output)
+    groups: "Groups | None" = None  # the resolve's tasks (`resolve_groups`)
 
     def files(self, kind: str) -> list[Location]:
         return shuffle_files(location(self.keys) / kind, [s.rsplit("/", 1)[-1] for s in self.senders])
@@ -101,34 +102,68 @@ class KeySource:
     def read(self, kind: str, p: int, partitions: int, **kwargs: Any) -> pa.Table | None:
         return read_shuffle(self.files(kind), p, partitions, **kwargs)
 
-    def nodes(self, p: int, partitions: int) -> pa.Table:
-        """Partition p's nodes, with each row's `sender` (its index in `senders`): one file when gathered,
-        else a range of every sender's file."""
+    def nodes(self, g: int) -> pa.Table:
+        """Group g's nodes (`groups`), with each row's `sender` (its index in `senders`): one file when
+        gathered, else one range of every sender's file (the group's partitions are adjacent)."""
         if self.gathered:
-            return read_table(location(self.keys) / GATHERED / f"p{p:03d}.arrow")
-        nodes = self.read("nodes", p, partitions, source_column="sender")
+            return read_table(location(self.keys) / GATHERED / f"g{g:03d}.arrow")
+        lo, hi = self.groups.range(g)
+        nodes = self.read("nodes", lo, self.groups.partitions, source_column="sender", through=hi)
         if nodes is None:
             raise RuntimeError("near dedup: no nodes files in the work folder")
-        return nodes
+        return nodes.drop(["partition"]) if "partition" in nodes.column_names else nodes
 
 
-GATHERED = "nodes-by-partition"  # keys/nodes-by-partition/pNNN.arrow: every sender's nodes of partition p
+@dataclass(frozen=True)
+class Groups:
+    """The resolve's tasks: the `partitions` hash partitions taken in `count` contiguous groups, one task
+    (one output file, one record) per group and step. A task reads its group's range of each input file
+    and handles the group's partitions together: every step's rows of one partition are independent of
+    another's (a bucket, a node's edges, a cluster live in one partition), so the outputs do not depend on
+    the grouping, only the number of tasks and objects does."""
+
+    partitions: int
+    count: int
+
+    def range(self, g: int) -> tuple[int, int]:
+        return g * self.partitions // self.count, (g + 1) * self.partitions // self.count
+
+    def names(self) -> list[str]:
+        return [f"g{g:03d}" for g in range(self.count)]
+
+    def items(self) -> list[tuple[int]]:
+        return [(g,) for g in range(self.count)]
+
+    def read(self, folder: Location, g: int, schema: pa.Schema | None = None) -> pa.Table | None:
+        """Group g's rows of every group's shuffle file in `folder` (one range of each)."""
+        lo, hi = self.range(g)
+        return read_shuffle(shuffle_files(folder, self.names()), lo, self.partitions, schema, through=hi)
 
 
-def gather_nodes_task(shared: tuple[str, KeySource, int], p: int) -> int:
-    """Partition p's nodes of every sender, read once (M ranges) into one file, so that the three steps
-    that look nodes up (attach, verify, members) read one file each instead of M ranges each."""
-    folder, source, partitions = shared
-    out = location(source.keys) / GATHERED / f"p{p:03d}.arrow"
+GROUP_DOCS = 16_384  # documents per resolve task, at least: a small corpus makes few tasks whatever its partitions
+
+
+def resolve_groups(partitions: int, documents: int) -> Groups:
+    """The resolve's tasks for `documents` near-dedup inputs: one per GROUP_DOCS documents, never more than
+    the partitions (whose count `auto` sizes to the task memory budget: a group then is one partition). So
+    the objects a resolve writes follow the data, not the partition count (a small corpus with
+    `partitions: 32` writes as few as with 4), and each task has work enough to pay for its start."""
+    return Groups(partitions, max(1, min(partitions, -(-max(documents, 0) // GROUP_DOCS))))
+
+
+GATHERED = "nodes-by-group"  # keys/nodes-by-group/gNNN.arrow: every sender's nodes of group g
+
+
+def gather_nodes_task(shared: tuple[str, KeySource], g: int) -> int:
+    """Group g's nodes of every sender, read once (one range of each of M files) into one file, so that
+    the three steps that look nodes up (attach, verify, members) read one file each instead of M ranges each."""
+    folder, source = shared
+    out = location(source.keys) / GATHERED / f"g{g:03d}.arrow"
     if out.exists():  # written whole (one PUT, or a rename): its existence is its record
         return -1
-    nodes = source.nodes(p, partitions)
+    nodes = source.nodes(g)
     atomic_write_table(out, nodes)
     return nodes.num_rows
-
-
-def _partitions(n: int) -> list[str]:
-    return [f"p{p:03d}" for p in range(n)]
 
 
 def send_edges(folder: Location, a: np.ndarray, b: np.ndarray, partitions: int, sender: str) -> None:
@@ -140,8 +175,8 @@ def send_edges(folder: Location, a: np.ndarray, b: np.ndarray, partitions: int, 
                   partition_of(src, partitions), partitions)
 
 
-def _directed(folder: Location, p: int, partitions: int) -> tuple[np.ndarray, np.ndarray]:
-    table = read_shuffle(shuffle_files(folder, _partitions(partitions)), p, partitions, EDGE_SCHEMA)
+def _directed(folder: Location, groups: Groups, g: int) -> tuple[np.ndarray, np.ndarray]:
+    table = groups.read(folder, g, EDGE_SCHEMA)
     if table.num_rows == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     pairs = np.unique(np.stack([table.column("src").to_numpy(), table.column("dst").to_numpy()], axis=1), axis=0)
@@ -163,7 +198,7 @@ def _once(record: Location, work: Callable[[], dict[str, Any]]) -> dict[str, Any
 
 
 def _lookup(nodes: pa.Table, orders: np.ndarray, columns: Sequence[str]) -> pa.Table:
-    """The `columns` of `nodes` (all nodes of one partition) at each of `orders`, in that order."""
+    """The `columns` of `nodes` (all nodes of one group) at each of `orders`, in that order."""
     node_orders = nodes.column("order").to_numpy()
     by_order = np.argsort(node_orders, kind="stable")
     at = by_order[np.minimum(np.searchsorted(node_orders[by_order], orders), max(len(by_order) - 1, 0))]
@@ -237,52 +272,49 @@ def _ids(source: KeySource, orders: np.ndarray, senders: np.ndarray) -> pa.Array
     return pa.array(ids.tolist(), pa.string())
 
 
-def pairs_task(shared: tuple[str, KeySource, MinHashConfig], p: int) -> dict[str, Any]:
-    """Candidate pairs of bucket partition p -> `pairs-u/pNNN` by their first document (or, without
-    `verify`, star edges -> `cc/r000/pNNN`)."""
+def pairs_task(shared: tuple[str, KeySource, MinHashConfig], g: int) -> dict[str, Any]:
+    """Candidate pairs of the bucket partitions of group g -> `pairs-u/gNNN` by their first document (or,
+    without `verify`, star edges -> `cc/r000/gNNN`)."""
     folder, source, config = shared
-    root = location(folder)
+    root, groups = location(folder), source.groups
+    lo, hi = groups.range(g)
 
     def work() -> dict[str, Any]:
-        buckets = source.read("buckets", p, config.partitions)
+        buckets = source.read("buckets", lo, config.partitions, through=hi)
         if buckets is None:
             buckets = pa.table({"bucket": pa.array([], pa.uint64()), "order": pa.array([], pa.int64())})
         if not config.verify:
             a, b = star_edges(buckets)
-            send_edges(root / "cc" / "r000", a, b, config.partitions, f"p{p:03d}")
+            send_edges(root / "cc" / "r000", a, b, config.partitions, f"g{g:03d}")
             return {"edges": int(len(a)), "candidates": int(len(a))}
-        u, v = bucket_pairs(buckets, config.bucket_window)
-        write_shuffle(root / "pairs-u" / f"p{p:03d}.shuffle", pa.table({"u": u, "v": v}, schema=PAIR_SCHEMA),
+        u, v = bucket_pairs(buckets, config.bucket_window)  # a bucket lives in one partition: as if one by one
+        write_shuffle(root / "pairs-u" / f"g{g:03d}.shuffle", pa.table({"u": u, "v": v}, schema=PAIR_SCHEMA),
                       partition_of(u, config.partitions), config.partitions)
         return {"edges": 0, "candidates": int(len(u))}
 
-    return _once(root / "records" / f"pairs-p{p:03d}.json", work)
+    return _once(root / "records" / f"pairs-g{g:03d}.json", work)
 
 
-def _nodes_with_sender(source: KeySource, p: int, config: MinHashConfig) -> pa.Table:
-    return source.nodes(p, config.partitions)
-
-
-def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], q: int) -> dict[str, Any]:
-    """The pairs of `pairs_folder/pairs-u/` whose first document is in partition q, joined with that
-    document's signature and sender -> `pairs-v/pNNN` by their second document."""
+def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) -> dict[str, Any]:
+    """The pairs of `pairs_folder/pairs-u/` whose first document is in group g, joined with that
+    document's signature and sender -> `pairs-v/gNNN` by their second document."""
     folder, pairs_folder, source, config, _ = shared
-    root, pairs_root = location(folder), location(pairs_folder)
+    root, pairs_root, groups = location(folder), location(pairs_folder), source.groups
 
     def work() -> dict[str, Any]:
-        pairs = read_shuffle(shuffle_files(pairs_root / "pairs-u", _partitions(config.partitions)), q, config.partitions, PAIR_SCHEMA)
+        pairs = groups.read(pairs_root / "pairs-u", g, PAIR_SCHEMA)
         # a pair that shares buckets of several partitions, once
         uv = np.unique(np.stack([pairs.column("u").to_numpy(), pairs.column("v").to_numpy()], axis=1), axis=0)
         pairs = pa.table({"u": uv[:, 0], "v": uv[:, 1]}, schema=PAIR_SCHEMA)
         u = pairs.column("u").to_numpy()
-        found = _lookup(_nodes_with_sender(source, q, config), u, ["signature", "sender"])
+        found = _lookup(source.nodes(g), u, ["signature", "sender"])
         table = pa.table({"u": pairs.column("u"), "v": pairs.column("v"), "sig_u": found.column("signature"),
                           "sender_u": found.column("sender")})
         v = pairs.column("v").to_numpy()
-        write_shuffle(pairs_root / "pairs-v" / f"p{q:03d}.shuffle", table, partition_of(v, config.partitions), config.partitions)
+        write_shuffle(pairs_root / "pairs-v" / f"g{g:03d}.shuffle", table, partition_of(v, config.partitions), config.partitions)
         return {"pairs": pairs.num_rows}
 
-    return _once(root / "records" / f"attach-p{q:03d}.json", work)
+    return _once(root / "records" / f"attach-g{g:03d}.json", work)
 
 
 def _not_yet_connected(edge_u: np.ndarray, edge_v: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -307,19 +339,19 @@ def _not_yet_connected(edge_u: np.ndarray, edge_v: np.ndarray, u: np.ndarray, v:
     return np.fromiter((find(a) != find(b) for a, b in zip(pu.tolist(), pv.tolist())), dtype=bool, count=len(u))
 
 
-def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], r: int) -> dict[str, Any]:
-    """The pairs whose second document is in partition r, decided: by the signatures, then the ones
-    too near the threshold by the exact Jaccard of their text's shingles. Edges -> `edges_folder/pNNN`."""
+def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) -> dict[str, Any]:
+    """The pairs whose second document is in group g, decided: by the signatures, then the ones too near
+    the threshold by the exact Jaccard of their text's shingles. Edges -> `edges_folder/gNNN`."""
     folder, pairs_folder, source, config, edges_folder = shared
-    root, pairs_root, edges_root = location(folder), location(pairs_folder), location(edges_folder)
+    root, pairs_root, edges_root, groups = location(folder), location(pairs_folder), location(edges_folder), source.groups
 
     def work() -> dict[str, Any]:
-        pairs = read_shuffle(shuffle_files(pairs_root / "pairs-v", _partitions(config.partitions)), r, config.partitions)
+        pairs = groups.read(pairs_root / "pairs-v", g)
         if pairs is None or pairs.num_rows == 0:
-            send_edges(edges_root, np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, f"p{r:03d}")
+            send_edges(edges_root, np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, f"g{g:03d}")
             return {"edges": 0, "checked": 0, "near": 0}
         u, v = pairs.column("u").to_numpy(), pairs.column("v").to_numpy()
-        found = _lookup(_nodes_with_sender(source, r, config), v, ["signature", "sender"])
+        found = _lookup(source.nodes(g), v, ["signature", "sender"])
         edge, near = estimate_masks(signature_values(pairs.column("sig_u"), config.num_perm),
                                     signature_values(found.column("signature"), config.num_perm), config)
         # a near pair whose documents this task's sure edges already connect needs no exact check: its
@@ -333,19 +365,20 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], r: int) 
             sets = text_shingle_sets(source, orders, senders, config)
             near_u, near_v = exact_edges(near_u, near_v, lambda wanted: {o: sets[o] for o in wanted.tolist()}, config.threshold)
         a, b = np.r_[u[edge], near_u], np.r_[v[edge], near_v]
-        send_edges(edges_root, a, b, config.partitions, f"p{r:03d}")
+        send_edges(edges_root, a, b, config.partitions, f"g{g:03d}")
         return {"edges": int(len(a)), "checked": int(len(rows)), "near": int(len(near_u)), "near_connected": int(near.sum() - len(rows))}
 
-    return _once(root / "records" / f"verify-p{r:03d}.json", work)
+    return _once(root / "records" / f"verify-g{g:03d}.json", work)
 
 
 def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, source: KeySource, config: MinHashConfig,
                  edges_folder: Location, desc: str) -> dict[str, int]:
-    """Decide the candidate pairs in `pairs_folder/pairs-u/` (one shuffle file per partition, by first
-    document): `attach_task` then `verify_task` (their records in `folder/records/`); the edges end in
-    `edges_folder` (one shuffle file per partition, partitioned by source). Returns the counts."""
+    """Decide the candidate pairs in `pairs_folder/pairs-u/` (one shuffle file per group of
+    `source.groups`, by first document): `attach_task` then `verify_task` (their records in
+    `folder/records/`); the edges end in `edges_folder` (one shuffle file per group, partitioned by
+    source). Returns the counts."""
     shared = (str(folder), str(pairs_folder), source, config, str(edges_folder))
-    parts = [(p,) for p in range(config.partitions)]
+    parts = source.groups.items()
     run_tasks(attach_task, shared, parts, f"{desc} attach")
     remove_tree(location(pairs_folder) / "pairs-u")  # consumed: every attach task's record is written
     checked = run_tasks(verify_task, shared, parts, f"{desc} verify")
@@ -353,84 +386,84 @@ def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, 
     return {"edges": sum(x["edges"] for x in checked), "exact_checked": sum(x["checked"] for x in checked)}
 
 
-def components_task(shared: tuple[str, Any]) -> dict[str, Any]:
+def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
     """All edges in one task: components in memory, written as the converged rounds would be."""
-    folder, config = shared
+    folder, config, groups = shared
     root = location(folder)
 
     def work() -> dict[str, Any]:
-        files = shuffle_files(root / "cc" / "r000", _partitions(config.partitions))
-        tables = [read_shuffle(files, p, config.partitions, EDGE_SCHEMA) for p in range(config.partitions)]
-        table = pa.concat_tables(tables)
+        table = read_shuffle(shuffle_files(root / "cc" / "r000", groups.names()), 0, config.partitions, EDGE_SCHEMA,
+                             through=config.partitions)
         src, dst = table.column("src").to_numpy(), table.column("dst").to_numpy()
         keep = src < dst  # each undirected edge once
         a, b, rounds = connected_components(src[keep], dst[keep], config.max_rounds)
-        send_edges(root / "cc" / "one-task", a, b, config.partitions, "p000")
-        for p in range(1, config.partitions):  # every sender of the folder exists, as after the rounds
-            send_edges(root / "cc" / "one-task", np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, f"p{p:03d}")
+        names = groups.names()
+        send_edges(root / "cc" / "one-task", a, b, config.partitions, names[0])
+        for name in names[1:]:  # every sender of the folder exists, as after the rounds
+            send_edges(root / "cc" / "one-task", np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, name)
         return {"rounds": rounds}
 
     return _once(root / "records" / "components.json", work)
 
 
-def round_task(shared: tuple[str, Any], r: int, p: int) -> dict[str, Any]:
-    folder, config = shared
+def round_task(shared: tuple[str, Any, Groups], r: int, g: int) -> dict[str, Any]:
+    folder, config, groups = shared
     root = location(folder)
 
     def work() -> dict[str, Any]:
-        src, dst = _directed(root / "cc" / f"r{r:03d}", p, config.partitions)
+        src, dst = _directed(root / "cc" / f"r{r:03d}", groups, g)
         step = large_star if r % 2 == 0 else small_star
-        a, b = step(src, dst)
-        send_edges(root / "cc" / f"r{r + 1:03d}", a, b, config.partitions, f"p{p:03d}")
+        a, b = step(src, dst)  # a node's edges live in its partition: the group's partitions at once, as one by one
+        send_edges(root / "cc" / f"r{r + 1:03d}", a, b, config.partitions, f"g{g:03d}")
         return {"input_edges": int(len(src)), "checksum": _checksum(src, dst)}
 
-    return _once(root / "records" / f"round{r:03d}-p{p:03d}.json", work)
+    return _once(root / "records" / f"round{r:03d}-g{g:03d}.json", work)
 
 
 MEMBER_SCHEMA = pa.schema([("order", pa.int64()), ("label", pa.int64()), ("id", pa.string()), ("length", pa.int64())])
 
 
-def members_task(shared: tuple[str, Any, KeySource], converged: str, p: int) -> dict[str, Any]:
+def members_task(shared: tuple[str, Any, KeySource], converged: str, g: int) -> dict[str, Any]:
     """Labels from the converged edges in `cc/<converged>/`, joined with the nodes' ids (read from their
     blocks: only the documents of a cluster are looked up) and lengths."""
     folder, config, source = shared
     root = location(folder)
 
     def work() -> dict[str, Any]:
-        node, label = labels(*_directed(root / "cc" / converged, p, config.partitions))
+        node, label = labels(*_directed(root / "cc" / converged, source.groups, g))
         members = MEMBER_SCHEMA.empty_table()
         if len(node):
             longest = config.keep == "longest"
-            found = _lookup(_nodes_with_sender(source, p, config), node, ["sender"] + (["length"] if longest else []))
+            found = _lookup(source.nodes(g), node, ["sender"] + (["length"] if longest else []))
             ids = _ids(source, node, found.column("sender").to_numpy())
             length = found.column("length") if longest else pa.array(np.zeros(len(node), np.int64))
             members = pa.table({"order": node, "label": label, "id": ids, "length": length}, schema=MEMBER_SCHEMA)
-        write_shuffle(root / "members" / f"p{p:03d}.shuffle", members,
+        write_shuffle(root / "members" / f"g{g:03d}.shuffle", members,
                       partition_of(members.column("label").to_numpy(), config.partitions), config.partitions)
         return {"members": members.num_rows}
 
-    return _once(root / "records" / f"members-p{p:03d}.json", work)
+    return _once(root / "records" / f"members-g{g:03d}.json", work)
 
 
-def winners_task(shared: tuple[str, Any], p: int) -> dict[str, Any]:
-    folder, config = shared
+def winners_task(shared: tuple[str, Any, Groups], g: int) -> dict[str, Any]:
+    folder, config, groups = shared
     root = location(folder)
 
     def work() -> dict[str, Any]:
-        members = read_shuffle(shuffle_files(root / "members", _partitions(config.partitions)), p, config.partitions, MEMBER_SCHEMA)
+        members = groups.read(root / "members", g, MEMBER_SCHEMA)
         if members.num_rows == 0:
             losers, clusters = LOSER_SCHEMA.empty_table(), CLUSTER_SCHEMA.empty_table()
         else:
             losers, clusters = choose_kept(members, config.keep)
         # By order, so that `clusters_task` merges the partitions without sorting them all at once.
         clusters = clusters.sort_by([("order", "ascending")])
-        atomic_write_table(root / f"clusters-p{p:03d}.arrow", clusters)
-        atomic_write_table(root / f"losers-p{p:03d}.arrow", losers)
+        atomic_write_table(root / f"clusters-g{g:03d}.arrow", clusters)
+        atomic_write_table(root / f"losers-t{g:03d}.arrow", losers)
         # A cluster lives in one partition (members go to the partition of their label): counts add up.
         n_clusters = len(pc.unique(clusters.column("cluster_id"))) if clusters.num_rows else 0
         return {"losers": losers.num_rows, "clusters": n_clusters}
 
-    return _once(root / "records" / f"winners-p{p:03d}.json", work)
+    return _once(root / "records" / f"winners-g{g:03d}.json", work)
 
 
 MERGE_ROWS = 1 << 16  # rows taken from each partition's file per step of `clusters_task`'s merge
@@ -443,7 +476,7 @@ def clusters_task(shared: tuple[str, str], _: int = 0) -> dict[str, Any]:
     folder, out_dir = location(shared[0]), location(shared[1])
 
     def work() -> dict[str, Any]:
-        tables = [read_table(f) for f in sorted(folder.glob("clusters-p*.arrow"))]  # memory-mapped when local
+        tables = [read_table(f) for f in sorted(folder.glob("clusters-g*.arrow"))]  # memory-mapped when local
         orders = [t.column("order").to_numpy() for t in tables]
         # Step boundaries: every MERGE_ROWS-th order of every file, so no step takes more from a file.
         bounds = np.unique(np.concatenate([o[::MERGE_ROWS] for o in orders] + [np.empty(0, np.int64)]))
@@ -473,28 +506,40 @@ def clusters_task(shared: tuple[str, str], _: int = 0) -> dict[str, Any]:
 class NearDedupStage(MinHashStage, GlobalStage):
     """Near dedup as a global stage: `MinHashStage`'s keys, resolved by this module's tasks."""
 
-    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str]) -> dict[str, Any]:
-        return resolve(run_tasks, folder, self, out_dir, senders)
+    def tasks(self, documents: int) -> int:
+        return resolve_groups(self.config.partitions, documents).count
+
+    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str],
+                documents: int) -> dict[str, Any]:
+        return resolve(run_tasks, folder, self, out_dir, senders, documents)
 
 
-def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location, senders: Sequence[str]) -> dict[str, Any]:
+GROUPS_RECORD = "groups.json"  # records/groups.json: the resolve's groups, fixed by its first run
+
+
+def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location, senders: Sequence[str],
+            documents: int) -> dict[str, Any]:
     """Run the whole resolution with `run_tasks(fn, shared, items, desc)` (an executor's: it calls
     `fn(shared, *item)` for each item); `senders` are the map side's blocks (paths below the work
-    folder, `folder.parent`). Writes `out_dir/near_duplicates/clusters.parquet`; returns a summary
-    for the stats."""
+    folder, `folder.parent`), holding `documents` documents in all (what sizes the groups). Writes
+    `out_dir/near_duplicates/clusters.parquet` and `folder/losers-tNNN.arrow` (one per group); returns a
+    summary for the stats."""
     config = stage.config
-    parts = [(p,) for p in range(config.partitions)]
-    source = KeySource(str(folder), str(folder.parent), tuple(senders), run=uuid.uuid4().hex)
+    groups = resolve_groups(config.partitions, documents)
+    recorded = _once(folder / "records" / GROUPS_RECORD, lambda: dataclasses.asdict(groups))
+    groups = Groups(**recorded)
+    parts = groups.items()
+    source = KeySource(str(folder), str(folder.parent), tuple(senders), run=uuid.uuid4().hex, groups=groups)
     found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs")
-    # the nodes, read by three later steps, are gathered once by partition; the senders' files then go
-    run_tasks(gather_nodes_task, (str(folder), source, config.partitions), parts, f"{stage.name} gather")
+    # the nodes, read by three later steps, are gathered once by group; the senders' files then go
+    run_tasks(gather_nodes_task, (str(folder), source), parts, f"{stage.name} gather")
     remove_tree(folder / "nodes")
     source = dataclasses.replace(source, gathered=True)
     verified = {"edges": sum(x["edges"] for x in found), "exact_checked": 0}
     if config.verify:  # the verified edges are the components' input, as the star edges are without
         verified = verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name)
     edges = verified["edges"]
-    shared = (str(folder), config)
+    shared = (str(folder), config, groups)
     labelled = folder / "records" / "members-done.json"  # components and members finished: cc/ is gone
     if labelled.exists():
         rounds = json.loads(labelled.read_text())["rounds"]
@@ -506,11 +551,10 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
         else:
             rounds = _component_rounds(run_tasks, shared, config)
             converged = f"r{rounds - 1:03d}"  # the input of the last round
-        run_tasks(members_task, (str(folder), config, source), [(converged, p) for p in range(config.partitions)],
-                  f"{stage.name} members")
+        run_tasks(members_task, (str(folder), config, source), [(converged, g) for (g,) in parts], f"{stage.name} members")
         atomic_write_json(labelled, {"rounds": rounds})
         remove_tree(folder / "cc")  # consumed: the members carry the labels on
-    kept = run_tasks(winners_task, (str(folder), config), parts, f"{stage.name} keep")
+    kept = run_tasks(winners_task, shared, parts, f"{stage.name} keep")
     remove_tree(folder / "members")  # consumed
     run_tasks(clusters_task, (str(folder), str(out_dir)), [(0,)], f"{stage.name} clusters")
     losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)
@@ -521,16 +565,17 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
         "rounds": rounds,
         "clusters": n_clusters,
         "removed": losers,
+        "tasks": groups.count,
     }
 
 
-def _component_rounds(run_tasks: RunTasks, shared: tuple[str, Any], config: Any) -> int:
+def _component_rounds(run_tasks: RunTasks, shared: tuple[str, Any, Groups], config: Any) -> int:
     """Distributed large-star / small-star rounds until convergence; the number of rounds run (the
     last one's input, `cc/r<rounds-1>/`, is the converged edge set)."""
     checksums: list[tuple[int, int]] = []
     r = 0
     while True:
-        results = run_tasks(round_task, shared, [(r, p) for p in range(config.partitions)], f"minhash components round {r}")
+        results = run_tasks(round_task, shared, [(r, g) for (g,) in shared[2].items()], f"minhash components round {r}")
         checksums.append((sum(x["input_edges"] for x in results), sum(x["checksum"] for x in results) % 2**64))
         # A large-star round whose input equals the previous large-star round's input: converged.
         if r % 2 == 0 and r >= 2 and checksums[r] == checksums[r - 2]:

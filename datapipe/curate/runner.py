@@ -433,12 +433,12 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int) -> dic
     return result
 
 
-LOSERS_BY_UNIT = "losers-by-unit"  # work/<global stage>/losers-by-unit/losers-pNNN.shuffle, partitioned by input unit
+LOSERS_BY_UNIT = "losers-by-unit"  # work/<global stage>/losers-by-unit/losers-tNNN.shuffle, partitioned by input unit
 
 
 def split_losers_task(shared: tuple[str, int], file_name: str) -> int:
-    """Cut one losers file of a global stage (`folder/losers-pNNN.arrow`) by input unit: one shuffle file
-    `folder/losers-by-unit/losers-pNNN.shuffle` whose partition u holds unit u's losers, so that each block
+    """Cut one losers file of a global stage (`folder/losers-tNNN.arrow`) by input unit: one shuffle file
+    `folder/losers-by-unit/losers-tNNN.shuffle` whose partition u holds unit u's losers, so that each block
     task reads its own unit's losers (a range of each file) and no process holds them all; the number of losers."""
     folder, units = shared
     root = location(folder)
@@ -466,14 +466,14 @@ def gather_losers_task(shared: tuple[str, int, int], group: int) -> int:
     read each: its units are adjacent partitions) into one file `losers-by-unit/gNNNNN.shuffle`,
     partitioned by the unit within the group. So each block task reads one range of one file, not a range
     of every losers file (blocks x partitions requests at scale); the number of losers."""
-    folder, partitions, units = shared
+    folder, tasks, units = shared
     root = location(folder) / LOSERS_BY_UNIT
     out = root / f"g{group:05d}{SHUFFLE_SUFFIX}"
     if out.exists():  # written whole (one PUT, or a rename): its existence is its record
         return -1
     size = _unit_group(units)
     u0, u1 = group * size, min(units, (group + 1) * size)
-    files = shuffle_files(root, [f"losers-p{p:03d}" for p in range(partitions)])
+    files = shuffle_files(root, [f"losers-t{t:03d}" for t in range(tasks)])
     losers = read_shuffle(files, u0, units, LOSER_SCHEMA, through=u1, partition_column="unit").sort_by([("order", "ascending")])
     unit = losers.column("unit").to_numpy().astype(np.int64) - u0
     write_shuffle(out, losers.drop(["unit"]), unit, u1 - u0)
@@ -804,12 +804,12 @@ _TASK_BASE_BYTES = 256 * 2**20  # a worker process with its imports
 _BLOCK_FACTOR = {"read": 4, "segment": 8, "tokenize": 6}
 
 
-def _task_memory(plan: Plan, phase: str, text_bytes: int = 0, partitions: int = 1) -> int:
-    """About how many bytes one task of `phase` needs, from its input (a block, or a partition's share of
+def _task_memory(plan: Plan, phase: str, text_bytes: int = 0, tasks: int = 1) -> int:
+    """About how many bytes one task of `phase` needs, from its input (a block, or a resolve task's share of
     `text_bytes`), never more than `ray.task_memory_gib`: what the executor tells Ray (`memory=`)."""
     budget = int(plan.cfg.ray.task_memory_gib * 2**30)
     if phase == "resolve":
-        need = int(TASK_BYTES_PER_TEXT_BYTE["minhash"] * text_bytes / max(partitions, 1))
+        need = int(TASK_BYTES_PER_TEXT_BYTE["minhash"] * text_bytes / max(tasks, 1))
     else:
         need = _BLOCK_FACTOR[phase] * int(plan.cfg.read.block_bytes)
         if phase == "read":  # one line is held whole up to 6x max_bytes_per_doc (readers.py)
@@ -981,13 +981,14 @@ def curate(
             lap(seg.title)
             if (stage := seg.global_stage) is not None:  # its resolve half, the same way for every global stage
                 senders = [f"{seg.name}/{block_name(u, b)}" for u, b in blocks]  # the map half's blocks
-                sized = functools.partial(executor.run_tasks, memory=_task_memory(plan, "resolve", kept_bytes, stage.partitions))
-                global_summaries[stage.name] = stage.resolve(sized, plan.work / stage.name, plan.out, senders)
-                loser_files = [f"losers-p{p:03d}.arrow" for p in range(stage.partitions)]  # one per partition, always
+                tasks = stage.tasks(kept_docs)
+                sized = functools.partial(executor.run_tasks, memory=_task_memory(plan, "resolve", kept_bytes, tasks))
+                global_summaries[stage.name] = stage.resolve(sized, plan.work / stage.name, plan.out, senders, kept_docs)
+                loser_files = [f"losers-t{t:03d}.arrow" for t in range(tasks)]  # one per resolve task, always
                 executor.run_tasks(split_losers_task, (str(plan.work / stage.name), len(plan.units)), [(f,) for f in loser_files],
                                    f"{stage.name} losers by unit")
                 groups = -(-len(plan.units) // _unit_group(len(plan.units)))
-                executor.run_tasks(gather_losers_task, (str(plan.work / stage.name), stage.partitions, len(plan.units)),
+                executor.run_tasks(gather_losers_task, (str(plan.work / stage.name), tasks, len(plan.units)),
                                    [(g,) for g in range(groups)], f"{stage.name} losers by unit group")
                 lap(f"{stage.name} resolve")
 

@@ -19,13 +19,12 @@ from tokenizers import Tokenizer
 
 from helpers import ASSETS, small_config
 from datapipe.core.shards import open_shard, read_manifest, split_source
-from datapipe.curate import eval_split, runner
+from datapipe.curate import eval_split, near_dedup, runner
 from datapipe.curate.executors import LocalExecutor
 from datapipe.curate.runner import curate
 from datapipe.inspect import stats
 from datapipe.testing.synthetic import exact_jaccard, mutate
-from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.near_dedup import KeySource
+from datapipe.curate.near_dedup import Groups, KeySource
 from stages.minhash import MinHashConfig, bucket_pairs, decide_pairs
 
 FRACTION = 0.3
@@ -191,7 +190,7 @@ def _keys_of_one_bucket(tmp_path, signatures, orders, num_perm):
     nodes = pa.table({"order": pa.array(orders, pa.int64()), "id": [f"d{o}" for o in orders], "length": pa.array([1] * n, pa.int64()),
                       "signature": stored_signatures(np.asarray(signatures, np.uint32).reshape(n, num_perm))})
     write_shuffle(keys / "nodes" / "x.shuffle", nodes, np.zeros(n, np.int64), 1)
-    return KeySource(str(keys), str(tmp_path), ("seg/x",))
+    return KeySource(str(keys), str(tmp_path), ("seg/x",), groups=Groups(1, 1))
 
 
 def test_the_near_check_compares_every_bucket_member_with_the_eval_documents(tmp_path):
@@ -222,7 +221,7 @@ def test_the_near_check_is_bounded_by_the_window_in_a_crowded_bucket(tmp_path):
     source = _keys_of_one_bucket(tmp_path, sig, orders, 8)
     eval_orders = np.arange(10, 50)
     found = eval_split.near_copies(LocalExecutor().run_tasks, tmp_path, eval_orders, config, source)
-    record = json.loads((tmp_path / "eval" / "records" / "match-p000.json").read_text())
+    record = json.loads((tmp_path / "eval" / "records" / "match-g000.json").read_text())
     assert record["candidates"] == 40
     assert sorted(found.column("order").to_pylist()) == sorted(list(range(10)) * 4)
     assert set(found.column("eval_order").to_pylist()) == {10, 11, 12, 13}
@@ -253,9 +252,15 @@ def test_the_split_is_deterministic_and_a_killed_run_resumes_to_the_same_split(t
     raw = ARMS["raw (dedup off)"]  # the arm that runs every eval task (its own MinHash buckets too)
     ref = tmp_path / "ref"
     _run(ref, inputs, **raw)
-    other = tmp_path / "other"  # other blocks: other task boundaries, the same split
+    # other blocks and several resolve groups instead of one: other task boundaries, the same split
+    groups, match = [], eval_split.match_task
+    monkeypatch.setattr(near_dedup, "GROUP_DOCS", 5)
+    monkeypatch.setattr(eval_split, "match_task", lambda shared, g: (groups.append(g), match(shared, g))[1])
+    other = tmp_path / "other"
     _run(other, inputs, read={"block_bytes": 2048}, **raw)
     assert _checksums(other) == _checksums(ref)
+    assert len(groups) > 1
+    monkeypatch.setattr(eval_split, "match_task", match)
     out = tmp_path / "out"
     for module, task in ((eval_split, "hash_task"), (eval_split, "bucket_task"), (eval_split, "match_task"),
                          (runner, "eval_shard_task")):  # killed in each eval phase in turn, resumed each time

@@ -35,7 +35,7 @@ class FirstLineDedup(GlobalStage):
         return {"keys": pa.table({"line": lines, "partition": pa.array(partition, pa.uint32()),
                                   "order": batch.column("order"), "id": batch.column("id")})}
 
-    def resolve(self, run_tasks: RunTasks, folder: Path, out_dir: Path, senders: list[str]) -> dict[str, Any]:
+    def resolve(self, run_tasks: RunTasks, folder: Path, out_dir: Path, senders: list[str], documents: int) -> dict[str, Any]:
         # one key file per block that sent keys, named by the block: no listing
         files = [str(folder / "keys" / f"{s.rsplit('/', 1)[-1]}.shuffle") for s in senders]
         removed = run_tasks(_first_line_task, (str(folder), files), [(p,) for p in range(PARTITIONS)], self.name)
@@ -53,7 +53,7 @@ def _first_line_task(shared: tuple[str, list[str]], p: int) -> int:
             losers.append({"order": r["order"], "reason": "same_first_line", "kept_id": first[r["line"]]})
         else:
             first[r["line"]] = r["id"]
-    atomic_write_table(Path(folder) / f"losers-p{p:03d}.arrow", pa.Table.from_pylist(losers, schema=LOSER_SCHEMA))
+    atomic_write_table(Path(folder) / f"losers-t{p:03d}.arrow", pa.Table.from_pylist(losers, schema=LOSER_SCHEMA))
     return len(losers)
 
 

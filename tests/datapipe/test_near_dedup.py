@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers import ASSETS, STALL_S, small_config
+from datapipe.curate import near_dedup
 from datapipe.curate.executors import LocalExecutor, RayExecutor
 from datapipe.curate.runner import curate
 from datapipe.core.shards import read_manifest
@@ -172,9 +173,11 @@ class KilledAt(LocalExecutor):
 
 
 @pytest.mark.parametrize("desc, after", [("minhash pairs", 1), ("minhash gather", 1), ("minhash attach", 1), ("minhash verify", 2), ("minhash components", 0), ("minhash members", 2), ("minhash keep", 1)])
-def test_run_killed_in_the_resolve_resumes_to_the_same_result(tmp_path, desc, after):
+def test_run_killed_in_the_resolve_resumes_to_the_same_result(tmp_path, monkeypatch, desc, after):
+    monkeypatch.setattr(near_dedup, "GROUP_DOCS", 16)  # several resolve tasks per step (one by default here)
     path, _ = _corpus(tmp_path)
     ref = _minhash_run(tmp_path / "ref", path, LocalExecutor())
+    assert ref.stats["global_stages"]["minhash"]["tasks"] > max(after, 1)
     assert ref.stats["global_stages"]["minhash"]["exact_checked"] > 0  # the exact step really runs
     with pytest.raises(_Killed):
         _minhash_run(tmp_path / "out", path, KilledAt(desc, after))
@@ -183,6 +186,22 @@ def test_run_killed_in_the_resolve_resumes_to_the_same_result(tmp_path, desc, af
     a = pq.read_table(tmp_path / "out" / "near_duplicates" / "clusters.parquet")
     assert a.equals(pq.read_table(tmp_path / "ref" / "near_duplicates" / "clusters.parquet"))
     assert result.stats["global_stages"]["minhash"] == ref.stats["global_stages"]["minhash"]
+
+
+@pytest.mark.parametrize("group_docs", [1, 16, 40])
+def test_the_result_does_not_depend_on_how_partitions_are_grouped_into_tasks(tmp_path, monkeypatch, group_docs):
+    """One resolve task for every partition (1 document a group: as many groups as partitions), a few, or
+    one for all: the same clusters, losers and shards."""
+    path, _ = _corpus(tmp_path)
+    one = _minhash_run(tmp_path / "one", path, LocalExecutor(), partitions=8)
+    assert one.stats["global_stages"]["minhash"]["tasks"] == 1
+    monkeypatch.setattr(near_dedup, "GROUP_DOCS", group_docs)
+    many = _minhash_run(tmp_path / "many", path, LocalExecutor(), partitions=8)
+    assert many.stats["global_stages"]["minhash"]["tasks"] > 1
+    assert read_manifest(tmp_path / "many") == read_manifest(tmp_path / "one")
+    a = pq.read_table(tmp_path / "many" / "near_duplicates" / "clusters.parquet")
+    assert a.equals(pq.read_table(tmp_path / "one" / "near_duplicates" / "clusters.parquet"))
+    assert many.stats["global_stages"]["minhash"]["removed"] == one.stats["global_stages"]["minhash"]["removed"]
 
 
 def test_keep_longest_keeps_the_longest_member(tmp_path):
@@ -263,5 +282,5 @@ def test_without_verification_every_candidate_pair_joins_a_cluster(tmp_path):
     for a, b in cluster_pairs(_found_clusters(tmp_path / "verified")):
         assert a in loose and loose[a] == loose.get(b)
     nodes = pa.concat_tables([pa.ipc.open_file(f).read_all() for f in sorted((tmp_path / "unverified" / "work" / "minhash"
-                                                                            / "nodes-by-partition").glob("*.arrow"))])
+                                                                            / "nodes-by-group").glob("*.arrow"))])
     assert "signature" not in nodes.column_names
