@@ -7,19 +7,21 @@ The map side wrote, per block, one shuffle file per kind (`datapipe.core.shuffle
 (bucket key and order, 16 bytes a document and band, partitioned by bucket) and `nodes/<block>`
 (order, id, length and the 16-bit signature, once per document, partitioned by order). The block's
 documents themselves stay in the segment's block file (`<work>/<segment>/<block>.arrow`), the only
-copy of their text. Then, each step one task per partition, each writing one shuffle file:
+copy of their text. Then, each step one task per group of adjacent partitions (`Groups`: a group per
+GROUP_DOCS documents, never more groups than partitions, fixed by the first run in `records/groups.json`),
+each writing one shuffle file:
 
 1. pairs       the candidate pairs of its buckets (`stages.minhash.bucket_pairs`, windowed), sent to the
                partition of their first document (`pairs-u/`); without `verify`, the buckets' star edges
                go straight to `cc/r000/`; then `gather` reads every block's nodes of partition p once into
-               `nodes-by-partition/pNNN.arrow` (the block files go), for the three steps that look nodes up;
+               `nodes-by-group/gNNN.arrow` (the block files go), for the three steps that look nodes up;
 2. attach      each pair joined with its first document's signature and block, sent to the partition of
                its second document (`pairs-v/`);
 3. verify      joined with the second's: decided by the estimated Jaccard (`estimate_masks`); the pairs too
                near the threshold to tell by the exact Jaccard of shingle sets recomputed from the two
                documents' text, read from their blocks (`exact_edges`); edges to `cc/r000/`;
 4. components  in one task when there are at most `one_task_edges` edges (large-star and small-star
-               steps in memory until nothing changes), else in rounds of one task per partition,
+               steps in memory until nothing changes), else in rounds of one task per group,
                large-star and small-star alternately, each reading the directed edges of its
                partition's nodes and sending its output edges on (`cc/rNNN/`), until a large-star +
                small-star pair leaves the edge set unchanged (compared by an order-independent
@@ -27,13 +29,13 @@ copy of their text. Then, each step one task per partition, each writing one shu
                smallest node of its component;
 5. members     each node's component label (the component's first document) joined with its id and
                length, sent to the partition of its label;
-6. winners     one document kept per component; the others become `losers-pNNN.arrow` with reason
+6. winners     one document kept per component; the others become `losers-tNNN.arrow` with reason
                `near_duplicate` and the kept id, which the next segment drops like any global stage's;
-               each partition's cluster members (`clusters-pNNN.arrow`, sorted by order);
+               each group's cluster members (`clusters-gNNN.arrow`, sorted by order);
 7. clusters    one task merges those files by order into `near_duplicates/clusters.parquet`, a range
                of orders at a time (`clusters_task`). The driver only adds up the tasks' counts.
 
-No step lists a folder: senders are known (the blocks, or the partitions). Objects per step: one per
+No step lists a folder: senders are known (the blocks, or the groups). Objects per step: one per
 task plus its record. A step's input shuffle is deleted once every task that reads it has left its record
 (`pairs-u/`, `pairs-v/`, `cc/`, `members/`), so the resolve's disk use is that of one or two steps, and a
 resumed run skips those tasks by their records. Memory per task is bounded by the partition count (and `one_task_edges`), not by
