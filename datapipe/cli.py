@@ -107,14 +107,15 @@ def _parser() -> argparse.ArgumentParser:
                         "--set need not be repeated; one given again must agree); a run stopped before its first "
                         "checkpoint starts again from step 0")
 
-    sc = sub.add_parser("score", help="RHO-LOSS scoring pass: copy a curated folder, adding each document's "
+    sc = sub.add_parser("score", help="RHO-LOSS scoring pass: copy a curated folder, adding each token's "
                                       "reference-model loss (ref_loss) for `train.rho`",
                         description="Train two small reference models, one on each half of the documents (split by a "
-                                    "seeded hash of the id), and write a new curated folder whose shards add a "
-                                    "float32 column ref_loss: each document's mean token loss under the model of the "
-                                    "other half. Train on it with --set train.rho.enabled=true. The input is never "
-                                    "modified; rerunning the command resumes a killed pass, or does nothing when the "
-                                    "output is finished.")
+                                    "seeded hash of the id), and write a new curated folder whose shards add ref_loss "
+                                    "(a float32 list per document: each token's loss under the model of the other "
+                                    "half) and ref_loss_mean (each document's mean), and whose manifest records the "
+                                    "pass's FLOPs (scoring.flops). Train on it with --set train.rho.enabled=true. The "
+                                    "input is never modified; rerunning the command resumes a killed pass, or does "
+                                    "nothing when the output is finished.")
     sc.add_argument("config", help="a YAML training recipe for the reference models, e.g. configs/train-tiny.yaml "
                                    "(its model, optim, schedule, data.seq_len, data.batch_size apply)")
     sc.add_argument("--data", default=None, metavar="DIR", help="the curated folder to score (config data.source)")

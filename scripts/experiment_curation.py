@@ -20,12 +20,24 @@
    eval set). Rerunning skips finished curation and finished cells.
 Prints one JSON: per arm the documents and tokens it trains on, what decontamination removed, and the experiment's
 summary (final eval loss on the whole split and its clean part, per domain; tokens to the raw arm's final loss).
+
+The data-constrained regime (`--pool-docs N --eval-from DIR`): every arm curates the same seeded sample of N raw
+documents (OUT/input/pool.jsonl.gz), so the arms differ only in what curation removed from one small pool, and
+the budget (`--steps`) reads it several times: a duplicate is seen again each epoch. The eval split, its clean
+part and the tokenizer are those of the full-corpus ablation in DIR (every arm, raw included, decontaminated
+against that split), so the eval set is the same as the full regime's. The report gives each arm's epochs over
+its own data.
+
+    python -m scripts.experiment_curation --out runs/ablation-curation --curate-only
+    python -m scripts.experiment_curation --out runs/ablation-pool --pool-docs 400 --eval-from runs/ablation-curation --steps 400
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import random
 import subprocess
 import sys
 import time
@@ -35,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
+import yaml
 
 from datapipe.core import shards
 
@@ -50,15 +63,15 @@ ARMS: dict[str, list[str]] = {  # cumulative: each arm turns on one more compone
 # The model and budget: a ~1.1 M-parameter GPT (3 layers, d_model 128, vocab 4096) trains ~2 M tokens per cell in
 # about 3 minutes on one CPU core, so 5 arms x 3 seeds fit in about an hour. Override with --train-set.
 TRAIN_SET = ["model.n_layer=3", "model.n_head=4", "model.d_model=128", "model.max_seq_len=256", "optim.lr=3.0e-3",
-             "train.ckpt_every=100", "data.eval_batches=15", "prefetch.enabled=false", "train.device=cpu"]
+             "train.ckpt_every=100", "data.eval_batches=0", "prefetch.enabled=false", "train.device=cpu"]
 
 
-def curate_arm(recipe: str, out: Path, arm: str, inputs: list[str], raw: Path) -> dict:
+def curate_arm(recipe: str, out: Path, arm: str, inputs: list[str], raw: Path, shared_eval: bool = False) -> dict:
     folder = out / "data" / arm
     if (folder / shards.MANIFEST_NAME).is_file():
         return json.loads((folder / "stats.json").read_text())
     sets = list(ARMS[arm]) + inputs
-    if arm != "raw":  # raw's eval split and tokenizer: one eval set and one vocabulary for every arm
+    if arm != "raw" or shared_eval:  # raw's eval split and tokenizer: one eval set and one vocabulary for every arm
         sets += [f"eval.source={raw / 'eval'}", f"tokenizer.path={raw / 'tokenizer.json'}"]
     cmd = [sys.executable, "-m", "datapipe", "curate", recipe, "--output", str(folder)] + [a for s in sets for a in ("--set", s)]
     print(f"curate {arm}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
@@ -102,9 +115,27 @@ def _token_digests(table: pa.Table) -> list[bytes]:
     return [xxhash.xxh3_128_digest(values[offsets[i]:offsets[i + 1]].tobytes()) for i in range(len(tokens))]
 
 
-def check_no_eval_in_training(out: Path) -> dict[str, int]:
+def write_pool(recipe: str, corpus: str | None, docs: int, path: Path, seed: int = 0) -> int:
+    """A seeded sample of `docs` lines of the corpus (`--input`, else the recipe's first input: a local JSONL
+    file, gzipped or not) -> `path` (gzipped JSONL), written once; the number of lines."""
+    if not path.is_file():
+        source = corpus or yaml.safe_load(Path(recipe).read_text())["inputs"][0]["path"]
+        opener = gzip.open if str(source).endswith(".gz") else open
+        with opener(source, "rb") as f:
+            lines = [line for line in f if line.strip()]
+        picked = sorted(random.Random(seed).sample(range(len(lines)), min(docs, len(lines))))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with gzip.open(tmp, "wb") as f:
+            f.writelines(lines[i] for i in picked)
+        tmp.replace(path)
+    with gzip.open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def check_no_eval_in_training(out: Path, eval_folder: Path | None = None) -> dict[str, int]:
     """Per arm, the training documents that are an eval document by id or identical tokens: must be 0."""
-    eval_docs = _rows(out / "data" / "raw" / "eval", ["id", "tokens"])
+    eval_docs = _rows(eval_folder or out / "data" / "raw" / "eval", ["id", "tokens"])
     ids = set(eval_docs.column("id").to_pylist())
     digests = set(_token_digests(eval_docs))
     found = {}
@@ -129,28 +160,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--train-set", nargs="*", default=[], help="extra --set overrides of the training recipe")
     parser.add_argument("--curate-only", action="store_true")
+    parser.add_argument("--pool-docs", type=int, default=None,
+                        help="the data-constrained regime: every arm curates this seeded sample of the corpus's documents")
+    parser.add_argument("--eval-from", default=None,
+                        help="with --pool-docs: the full-corpus ablation's folder, whose eval split, clean part and tokenizer every arm uses")
+    parser.add_argument("--evals", type=int, default=10, help="evaluations per cell (eval_every = steps // evals)")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    raw = out / "data" / "raw"
-    inputs = ([f"inputs=[{{path: {args.input}, domain_field: {args.domain_field}}}]"] if args.input else [])
+    pool = args.pool_docs is not None
+    if pool and not args.eval_from:
+        parser.error("--pool-docs needs --eval-from (a full-corpus ablation's folder: its eval split and tokenizer)")
+    raw = Path(args.eval_from) / "data" / "raw" if pool else out / "data" / "raw"
+    corpus = args.input
+    report: dict = {}
+    if pool:
+        corpus = str(out / "input" / "pool.jsonl.gz")
+        report["pool_docs"] = write_pool(args.recipe, args.input, args.pool_docs, Path(corpus))
+    inputs = ([f"inputs=[{{path: {corpus}, domain_field: {args.domain_field}}}]"] if corpus else [])
     t0 = time.perf_counter()
-    curated = {arm: curate_arm(args.recipe, out, arm, inputs, raw) for arm in ARMS}
-    clean = write_clean_eval(out)
-    contamination = check_no_eval_in_training(out)
-    report = {"curate_seconds": round(time.perf_counter() - t0, 1), "eval": clean, "eval_in_training": contamination,
-              "arms": {arm: {"train": {k: shards.read_manifest(out / "data" / arm)[k] for k in ("total_docs", "total_tokens")},
-                             "decontamination": s.get("eval", {}).get("removed_from_train")}
-                       for arm, s in curated.items()}}
+    curated = {arm: curate_arm(args.recipe, out, arm, inputs, raw, shared_eval=pool) for arm in ARMS}
+    clean = None if pool else write_clean_eval(out)
+    clean_folder = (Path(args.eval_from) if pool else out) / "data" / "clean-eval"
+    contamination = check_no_eval_in_training(out, raw / "eval")
+    report |= {"curate_seconds": round(time.perf_counter() - t0, 1), "eval": clean, "eval_in_training": contamination,
+               "arms": {arm: {"train": {k: shards.read_manifest(out / "data" / arm)[k] for k in ("total_docs", "total_tokens")},
+                              "decontamination": s.get("eval", {}).get("removed_from_train")}
+                        for arm, s in curated.items()}}
+    tokens_trained = args.steps * args.batch_size * args.seq_len
+    for arm, entry in report["arms"].items():  # how many times the budget reads the arm's own data
+        entry["epochs"] = round(tokens_trained / max(entry["train"]["total_tokens"], 1), 2)
     if not args.curate_only:
-        spec = {"base": {"recipe": "configs/train-tiny.yaml", "set": TRAIN_SET + list(args.train_set), "data": str(raw)},
+        spec = {"base": {"recipe": "configs/train-tiny.yaml", "set": TRAIN_SET + list(args.train_set),
+                         "data": str(out / "data" / "raw")},
                 "arms": {arm: {"data": str(out / "data" / arm)} for arm in ARMS},
                 "baseline": "raw", "seeds": args.seeds,
                 "budget": {"steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
-                           "eval_every": max(args.steps // 10, 1)},
-                "eval_source": str(raw / "eval"), "extra_evals": {"clean": str(out / "data" / "clean-eval")},
+                           "eval_every": max(args.steps // args.evals, 1)},
+                "eval_source": str(raw / "eval"), "extra_evals": {"clean": str(clean_folder)},
                 "output": str(out / "experiment")}
-        import yaml
-
         (out / "experiment.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
         subprocess.run([sys.executable, "-m", "datapipe", "experiment", str(out / "experiment.yaml")], check=True, stdout=sys.stderr)
         results = json.loads((out / "experiment" / "results.json").read_text())

@@ -1,6 +1,9 @@
 """The picture of an experiment: `datapipe experiment` reads OUTPUT/results.json and writes OUTPUT/results.png
 (eval-loss curves, mean ± std over seeds per arm, over tokens trained; per arm, a bar of the seeds' tokens-to-target
-and a marker where the arm's mean curve reaches the target, the legend saying which is which)."""
+and a marker where the arm's mean curve reaches the target, the legend saying which is which). Results that carry
+FLOPs add a second row: the same curves over training FLOPs, and per target the compute-to-target ratio to the
+baseline with its 95% bootstrap interval (with the scoring pass's FLOPs where an arm uses it). Older results.json
+files (tokens only) draw the first row alone."""
 
 from __future__ import annotations
 
@@ -36,7 +39,9 @@ def draw_experiment(results: dict[str, Any]) -> Any:
     import matplotlib.pyplot as plt
 
     arms = results["arms"]
-    fig, (curves, bars) = plt.subplots(1, 2, figsize=(12, 5.2))
+    with_flops = all((arm["curve"].get("flops") or None) is not None for arm in arms.values())
+    fig, axes = plt.subplots(2 if with_flops else 1, 2, figsize=(12, 10.4 if with_flops else 5.2), squeeze=False)
+    (curves, bars), second = axes[0], (axes[1] if with_flops else None)
     for name, arm in arms.items():
         tokens, mean, std = arm["curve"]["tokens"], arm["curve"]["mean"], arm["curve"]["std"]
         label = f"{name} (baseline)" if name == results["baseline"] else name
@@ -71,5 +76,50 @@ def draw_experiment(results: dict[str, Any]) -> Any:
     bars.set_ylim(top=bars.get_ylim()[1] * 1.12)  # room for the labels above the bars
     bars.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1))  # under the axes: never over a bar
     bars.set(title="tokens to the target eval loss\n(×ratio: the arm's mean curve against the baseline's)", ylabel="tokens")
+    if second is not None:
+        _draw_compute(results, *second)
     fig.tight_layout()
     return fig
+
+
+def _draw_compute(results: dict[str, Any], curves: Any, ratios: Any) -> None:
+    """The second row: eval loss over training FLOPs; compute-to-target ratios to the baseline with their intervals."""
+    arms = results["arms"]
+    for name, arm in arms.items():
+        flops, mean, std = arm["curve"]["flops"], arm["curve"]["mean"], arm["curve"]["std"]
+        label = f"{name} (baseline)" if name == results["baseline"] else name
+        (line,) = curves.plot(flops, mean, "o-", label=label)
+        curves.fill_between(flops, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                            color=line.get_color(), alpha=0.2)
+        scoring = arm.get("scoring_flops")
+        if scoring:  # the same curve shifted by the one-off scoring pass
+            curves.plot([f + scoring for f in flops], mean, ":", color=line.get_color(),
+                        label=f"{name} + scoring pass ({scoring:.2g} FLOPs)")
+    weighting = {"tokens": "token-weighted", "target": "target-mixture"}.get(results.get("eval_weighting"), "")
+    curves.set(title=f"eval loss ({weighting}) over training FLOPs",
+               xlabel="FLOPs (6N·trained + 2N·forwarded only)", ylabel="eval loss")
+    curves.legend(fontsize=8)
+
+    names = list(arms)
+    targets = list(results.get("targets", {}))
+    width = 0.8 / max(len(targets), 1)
+    for k, target in enumerate(targets):
+        xs, ys, lo, hi = [], [], [], []
+        for i, name in enumerate(names):
+            by = arms[name].get("targets", {}).get(target, {}).get("ratio_to_baseline", {})
+            r = by.get("flops_with_scoring") or by.get("flops")
+            if not r:
+                continue
+            xs.append(i + (k - (len(targets) - 1) / 2) * width)
+            ys.append(r["point"])
+            ci = r["ci95"] or [r["point"], r["point"]]
+            lo.append(r["point"] - ci[0])
+            hi.append(ci[1] - r["point"])
+        if xs:
+            ratios.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3,
+                            label=f"{target} (loss {results['targets'][target]['loss']:.3f})")
+    ratios.axhline(1.0, color="grey", linestyle="--")
+    ratios.set_xticks(range(len(names)), names)
+    ratios.set(title="FLOPs to each target / the baseline's, 95% bootstrap interval\n(scoring pass included; "
+                     "unreached seeds at their budget)", ylabel="ratio of mean FLOPs")
+    ratios.legend(fontsize=8)

@@ -55,6 +55,11 @@ fewer than `lag` batches cannot change the batches. The bandit, its queued repor
 in use are part of the loader state; a resumed run continues bitwise (tested). The importance
 weight of a round is the bandit's own policy at that round; the planner serves a snapshot at most
 `refresh + lag` rounds older (with `refresh=1, lag=0` and no prefetch, the policy of each batch).
+
+ODM's static baseline. `time_averaged_weights(RUN_DIR)` reads a finished run's loader states and returns the
+shares of the tokens it trained on per domain (`served_weights`): the policy averaged over the run. Training with
+those as a fixed mixture (`data.mixture`, the `odm-static` arm of scripts/experiment_prioritization.py) tells a
+better static mixture apart from online adaptivity.
 """
 
 from __future__ import annotations
@@ -62,9 +67,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from datapipe.core.config import ConfigError
 from datapipe.loader.settings import check_integers, from_value
@@ -173,3 +180,32 @@ def doc_domains(layout: Layout, reader: Reader, docs: Sequence[int] | np.ndarray
                 here[np.isin(rows, reader.domain_rows(s, d))] = i
         out[mask] = here
     return out
+
+
+def served_weights(states: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The domain shares of the tokens that loader states (`PackedLoader.state_dict()`, one per rank) have served:
+    their `stats.domain_tokens` summed over the ranks, normalized. Of an online-mixing run's states at its end
+    (the trainer's checkpoint holds the position of the last batch trained on), these are the bandit's policy
+    averaged over the run by tokens (by steps: every step serves the same rows), up to a document per domain,
+    since the planner serves the policy's weights: the static mixture an `odm-static` arm trains with to tell a
+    better fixed mixture from online adaptivity."""
+    totals: dict[str, int] = {}
+    for state in states:
+        for domain, n in state["stats"]["domain_tokens"].items():
+            totals[domain] = totals.get(domain, 0) + int(n)
+    total = sum(totals.values())
+    if not total:
+        raise ConfigError("the loader states have served no tokens: no weights to average")
+    return {d: n / total for d, n in sorted(totals.items())}
+
+
+def time_averaged_weights(run_dir: str | Path, key: str = "loaders") -> dict[str, float]:
+    """`served_weights` of a finished training run: the loader states in RUN_DIR/checkpoint.pt (under `key`, the
+    LM trainer's; one per rank). A missing checkpoint is a ConfigError naming it."""
+    path = Path(run_dir) / "checkpoint.pt"
+    if not path.is_file():
+        raise ConfigError(f"time_averaged_weights needs a finished run's checkpoint; {str(path)!r} does not exist")
+    states = torch.load(path, map_location="cpu", weights_only=True).get(key)
+    if not states:
+        raise ConfigError(f"{str(path)!r} holds no loader states under {key!r} (not an LM training run?)")
+    return served_weights(states)

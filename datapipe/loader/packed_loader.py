@@ -3,7 +3,8 @@
     from datapipe.loader import PackedLoader
     loader = PackedLoader("out/", seq_len=2048, batch_size=8, seed=0, epochs=1, num_workers=2)
     for batch in loader: ...   # input_ids, labels, position_ids, cu_seqlens, doc_ids, segment_ids (tensors)
-    PackedLoader("scored/", ..., doc_columns=("ref_loss",))   # + batch["ref_loss"]: the document's value per token
+    PackedLoader("scored/", ..., doc_columns=("ref_loss_mean",))   # + batch["ref_loss_mean"]: the document's value per token
+    PackedLoader("scored/", ..., token_columns=("ref_loss",))   # + batch["ref_loss"]: each token's own value
     state = loader.state_dict(); loader.load_state_dict(state); loader.stats(); loader.report_losses(ids, losses)
 
 The public loader and its worker fan-out; the parts each have a module of one job:
@@ -55,9 +56,11 @@ BATCH_KEYS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids", "s
 
 def _batches(cfg: PlanConfig, layout: Layout, state: Mapping[str, Any], worker: int, num_workers: int,
              reader: Reader | None = None, dtype: Any = np.int64,
-             doc_columns: Sequence[str] = ()) -> Iterator[tuple[dict[str, np.ndarray], dict[str, Any]]]:
+             doc_columns: Sequence[str] = (),
+             token_columns: Sequence[str] = ()) -> Iterator[tuple[dict[str, np.ndarray], dict[str, Any]]]:
     """Worker `worker` of `num_workers`: plan every batch from `state`, build every num_workers-th.
-    `doc_columns`: shard columns whose per-segment values (the segment's document's) travel in meta."""
+    `doc_columns`: shard columns whose per-segment values (the segment's document's) travel in meta;
+    `token_columns`: per-token list columns, whose values of each piece's tokens travel in meta as (batch, seq_len)."""
     reader = reader or Reader(cfg.source, layout, cfg.cache_shards, verify=cfg.verify)
     planner = Planner(cfg, layout, reader)
     planner.load_state_dict(state)
@@ -77,12 +80,16 @@ def _batches(cfg: PlanConfig, layout: Layout, state: Mapping[str, Any], worker: 
             if doc_columns:
                 meta["doc_columns"] = {name: _segment_values(reader, layout, arrays["seg_doc"], name)
                                        for name in doc_columns}
+            if token_columns:
+                meta["token_columns"] = {name: _piece_values(reader, rows, arrays["input_ids"].shape, name)
+                                         for name in token_columns}
             yield arrays, meta
         k += 1
 
 
-DOC_COLUMN_FIX = ("; a scoring pass adds such a column: `datapipe score` writes ref_loss "
-                  "(datapipe/train/reference.py), so run `datapipe score` first and train on its output")
+DOC_COLUMN_FIX = ("; a scoring pass adds such columns: `datapipe score` writes ref_loss (per token) and ref_loss_mean "
+                  "(per document) (datapipe/train/reference.py), so run `datapipe score` first and train on its output "
+                  "(a folder scored before ref_loss was per token must be scored again)")
 
 
 def _segment_values(reader: Reader, layout: Layout, seg_doc: np.ndarray, name: str) -> np.ndarray:
@@ -95,13 +102,27 @@ def _segment_values(reader: Reader, layout: Layout, seg_doc: np.ndarray, name: s
     return values
 
 
+def _piece_values(reader: Reader, rows: Sequence[Sequence[Any]], shape: tuple[int, ...], name: str) -> np.ndarray:
+    """Per-token column `name` of each row's pieces, placed as their tokens are (float32 (batch, seq_len); 0 on
+    padding): the value at a token is the document's value at that token's position in the document."""
+    values = np.zeros(shape, dtype=np.float32)
+    for r, row in enumerate(rows):
+        off = 0
+        for p in row:
+            values[r, off : off + p.length] = reader.token_values(p.doc, name, fix=DOC_COLUMN_FIX)[p.start : p.end]
+            off += p.length
+    return values
+
+
 def _identity(sample: Any) -> Any:
     return sample
 
 
 class _PackedDataset(torch.utils.data.IterableDataset):
-    def __init__(self, cfg: PlanConfig, layout: Layout, state: Mapping[str, Any], doc_columns: Sequence[str] = ()) -> None:
+    def __init__(self, cfg: PlanConfig, layout: Layout, state: Mapping[str, Any], doc_columns: Sequence[str] = (),
+                 token_columns: Sequence[str] = ()) -> None:
         self.cfg, self.layout, self.state, self.doc_columns = cfg, layout, state, tuple(doc_columns)
+        self.token_columns = tuple(token_columns)
 
     def __iter__(self) -> Iterator[tuple[dict[str, np.ndarray], dict[str, Any]]]:
         info = torch.utils.data.get_worker_info()
@@ -110,7 +131,7 @@ class _PackedDataset(torch.utils.data.IterableDataset):
         # through the worker pipe; the main process expands it. DataLoader moves torch tensors through
         # one shared-memory file each, which cost 7x more per batch on this project's machine.
         return _batches(self.cfg, self.layout, self.state, worker, num_workers, dtype=self.layout.wire_dtype,
-                        doc_columns=self.doc_columns)
+                        doc_columns=self.doc_columns, token_columns=self.token_columns)
 
 
 def _check_int(name: str, value: Any, low: int) -> int:
@@ -127,7 +148,8 @@ class PackedLoader:
     one per packed piece, so two copies of a document in one row stay apart), all int64 of shape
     (batch_size, seq_len), and `cu_seqlens` (int32, the same segments' boundaries in the flattened
     batch, for variable-length attention). With `doc_columns`, also one float32 (batch_size, seq_len)
-    tensor per named column: each token carries its document's value (0 on padding).
+    tensor per named column: each token carries its document's value (0 on padding); with `token_columns`,
+    the same for per-token list columns: each token carries its own value (0 on padding).
     Each `iter()` continues from the current state. The design: datapipe/loader/planner.py.
     """
 
@@ -157,6 +179,7 @@ class PackedLoader:
         online_mixing: om.OnlineMixing | Mapping[str, Any] | bool | None = None,
         verify: bool | str = True,
         doc_columns: Sequence[str] = (),
+        token_columns: Sequence[str] = (),
     ) -> None:
         """
         source: a curated output folder (local path or fsspec URL) holding `manifest.json`.
@@ -196,6 +219,10 @@ class PackedLoader:
         doc_columns: numeric per-document shard columns (e.g. `("ref_loss",)`, written by `datapipe score`) that
             batches carry as per-token float32 tensors under the column's name. They do not change which
             documents are served. A column the shards lack is a ConfigError (checked on the first shard here).
+        token_columns: per-token shard columns, lists as long as each document's `tokens` (e.g. `("ref_loss",)`, each
+            token's reference-model loss, written by `datapipe score`), carried as float32 tensors like `doc_columns`
+            but with each token's own value: a piece [start, end) of a document gets the column's values
+            [start, end) of that document. A column the first shard lacks, or that is not such a list, is a ConfigError.
         """
         seq_len = _check_int("seq_len", seq_len, 1)
         batch_size = _check_int("batch_size", batch_size, 1)
@@ -277,6 +304,7 @@ class PackedLoader:
         )
         self._reader = Reader(self.source, layout, cache_shards, verify=verify)
         self.doc_columns = self._check_doc_columns(doc_columns)
+        self.token_columns = self._check_token_columns(token_columns)
         # the loss-feedback path: one object, its own lock (see datapipe/loader/feedback.py)
         prior = schedule.weights_at(0) if mixing else None
         self._feedback = LossFeedback(
@@ -303,6 +331,18 @@ class PackedLoader:
                 raise ConfigError(f"doc_columns must name numeric columns; column {name!r} of "
                                   f"{self._layout.paths[0]} is not ({exc})") from None
         return tuple(doc_columns)
+
+    def _check_token_columns(self, token_columns: Sequence[str]) -> tuple[str, ...]:
+        if isinstance(token_columns, str) or not isinstance(token_columns, Sequence) \
+                or not all(isinstance(c, str) and c for c in token_columns):
+            raise ConfigError(f"token_columns must be a sequence of column names, e.g. ('ref_loss',), got {token_columns!r}")
+        reserved = sorted((set(token_columns) & {"id", "domain", "tokens", "lang", *BATCH_KEYS})
+                          | (set(token_columns) & set(self.doc_columns)))
+        if reserved:
+            raise ConfigError(f"token_columns must name per-token numeric columns (not in doc_columns), got {reserved[0]!r}")
+        for name in token_columns:  # the first shard holds it as lists as long as the documents (later: when read)
+            self._reader.token_column(0, name, fix=DOC_COLUMN_FIX)
+        return tuple(token_columns)
 
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -332,10 +372,11 @@ class PackedLoader:
     def _iter_source(self) -> Iterator[dict[str, torch.Tensor]]:
         if self.num_workers == 0:
             source = _batches(self._cfg, self._layout, self._planner_state, 0, 1, self._reader,
-                              doc_columns=self.doc_columns)
+                              doc_columns=self.doc_columns, token_columns=self.token_columns)
         else:
             source = iter(torch.utils.data.DataLoader(
-                _PackedDataset(self._cfg, self._layout, self._planner_state, self.doc_columns), batch_size=None,
+                _PackedDataset(self._cfg, self._layout, self._planner_state, self.doc_columns, self.token_columns),
+                batch_size=None,
                 num_workers=self.num_workers, collate_fn=_identity, prefetch_factor=self.prefetch_factor,
             ))
         for arrays, meta in source:
@@ -343,6 +384,8 @@ class PackedLoader:
             batch = {key: torch.from_numpy(full[key]) for key in BATCH_KEYS}
             for name, values in meta.get("doc_columns", {}).items():  # per segment -> per token
                 batch[name] = torch.from_numpy(np.repeat(values, arrays["seg_len"]).reshape(full["input_ids"].shape))
+            for name, values in meta.get("token_columns", {}).items():
+                batch[name] = torch.from_numpy(values)
             self._planner_state = meta["state"]
             st = self._stats
             st["batches"] += 1
@@ -356,6 +399,18 @@ class PackedLoader:
     def epoch(self) -> int:
         """The epoch of the next document to be drawn."""
         return int(self._planner_state["epoch"])
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        """The manifest's domains that hold documents, sorted: what `doc_domains` indexes."""
+        return self._layout.domains
+
+    def doc_domains(self, doc_ids: Sequence[int] | torch.Tensor | np.ndarray) -> np.ndarray:
+        """The index in `domains` of each document id's domain, in the shape of `doc_ids` (-1 for padding, ids < 0).
+        Reads the domain column of mixed shards only (cached with the shard)."""
+        ids = np.asarray(doc_ids.cpu() if isinstance(doc_ids, torch.Tensor) else doc_ids, dtype=np.int64)
+        unique, inverse = np.unique(ids, return_inverse=True)
+        return om.doc_domains(self._layout, self._reader, unique)[inverse].reshape(ids.shape)
 
     # -- state -------------------------------------------------------------------------------------
     def position(self) -> dict[str, Any]:

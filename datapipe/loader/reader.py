@@ -39,6 +39,7 @@ from typing import Any
 
 import fsspec
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 from fsspec.implementations.local import LocalFileSystem
 
@@ -201,7 +202,7 @@ class ShardVerifier:
 
 
 class ShardData:
-    __slots__ = ("table", "offsets", "values", "lengths", "domain_rows", "columns")
+    __slots__ = ("table", "offsets", "values", "lengths", "domain_rows", "columns", "token_columns")
 
     def __init__(self, table: Any) -> None:
         self.table = table
@@ -211,6 +212,7 @@ class ShardData:
         self.lengths = table.column("num_tokens").to_numpy()
         self.domain_rows: dict[str, np.ndarray] = {}
         self.columns: dict[str, np.ndarray] = {}
+        self.token_columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
 
 class ShardHolds:
@@ -334,6 +336,37 @@ class Reader:
                     f"{self.layout.paths[s]} has {data.table.column_names!r}{fix}")
             col = data.columns[name] = data.table.column(name).to_numpy().astype(np.float64)
         return col
+
+    def token_column(self, s: int, name: str, *, key: str = "token_columns",
+                     fix: str = "") -> tuple[np.ndarray, np.ndarray]:
+        """List column `name` of shard s, one value per token of each document: (offsets, float32 values), document
+        row r's values being values[offsets[r]:offsets[r + 1]]. A missing column, a column that is not a list of
+        numbers, or one whose lists are not as long as the documents is a ConfigError naming `key` (and `fix`)."""
+        data = self._shard(s)
+        col = data.token_columns.get(name)
+        if col is None:
+            where = self.layout.paths[s]
+            if name not in data.table.column_names:
+                raise ConfigError(f"{key} must name a column of the shards, got {name!r}; {where} has "
+                                  f"{data.table.column_names!r}{fix}")
+            arr = data.table.column(name).combine_chunks()
+            if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) \
+                    or not (pa.types.is_floating(arr.type.value_type) or pa.types.is_integer(arr.type.value_type)):
+                raise ConfigError(f"{key} must name a column of per-token numeric lists aligned with `tokens`; column "
+                                  f"{name!r} of {where} is {arr.type}, not a list per document{fix}")
+            offsets = arr.offsets.to_numpy().astype(np.int64)  # raw offsets into arr.values
+            if len(offsets) != len(data.offsets) or not np.array_equal(np.diff(offsets), np.diff(data.offsets)):
+                raise ConfigError(f"{key}: column {name!r} of {where} does not hold one value per token of each "
+                                  f"document (its lists' lengths differ from `tokens`){fix}")
+            col = data.token_columns[name] = (offsets, arr.values.to_numpy(zero_copy_only=False).astype(np.float32))
+        return col
+
+    def token_values(self, doc: int, name: str, *, key: str = "token_columns", fix: str = "") -> np.ndarray:
+        """The per-token values of column `name` of one document (float32, as long as its tokens)."""
+        s = self.layout.shard_of(doc)
+        offsets, values = self.token_column(s, name, key=key, fix=fix)
+        row = doc - int(self.layout.offsets[s])
+        return values[offsets[row] : offsets[row + 1]]
 
     def features(self, docs: Sequence[int], cfg: prio.Prioritize) -> np.ndarray:
         """The static features (prioritize.FEATURES) of documents, one row each; opens their shards."""

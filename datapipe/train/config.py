@@ -4,6 +4,7 @@ train (the loop), prefetch, dpo."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -98,19 +99,39 @@ class DataConfig:
                                               "split, SOURCE/eval, when it has one; else no evaluation)")
     holdout_shards: int = note(0, help="without eval_source: hold out the last N shards of source for evaluation instead of "
                                        "its eval split (0 = hold out none: evaluate on the eval split, if any)")
-    eval_batches: int = note(4, help="batches per domain in each evaluation")
+    eval_batches: int = note(0, help="a cap on this rank's batches per evaluation (0: none, the whole eval source, each "
+                                     "document once). An evaluation reads the eval source once, unshuffled, its domains "
+                                     "interleaved at their token shares in one fixed order and never cycled, so a capped "
+                                     "one reads the same leading part on every run, each domain in proportion to its tokens")
+    eval_target: dict[str, float] | None = note(
+        None, help="the target mixture of the overall eval loss, {domain: weight} (normalized; a domain of the eval "
+                   "source left out weighs 0, one the eval source lacks is an error): eval_loss = sum of weight x "
+                   "domain loss. null: token-weighted over the eval source (its token losses' mean). The token-weighted "
+                   "and the plain domain-mean losses and the per-domain losses are logged either way")
     verify: Literal["cached", "always"] = note(
         "cached", help="shard checks (size, sha256, token ids): 'cached' hashes a shard once and then trusts its size "
                        "and modification time (bytes that rot in place with both kept are served); 'always' hashes it "
                        "on every open")
+    mixture: dict[str, float] | None = note(None, help="constant domain weights of the training data, e.g. {code: 0.3, "
+                                                       "man: 0.7} (a domain it does not name gets none; each domain "
+                                                       "restarts its passes on its own); null: the manifest's token "
+                                                       "shares, one pass per epoch. With online_mixing: its prior")
     prioritize: PrioritizeConfig = note(PrioritizeConfig(), help="loss-aware batch prioritization (off by default)")
     online_mixing: OnlineMixingConfig = note(OnlineMixingConfig(), help="online data mixing of the domains (off by default)")
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "batch_size", "eval_batches"):
+        for name in ("seq_len", "batch_size"):
             check(getattr(self, name) >= 1, f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        check(self.eval_batches >= 0, f"eval_batches must be an integer >= 0 (0: the whole eval source), got "
+                                      f"{self.eval_batches!r}")
+        if self.eval_target is not None:
+            check(bool(self.eval_target) and all(math.isfinite(w) and w >= 0 for w in self.eval_target.values())
+                  and sum(self.eval_target.values()) > 0,
+                  f"eval_target must map domains to finite weights >= 0 with a positive sum, got {self.eval_target!r}")
         check(self.num_workers >= 0, f"num_workers must be >= 0, got {self.num_workers!r}")
         check(self.holdout_shards >= 0, f"holdout_shards must be >= 0, got {self.holdout_shards!r}")
+        check(self.mixture is None or (all(w >= 0 for w in self.mixture.values()) and sum(self.mixture.values()) > 0),
+              f"mixture must map domains to weights >= 0 with a positive sum, got {self.mixture!r}")
         check(not (self.eval_source and self.holdout_shards),
               f"set eval_source or holdout_shards, not both; got {self.eval_source!r} and {self.holdout_shards!r}")
 
@@ -119,14 +140,24 @@ class DataConfig:
 class RhoConfig:
     enabled: bool = note(False, help="RHO-LOSS selection (datapipe/train/lm.py): train on the rows of highest reducible "
                                      "loss; needs a folder scored by `datapipe score`")
-    candidates: int = note(10, help="candidate rows per trained row: each micro-batch forwards candidates x "
-                                    "data.batch_size rows without gradients and trains on the top data.batch_size "
-                                    "(the paper's n_B / n_b = 10)")
-    column: str = note("ref_loss", help="the shard column of each document's irreducible (reference-model) loss")
+    candidates: int = note(10, help="candidate rows per trained row: each micro-batch reads candidates x "
+                                    "data.batch_size rows (selection 'forward': forwarded without gradients) and trains "
+                                    "on the top data.batch_size (the paper's n_B / n_b = 10)")
+    column: str = note("ref_loss", help="the shard column of each token's irreducible (reference-model) loss: a list "
+                                        "as long as the document's tokens, written by `datapipe score`")
+    max_rows_per_doc: int = note(2, help="at most this many rows holding a piece of one document in a selected "
+                                         "micro-batch (0: no cap): a long document's pieces cannot fill the batch; when "
+                                         "the cap leaves fewer than data.batch_size rows, the best rows it refused fill in")
+    selection: Literal["forward", "last_loss"] = note(
+        "forward", help="how candidate rows are scored: 'forward' forwards every candidate row without gradients (the "
+                        "paper: 2N FLOPs per candidate token); 'last_loss' forwards nothing: a row's reducible loss is "
+                        "the one its documents had when last trained on (the loader's loss memory; documents never "
+                        "trained on get the mean of the remembered ones)")
 
     def __post_init__(self) -> None:
         check(self.candidates >= 2, f"candidates must be an integer >= 2 (1 would select nothing), got {self.candidates!r}")
         check(bool(self.column), f"column must name a shard column, got {self.column!r}")
+        check(self.max_rows_per_doc >= 0, f"max_rows_per_doc must be an integer >= 0 (0: no cap), got {self.max_rows_per_doc!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,24 +1,50 @@
-"""The experiment runner (`datapipe experiment CONFIG`): arms × seeds of the bundled trainer at the same compute,
-compared by eval loss and by the tokens each arm needs to reach a target eval loss.
+"""The experiment runner (`datapipe experiment CONFIG`): arms × seeds of the bundled trainer at the same budget,
+compared by eval loss on one declared eval distribution and by the tokens and the compute each arm needs to reach
+target eval losses, with paired per-seed ratios and bootstrap intervals.
 
     datapipe experiment configs/experiment-tiny.yaml
 
 One YAML names a `base` training config (a recipe file, inline keys and `--set` overrides), `arms` (name -> `--set`
-overrides and/or another curated `data` folder), `seeds`, the `budget` every cell trains with (steps, and
-optionally batch size and sequence length; arms may not change them), the `baseline` arm, an optional `target`
-eval loss and the `output` folder. Every arm is evaluated on the same eval set (`eval_source`; by default the base
-config's data.eval_source, else the eval split of the baseline arm's data), so the arms differ only in what they
-configure: with the same seed they get the same init and, on the same data, the same data order.
+overrides and/or another curated `data` folder, and whether the arm uses the data's scoring pass), `seeds`, the
+`budget` every cell trains with (steps, and optionally batch size and sequence length; arms may not change them),
+the `baseline` arm, an optional `target` eval loss and the `output` folder. Every arm is evaluated on the same eval
+set (`eval_source`; by default the base config's data.eval_source, else the eval split of the baseline arm's data)
+with the same weighting, so the arms differ only in what they configure: with the same seed they get the same init
+and, on the same data, the same data order.
+
+What is measured (datapipe/train/lm.py):
+- **Eval loss**: each evaluation reads every eval document once (no cycling); the overall loss is token-weighted over
+  the eval split (sum of token losses / tokens: the distribution the data was curated to) or, with
+  `data.eval_target` (set in `base`, the same for every arm), the target mixture's weighted mean of the domain
+  losses. Both the token-weighted and the plain domain-mean figures are kept per cell (`final_by_eval_set`).
+- **Compute**: FLOPs = 6·N·(tokens trained) + 2·N·(tokens forwarded only, e.g. RHO's selection forward), N = the
+  parameters a token's forward multiplies by (`lm.flops_params`: blocks, final norm and output projection; not the
+  input-embedding lookup). Evaluations' forwards are reported apart (`eval_flops`), never counted as training. An
+  arm that uses reference-model losses (`uses_scoring`, default: when `train.rho.enabled`) has the scoring pass's
+  FLOPs (`manifest["scoring"]["flops"]` of its data: training the reference models and scoring the pool) added to
+  every cell (`flops_with_scoring`): a one-off cost that runs on the same scored data could share, so both figures
+  are reported. Also per cell: tokens trained, tokens read (every row the loader delivered), distinct tokens (of the
+  distinct pieces delivered) and wall time (training loop + evaluations).
+- **Targets**: the baseline's mean eval loss at 50%, 75% and 100% of its budget (its mean curve over seeds,
+  interpolated linearly at those fractions of its final tokens), and `target` when configured. For each target, arm
+  and seed: the tokens and the FLOPs at which the curve first reaches it (linear interpolation between evaluations;
+  null when never reached).
+- **Ratios** to the baseline, per target, for tokens, FLOPs and FLOPs with scoring: per seed, paired with the
+  baseline's cell of the same seed; over seeds, the ratio of the means and a 95% bootstrap interval (10,000
+  resamples of the seeds with replacement, paired, numpy seed 0; null with fewer than 2 seeds). A seed that never
+  reaches the target is *censored at its budget* (its final tokens or FLOPs stand in for the crossing, which is
+  larger): the ratio is then a bound, and `point_is` says which (`lower_bound` when only the arm has censored seeds,
+  `upper_bound` when only the baseline has, `censored_both`), beside how many seeds of each reached it.
 
 Each cell (arm, seed) is one training run in OUTPUT/cells/ARM/seed-N. Rerunning the command reads back a finished
 cell (its checkpoint reached budget.steps); a cell killed after a checkpoint continues from it with `--resume`
 semantics (the trainer refuses when its settings changed); one killed before its first checkpoint restarts.
-OUTPUT/results.json (written atomically) holds every cell's eval-loss curve over tokens trained, its final eval
-loss and its tokens to reach the target (linear interpolation between evaluations; null when never reached), and
-per arm the mean ± std over seeds and the ratio of tokens-to-target to the baseline's (`of_means`, over the seeds
-that reach it; `of_mean_curve`, the tokens at which the arm's mean curve over all seeds reaches it against the baseline's: every
-seed counts). `final_by_eval_set` holds the
-final losses, overall and per domain, on the eval set and on each of `extra_evals` (e.g. the clean part of the split:
+OUTPUT/results.json (written atomically) holds every cell's eval-loss curve over tokens trained and FLOPs, its final
+eval loss, compute and crossings; per arm the mean ± std over seeds, the `targets` with their ratios and intervals,
+and the older single-target fields (`target`: the configured one, else the baseline's mean final loss;
+`tokens_to_target`, `ratio_to_baseline` with `of_means` over the seeds that reach it and `of_mean_curve`, the tokens
+at which the arm's mean curve reaches it against the baseline's). `final_by_eval_set` holds the final losses, overall
+(both weightings) and per domain, on the eval set and on each of `extra_evals` (e.g. the clean part of the split:
 the held-out documents every filter keeps), whose evaluations of a cell's final model are cached in the cell.
 """
 
@@ -32,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from datapipe.core import shards
@@ -44,7 +71,7 @@ from datapipe.train.loop import RUN_FILES, resume_problem, train
 # Keys the experiment sets on every cell: arms may not override them (the same compute and the same eval per arm).
 RESERVED_KEYS = ("train.steps", "train.seed", "train.output", "train.eval_every", "train.log_every", "train.stop_at",
                  "train.grad_accum", "data.batch_size", "data.seq_len", "data.source", "data.eval_source",
-                 "data.holdout_shards", "data.eval_batches")
+                 "data.holdout_shards", "data.eval_batches", "data.eval_target")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +86,9 @@ class BaseConfig:
 class ArmConfig:
     set: list[str] = note([], help="`--set`-style KEY=VALUE overrides of this arm (train.steps, batch, seq, seed, eval and output keys are the experiment's)")
     data: str | None = note(None, help="a curated folder this arm trains on instead of the base data")
+    uses_scoring: bool | None = note(None, help="whether the arm's cells use the reference-model losses of their data's "
+                                                "scoring pass, whose FLOPs (manifest scoring.flops) are then added to "
+                                                "the arm's compute (null: when train.rho.enabled)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +197,14 @@ def resolve_cells(exp: ExperimentConfig) -> dict[str, dict[int, TrainConfig]]:
     check(bool(eval_source), f"eval_source: the arms need one eval set and none was found: the base config sets no "
                              f"data.eval_source and the baseline arm's data {baseline_data!r} has no eval split; "
                              "set eval_source to a curated folder")
+    if base.data.eval_target is not None and Path(eval_source, shards.MANIFEST_NAME).is_file():
+        from datapipe.train.lm import eval_weights
+
+        domains = sorted(d for d, c in shards.read_manifest(eval_source).get("domains", {}).items() if c.get("docs", 0) > 0)
+        try:
+            eval_weights(base.data.eval_target, domains, eval_source)
+        except ConfigError as exc:
+            raise ConfigError(f"base: {exc}") from None
     budget = {**compute, "data.eval_source": eval_source, "data.holdout_shards": 0}
     for name, folder in exp.extra_evals.items():
         check(Path(folder, shards.MANIFEST_NAME).is_file(), f"extra_evals.{name}: {folder!r} is not a curated folder "
@@ -197,16 +235,28 @@ def resolve_cells(exp: ExperimentConfig) -> dict[str, dict[int, TrainConfig]]:
     return cells
 
 
+def _final(record: dict[str, Any]) -> dict[str, Any]:
+    """An eval record (or `evaluate`'s result) as a final_by_eval_set entry: the overall loss under the run's weighting,
+    both weightings, and per domain the loss and the tokens scored (older records: the fields they have)."""
+    out = {"loss": float(record["eval_loss"]), "weighting": record.get("eval_weighting"),
+           "loss_tokens": record.get("eval_loss_tokens"), "loss_domain_mean": record.get("eval_loss_domain_mean"),
+           "domains": {d: (float(v["loss"]) if v["loss"] is not None else None)
+                       for d, v in record.get("eval_domains", {}).items()},
+           "domain_tokens": {d: v.get("tokens") for d, v in record.get("eval_domains", {}).items()}}
+    return out
+
+
 def final_evaluations(cfg: TrainConfig, sources: dict[str, str]) -> dict[str, dict[str, Any]]:
     """A finished cell's final model evaluated on each extra eval set, overall and per domain (the trainer's own
-    `evaluate`, with the cell's batch shape and data.eval_batches); cached in RUN_DIR/extra_evals.json by name
-    and folder, so a rerun evaluates only what is new."""
+    `evaluate`, with the cell's batch shape, data.eval_batches and data.eval_target when the set holds its domains,
+    else token-weighted); cached in RUN_DIR/extra_evals.json by name and folder, so a rerun evaluates only what is
+    new (entries of the older per-domain-batches evaluation are not reused)."""
     from datapipe.train.lm import evaluate
     from datapipe.train.model import GPT
 
     cache_path = Path(cfg.train.output) / "extra_evals.json"
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
-    wanted = {name: f"{name}={folder}" for name, folder in sources.items()}
+    wanted = {name: f"{name}={folder};every-document-once" for name, folder in sources.items()}
     if any(key not in cache for key in wanted.values()):
         ckpt = load_checkpoint(Path(cfg.train.output) / "checkpoint.pt", what="datapipe experiment")
         saved = from_dict(TrainConfig, ckpt["config"])
@@ -214,20 +264,54 @@ def final_evaluations(cfg: TrainConfig, sources: dict[str, str]) -> dict[str, di
         model.load_state_dict(ckpt["model"])
         for name, key in wanted.items():
             if key not in cache:
-                cache[key] = evaluate(model, sources[name], saved, torch.device("cpu"), 0, 1)
+                target = saved.data.eval_target
+                if target is not None:
+                    domains = shards.read_manifest(sources[name]).get("domains", {})
+                    target = target if all(domains.get(d, {}).get("docs", 0) > 0 for d in target) else None
+                cache[key] = evaluate(model, sources[name], saved, torch.device("cpu"), 0, 1, target)
         shards.atomic_write_json(cache_path, cache)
-    return {name: {"loss": cache[key]["eval_loss"], "domains": {d: v["loss"] for d, v in cache[key]["eval_domains"].items()}}
-            for name, key in wanted.items()}
+    return {name: _final(cache[key]) for name, key in wanted.items()}
+
+
+def final_eval(run_dir: str | Path) -> dict[str, Any]:
+    """The last evaluation in RUN_DIR/metrics.jsonl as a final_by_eval_set entry (`_final`)."""
+    last: dict[str, Any] = {}
+    for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if "eval_domains" in record:
+            last = record
+    return _final(last) if last else {}
 
 
 def final_domains(run_dir: str | Path) -> dict[str, float]:
     """Per-domain eval loss of the last evaluation in RUN_DIR/metrics.jsonl."""
-    last: dict[str, float] = {}
+    return final_eval(run_dir).get("domains", {})
+
+
+# the compute fields a cell's last log record carries (datapipe/train/lm.py LMObjective.compute)
+COMPUTE_KEYS = ("flops", "tokens_trained", "tokens_forwarded_only", "tokens_read", "distinct_tokens", "eval_flops",
+                "wall_s", "eval_s")
+
+
+def cell_compute(run_dir: str | Path) -> dict[str, Any]:
+    """The compute of a finished cell: the COMPUTE_KEYS of the last record of RUN_DIR/metrics.jsonl that has them
+    (null each for a run logged before they were)."""
+    last: dict[str, Any] = {}
     for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
         record = json.loads(line) if line.strip() else {}
-        if "eval_domains" in record:
-            last = {d: float(v["loss"]) for d, v in record["eval_domains"].items()}
-    return last
+        if "flops" in record:
+            last = record
+    return {k: last.get(k) for k in COMPUTE_KEYS}
+
+
+def scoring_flops(data: str) -> float | None:
+    """`manifest["scoring"]["flops"]` of a curated folder (the FLOPs of training its reference models and scoring its
+    documents, written by `datapipe score`), or None when it records none."""
+    try:
+        flops = (shards.read_manifest(data).get("scoring") or {}).get("flops")
+    except (OSError, ValueError, KeyError):
+        return None
+    return float(flops) if isinstance(flops, (int, float)) else None
 
 
 def _cell_state(cfg: TrainConfig) -> str:
@@ -246,24 +330,28 @@ def _cell_state(cfg: TrainConfig) -> str:
     return "restart" if any((run_dir / name).exists() for name in RUN_FILES) else "fresh"
 
 
-def eval_curve(run_dir: str | Path, every: int, steps: int) -> list[tuple[int, float]]:
-    """(tokens trained, eval loss) of the evaluations in RUN_DIR/metrics.jsonl at every `every` steps and at the
-    last step (so every seed's curve has the same points; a run split by train.stop_at also evaluated where it
-    stopped); of a step logged twice (a run resumed from an earlier checkpoint) the later record counts."""
-    by_step: dict[int, tuple[int, float]] = {}
+def eval_curve(run_dir: str | Path, every: int, steps: int) -> list[tuple[int, float, float | None]]:
+    """(tokens trained, eval loss, training FLOPs) of the evaluations in RUN_DIR/metrics.jsonl at every `every` steps
+    and at the last step (so every seed's curve has the same points; a run split by train.stop_at also evaluated
+    where it stopped); of a step logged twice (a run resumed from an earlier checkpoint) the later record counts.
+    FLOPs are None in a run logged before they were."""
+    by_step: dict[int, tuple[int, float, float | None]] = {}
     for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
         if not line.strip():
             continue
         record = json.loads(line)
         on_grid = record["step"] % every == 0 or record["step"] == steps
         if "eval_loss" in record and "tokens" in record and on_grid:
-            by_step[int(record["step"])] = (int(record["tokens"]), float(record["eval_loss"]))
+            flops = record.get("flops")
+            by_step[int(record["step"])] = (int(record["tokens"]), float(record["eval_loss"]),
+                                            float(flops) if flops is not None else None)
     return [by_step[s] for s in sorted(by_step)]
 
 
-def tokens_to_target(curve: list[tuple[int, float]], target: float) -> float | None:
-    """Tokens at which the eval loss first reaches `target`, interpolated linearly between the two evaluations
-    around the crossing; the first evaluation's tokens when it is already at or below it; None if never reached."""
+def tokens_to_target(curve: list[tuple[float, float]], target: float) -> float | None:
+    """Tokens (or any cumulative x: FLOPs) at which the eval loss first reaches `target`, interpolated linearly
+    between the two evaluations around the crossing; the first evaluation's x when it is already at or below it;
+    None if never reached. `curve`: (x, eval loss) points in order."""
     for i, (tokens, loss) in enumerate(curve):
         if loss <= target:
             if i == 0:
@@ -280,33 +368,169 @@ def _spread(values: list[float | None]) -> dict[str, Any]:
             "n": len(got), "of": len(values)}
 
 
-def summarize(exp: ExperimentConfig, curves: dict[str, dict[int, list[tuple[int, float]]]],
-              cells: dict[str, dict[int, TrainConfig]],
-              finals_by_set: dict[str, dict[int, dict[str, dict[str, Any]]]] | None = None) -> dict[str, Any]:
-    """The results document: per cell its curve, final eval loss and tokens to target; per arm the mean ± std over
-    seeds and the ratio of tokens-to-target to the baseline's."""
-    finals = {arm: {seed: c[-1][1] for seed, c in by_seed.items()} for arm, by_seed in curves.items()}
+BOOTSTRAP_RESAMPLES = 10_000  # resamples of the seeds
+BOOTSTRAP_SEED = 0  # numpy.random.default_rng seed: the intervals are the same on every rerun
+TARGET_FRACTIONS = (0.5, 0.75, 1.0)  # of the baseline's budget (tokens trained): the targets' points on its mean curve
+MEASURES = ("tokens", "flops", "flops_with_scoring")  # what a crossing is measured in
+
+NOTES = {
+    "eval": "each evaluation reads every eval document once; eval_loss is token-weighted over the eval split "
+            "(eval_weighting 'tokens') or the data.eval_target mixture of the domain losses ('target'); "
+            "final_by_eval_set gives both weightings (loss_tokens, loss_domain_mean) and the per-domain losses",
+    "flops": "6 N x tokens trained + 2 N x tokens forwarded only (N: parameters a token's forward multiplies by: blocks, "
+             "final norm, output projection; not the input-embedding lookup); evaluation forwards are in eval_flops, "
+             "not in flops",
+    "scoring": "flops_with_scoring adds, to every cell of an arm that uses reference-model losses, the FLOPs of its "
+               "data's scoring pass (training the reference models and scoring the pool): a one-off cost that runs on "
+               "the same scored data can share (amortise); flops leaves it out",
+    "ratios": "per target and measure: per seed, arm / baseline cell of the same seed; point = mean over seeds of the "
+              "arm / mean of the baseline; ci95 = 2.5 and 97.5 percentiles of that ratio over 10,000 paired resamples "
+              "of the seeds with replacement (numpy seed 0; null with fewer than 2 seeds). A seed that never reaches "
+              "the target is censored at its budget (its final tokens or FLOPs stand in for its crossing, which is "
+              "larger): point_is says whether the point is an estimate or a lower/upper bound; reached counts the seeds "
+              "that reach it",
+}
+
+
+def bootstrap_ratio(arm: list[float], base: list[float], *, resamples: int = BOOTSTRAP_RESAMPLES,
+                    seed: int = BOOTSTRAP_SEED) -> list[float] | None:
+    """The 95% percentile interval of mean(arm) / mean(base) over the seeds resampled with replacement, paired (one
+    draw of seed indices for both lists); None with fewer than 2 seeds."""
+    n = len(arm)
+    if n < 2:
+        return None
+    a, b = np.asarray(arm, dtype=np.float64), np.asarray(base, dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    lo, hi = np.quantile(a[idx].mean(axis=1) / b[idx].mean(axis=1), [0.025, 0.975])
+    return [float(lo), float(hi)]
+
+
+def paired_ratio(arm: dict[int, float | None], arm_budget: dict[int, float | None], base: dict[int, float | None],
+                 base_budget: dict[int, float | None], seeds: list[int], *, same: bool = False) -> dict[str, Any] | None:
+    """Arm against baseline for one target and measure. `arm`/`base`: each seed's crossing (None: never reached),
+    `*_budget`: each seed's final value, which stands in for a crossing never reached (censored at the budget).
+    None when a value is unknown (a run logged before FLOPs were)."""
+    a, b, per_seed = [], [], {}
+    for seed in seeds:
+        av = arm[seed] if arm[seed] is not None else arm_budget[seed]
+        bv = base[seed] if base[seed] is not None else base_budget[seed]
+        if av is None or bv is None or bv <= 0:
+            return None
+        a.append(av)
+        b.append(bv)
+        per_seed[str(seed)] = {"ratio": av / bv, "arm_censored": arm[seed] is None,
+                               "baseline_censored": base[seed] is None}
+    arm_cens = any(arm[s] is None for s in seeds)
+    base_cens = any(base[s] is None for s in seeds)
+    point_is = ("baseline" if same else "censored_both" if arm_cens and base_cens else
+                "lower_bound" if arm_cens else "upper_bound" if base_cens else "estimate")
+    return {"point": statistics.fmean(a) / statistics.fmean(b), "ci95": bootstrap_ratio(a, b), "point_is": point_is,
+            "reached": {"arm": sum(arm[s] is not None for s in seeds), "baseline": sum(base[s] is not None for s in seeds),
+                        "of": len(seeds)},
+            "per_seed": per_seed, "paired": _spread([r["ratio"] for r in per_seed.values()])}
+
+
+def _points(curve: list[tuple]) -> list[tuple[float, float, float | None]]:
+    """(tokens, eval loss, FLOPs or None) of a curve given as 2- or 3-tuples."""
+    return [(float(p[0]), float(p[1]), (float(p[2]) if len(p) > 2 and p[2] is not None else None)) for p in curve]
+
+
+def _crossing(points: list[tuple[float, float, float | None]], target: float, scoring: float | None) -> dict[str, Any]:
+    """Where a cell's curve first reaches `target`, in each measure (None: never reached or unknown), and its budget
+    (the final values, which stand in for a crossing never reached)."""
+    known = all(p[2] is not None for p in points)
+    tokens = tokens_to_target([(p[0], p[1]) for p in points], target)
+    flops = tokens_to_target([(p[2], p[1]) for p in points], target) if known else None
+    budget_flops = points[-1][2] if known else None
+    def add(v: float | None) -> float | None:
+        return v + scoring if v is not None and scoring is not None else None
+
+    return {"at": {"tokens": tokens, "flops": flops, "flops_with_scoring": add(flops)},
+            "budget": {"tokens": points[-1][0], "flops": budget_flops, "flops_with_scoring": add(budget_flops)}}
+
+
+def summarize(exp: ExperimentConfig, curves: dict[str, dict[int, list[tuple]]],
+              cells: dict[str, dict[int, TrainConfig]] | None = None,
+              finals_by_set: dict[str, dict[int, dict[str, dict[str, Any]]]] | None = None,
+              compute: dict[str, dict[int, dict[str, Any]]] | None = None,
+              scoring: dict[str, float | None] | None = None) -> dict[str, Any]:
+    """The results document (see the module docstring). `curves`: arm -> seed -> (tokens, eval loss[, FLOPs]) points
+    (the same evaluation steps in every cell); `cells`: the cells' configs (run folders, data, eval weighting);
+    `finals_by_set`: arm -> seed -> eval set -> `_final` entry; `compute`: arm -> seed -> `cell_compute`;
+    `scoring`: arm -> the scoring FLOPs added to each of its cells (0 or absent: the arm uses no scoring; None: it
+    does but its data records none, so FLOPs with scoring are unknown)."""
+    points = {arm: {seed: _points(c) for seed, c in by_seed.items()} for arm, by_seed in curves.items()}
+    scoring = {arm: (scoring or {}).get(arm, 0.0) for arm in curves}
+    seeds = list(exp.seeds)
+    finals = {arm: {seed: c[-1][1] for seed, c in by_seed.items()} for arm, by_seed in points.items()}
     target = exp.target if exp.target is not None else statistics.fmean(finals[exp.baseline].values())
-    reach = {arm: {seed: tokens_to_target(c, target) for seed, c in by_seed.items()} for arm, by_seed in curves.items()}
+    reach = {arm: {seed: tokens_to_target([(t, v) for t, v, _ in c], target) for seed, c in by_seed.items()}
+             for arm, by_seed in points.items()}
     base_reach = reach[exp.baseline]
-    arms: dict[str, Any] = {}
-    for arm, by_seed in curves.items():
+
+    def mean_curve(by_seed: dict[int, list[tuple[float, float, float | None]]]) -> dict[str, list]:
         n_points = min(len(c) for c in by_seed.values())  # the same eval steps in every seed
+        at = [[by_seed[s][i] for s in seeds] for i in range(n_points)]
+        known = all(p[2] is not None for row in at for p in row)
+        return {"tokens": [statistics.fmean(p[0] for p in row) for row in at],
+                "mean": [statistics.fmean(p[1] for p in row) for row in at],
+                "std": [statistics.pstdev([p[1] for p in row]) for row in at],
+                "flops": [statistics.fmean(p[2] for p in row) for row in at] if known else None}
+
+    # the targets: the baseline's mean curve at fractions of its budget, and the configured one
+    base_curve = mean_curve(points[exp.baseline])
+    targets: dict[str, dict[str, Any]] = {}
+    for frac in TARGET_FRACTIONS:
+        at = frac * base_curve["tokens"][-1]
+        targets[f"baseline_{round(100 * frac)}pct"] = {
+            "loss": float(np.interp(at, base_curve["tokens"], base_curve["mean"])), "tokens": at,
+            "from": f"the baseline's mean eval loss at {frac:.0%} of its budget (its mean curve over seeds at "
+                    f"{at:,.0f} tokens, interpolated linearly; clamped to its first evaluation before it)"}
+    if exp.target is not None:
+        targets["config"] = {"loss": float(exp.target), "tokens": None, "from": "the experiment's target"}
+    crossings = {name: {arm: {seed: _crossing(c, t["loss"], scoring[arm]) for seed, c in by_seed.items()}
+                        for arm, by_seed in points.items()} for name, t in targets.items()}
+
+    arms: dict[str, Any] = {}
+    for arm, by_seed in points.items():
         paired = [reach[arm][s] / base_reach[s] if reach[arm][s] is not None and base_reach[s] else None
-                  for s in exp.seeds]
+                  for s in seeds]
         arm_tt, base_tt = _spread(list(reach[arm].values())), _spread(list(base_reach.values()))
+        cell_compute_of = {seed: dict((compute or {}).get(arm, {}).get(seed) or {}) for seed in by_seed}
+        for seed, cc in cell_compute_of.items():
+            cc.setdefault("flops", by_seed[seed][-1][2])
+            cc["scoring_flops"] = scoring[arm]
+            cc["flops_with_scoring"] = (cc["flops"] + scoring[arm] if cc.get("flops") is not None
+                                        and scoring[arm] is not None else None)
+        per_target = {}
+        for name, t in targets.items():
+            cross = crossings[name]
+            entry: dict[str, Any] = {"loss": t["loss"]}
+            for m in MEASURES:
+                values = {s: cross[arm][s]["at"][m] for s in seeds}
+                entry[m] = {"per_seed": {str(s): v for s, v in values.items()}, "spread": _spread(list(values.values()))}
+            entry["ratio_to_baseline"] = {
+                m: paired_ratio({s: cross[arm][s]["at"][m] for s in seeds}, {s: cross[arm][s]["budget"][m] for s in seeds},
+                                {s: cross[exp.baseline][s]["at"][m] for s in seeds},
+                                {s: cross[exp.baseline][s]["budget"][m] for s in seeds}, seeds, same=arm == exp.baseline)
+                for m in MEASURES}
+            per_target[name] = entry
         arms[arm] = {
             "overrides": list(exp.arms[arm].set),
-            "data": cells[arm][exp.seeds[0]].data.source,
-            "seeds": {str(seed): {"run_dir": cells[arm][seed].train.output,
-                                  "curve": {"tokens": [t for t, _ in c], "eval_loss": [v for _, v in c]},
-                                  "final_eval_loss": finals[arm][seed], "tokens_to_target": reach[arm][seed]}
+            "data": cells[arm][seeds[0]].data.source if cells else exp.arms[arm].data,
+            "uses_scoring": bool(scoring[arm] != 0.0), "scoring_flops": scoring[arm],
+            "seeds": {str(seed): {"run_dir": cells[arm][seed].train.output if cells else None,
+                                  "curve": {"tokens": [t for t, _, _ in c], "eval_loss": [v for _, v, _ in c],
+                                            "flops": [f for _, _, f in c]},
+                                  "final_eval_loss": finals[arm][seed], "tokens_to_target": reach[arm][seed],
+                                  "compute": cell_compute_of[seed],
+                                  "to_target": {name: crossings[name][arm][seed]["at"] for name in targets}}
                       for seed, c in by_seed.items()},
-            "curve": {"tokens": [statistics.fmean(by_seed[s][i][0] for s in exp.seeds) for i in range(n_points)],
-                      "mean": [statistics.fmean(by_seed[s][i][1] for s in exp.seeds) for i in range(n_points)],
-                      "std": [statistics.pstdev([by_seed[s][i][1] for s in exp.seeds]) for i in range(n_points)]},
+            "curve": mean_curve(by_seed),
             "final_eval_loss": _spread(list(finals[arm].values())),
             "final_by_eval_set": _by_eval_set(finals_by_set[arm]) if finals_by_set else {},
+            "compute": {k: _spread([cell_compute_of[s].get(k) for s in seeds]) for k in (*COMPUTE_KEYS, "flops_with_scoring")},
+            "targets": per_target,
             "tokens_to_target": arm_tt,
             "ratio_to_baseline": {
                 "of_means": arm_tt["mean"] / base_tt["mean"] if arm_tt["mean"] is not None and base_tt["mean"] else None,
@@ -322,27 +546,55 @@ def summarize(exp: ExperimentConfig, curves: dict[str, dict[int, list[tuple[int,
     for arm in arms.values():
         arm["mean_curve_tokens_to_target"] = cross = crossing(arm)
         arm["ratio_to_baseline"]["of_mean_curve"] = cross / base_cross if cross is not None and base_cross else None
+    base_cfg = cells[exp.baseline][seeds[0]] if cells else None
+    eval_target = base_cfg.data.eval_target if base_cfg else None
     return {"baseline": exp.baseline, "target": target, "baseline_mean_curve_tokens_to_target": base_cross,
             "target_from": "config" if exp.target is not None else "baseline final eval loss (mean over seeds)",
-            "seeds": list(exp.seeds), "budget": to_dict(exp.budget) | {"eval_every": exp.budget.eval_interval},
-            "eval_source": cells[exp.baseline][exp.seeds[0]].data.eval_source, "arms": arms}
+            "targets": targets, "seeds": seeds, "budget": to_dict(exp.budget) | {"eval_every": exp.budget.eval_interval},
+            "eval_source": base_cfg.data.eval_source if base_cfg else exp.eval_source,
+            "eval_weighting": "target" if eval_target is not None else "tokens", "eval_target": eval_target,
+            "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "level": 0.95,
+                          "min_seeds": 2, "not_reached": "censored at the seed's budget"},
+            "notes": NOTES, "arms": arms}
 
 
 def _by_eval_set(per_seed: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Mean ± std over seeds of each eval set's final loss, overall and per domain."""
+    """Mean ± std over seeds of each eval set's final loss (overall under the run's weighting, token-weighted and
+    the plain mean of the domains) and per domain."""
     sets = next(iter(per_seed.values()))
-    return {name: {"loss": _spread([per_seed[s][name]["loss"] for s in per_seed]),
-                   "domains": {d: _spread([per_seed[s][name]["domains"].get(d) for s in per_seed])
-                               for d in sets[name]["domains"]}}
-            for name in sets}
+    out = {}
+    for name in sets:
+        entry = {"loss": _spread([per_seed[s][name]["loss"] for s in per_seed]),
+                 "weighting": sets[name].get("weighting"),
+                 "domains": {d: _spread([per_seed[s][name]["domains"].get(d) for s in per_seed])
+                             for d in sets[name]["domains"]}}
+        for key in ("loss_tokens", "loss_domain_mean"):
+            entry[key] = _spread([per_seed[s][name].get(key) for s in per_seed])
+        entry["domain_tokens"] = sets[name].get("domain_tokens", {})
+        out[name] = entry
+    return out
+
+
+def arm_scoring(exp: ExperimentConfig, cells: dict[str, dict[int, TrainConfig]]) -> dict[str, float | None]:
+    """The scoring FLOPs each arm's cells are charged: its data's `manifest["scoring"]["flops"]` when the arm uses
+    reference-model losses (`uses_scoring`, null: `train.rho.enabled`), None when it does but its data records
+    none; 0.0 for an arm that does not."""
+    out: dict[str, float | None] = {}
+    for arm, by_seed in cells.items():
+        cfg = by_seed[exp.seeds[0]]
+        uses = exp.arms[arm].uses_scoring
+        uses = cfg.train.rho.enabled if uses is None else uses
+        out[arm] = scoring_flops(cfg.data.source) if uses else 0.0
+    return out
 
 
 def run_experiment(exp: ExperimentConfig, *, say=print) -> dict[str, Any]:
     """Run every missing cell, then write OUTPUT/results.json; returns the results."""
     cells = resolve_cells(exp)  # every cell's config is valid before the first one trains
     states = {(arm, seed): _cell_state(cfg) for arm, by_seed in cells.items() for seed, cfg in by_seed.items()}
-    curves: dict[str, dict[int, list[tuple[int, float]]]] = {}
+    curves: dict[str, dict[int, list[tuple]]] = {}
     finals_by_set: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
+    compute: dict[str, dict[int, dict[str, Any]]] = {}
     for arm, by_seed in cells.items():
         curves[arm] = {}
         for seed, cfg in by_seed.items():
@@ -360,10 +612,15 @@ def run_experiment(exp: ExperimentConfig, *, say=print) -> dict[str, Any]:
             if not curve:
                 raise ConfigError(f"cell {run_dir}: metrics.jsonl holds no evaluation with a token count")
             curves[arm][seed] = curve
+            compute.setdefault(arm, {})[seed] = cell_compute(run_dir)
             finals_by_set.setdefault(arm, {})[seed] = {
-                "eval": {"loss": curve[-1][1], "domains": final_domains(run_dir)},
+                "eval": {**final_eval(run_dir), "loss": curve[-1][1]},
                 **final_evaluations(cfg, dict(exp.extra_evals))}
-    results = summarize(exp, curves, cells, finals_by_set)
+    scoring = arm_scoring(exp, cells)
+    for arm in (a for a, flops in scoring.items() if flops is None):
+        say(f"arm {arm}: uses its data's scoring pass, but {cells[arm][exp.seeds[0]].data.source}/manifest.json "
+            "records no scoring.flops: its FLOPs with scoring are reported as unknown (null)")
+    results = summarize(exp, curves, cells, finals_by_set, compute, scoring)
     out = Path(exp.output)
     out.mkdir(parents=True, exist_ok=True)
     shards.atomic_write_json(out / "results.json", results)

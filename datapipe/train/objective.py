@@ -55,7 +55,8 @@ class Objective(Protocol):
         """The objective's part of the log line."""
 
     def evaluate(self, model: GPT) -> dict[str, Any]:
-        """Held-out metrics (every key starts with 'eval')."""
+        """Held-out metrics (their keys start with 'eval'; the LM objective adds its cumulative compute counters,
+        `tokens`, `flops`, ..., so an eval record stands on the tokens and FLOPs axes by itself)."""
 
     def eval_text(self, record: dict[str, Any]) -> str:
         """The log text of an evaluation."""

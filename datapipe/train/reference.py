@@ -1,4 +1,4 @@
-"""The RHO-LOSS scoring pass (`datapipe score`): a copy of a curated folder whose shards gain `ref_loss`, each document's loss under a small reference model that never trained on it.
+"""The RHO-LOSS scoring pass (`datapipe score`): a copy of a curated folder whose shards gain `ref_loss`, each token's loss under a small reference model that never trained on its document.
 
     datapipe score configs/train-tiny.yaml --data out/run --output out/run-scored --steps 300 --seed 0
     datapipe train configs/train-tiny.yaml --data out/run-scored --set train.rho.enabled=true
@@ -16,14 +16,27 @@ recipe's model, optimizer, schedule, data.seq_len and data.batch_size, `train.st
 is never read, and the reference runs evaluate nothing (the recipe's data.eval_source,
 data.holdout_shards, train.rho and train.stop_at do not apply to them).
 
-A document's `ref_loss` (float32) is its mean token loss over every token that has a next token in the
-document, with the context the training loader gives it: documents longer than data.seq_len are cut
-into pieces of data.seq_len tokens (positions restart per piece, a piece's last token predicts the
-document's next one), as the loader's `split` policy does. A document of one token has no predicted
-token: its ref_loss is 0 (it carries no label token in training either).
+A document's `ref_loss` is a list of float32 as long as its `tokens` (format 2): value t is the loss of
+predicting token t + 1 at position t, with the context the training loader gives it: documents longer
+than data.seq_len are cut into pieces of data.seq_len tokens (positions restart per piece, a piece's last
+token predicts the document's next one), as the loader's `split` policy does; the last token predicts
+nothing (0). The loader carries it through packing like the tokens (`PackedLoader(token_columns=
+("ref_loss",))`: a piece [start, end) gets values [start, end)), so a training row's reducible loss uses
+the reference loss of exactly the tokens it trains on: a 256-token piece of a long document is compared
+with that piece's reference losses, not with the document's mean. With the same data.seq_len in training
+the contexts are the scoring's too (another seq_len cuts other pieces: the values are then the scoring's
+contexts'). `ref_loss_mean` (float32, one per document) is the mean over its tokens but the last (0 for a
+document of one token), for document-level uses: `ref_band` and the summary. Format 1 (before) stored one
+ref_loss per document; its folders are refused by the trainer and by a new scoring into them, with that said.
+
+Compute, recorded under the manifest's `scoring`: `params` (N, `datapipe.train.lm.flops_params`, the trainer's
+convention), `train_tokens` (the document tokens both reference runs trained on),
+`forward_tokens` (the document tokens forwarded to score them: every token of the pool, once) and `flops` =
+6 N train_tokens + 2 N forward_tokens. The pass is paid once per pool and reference recipe; every arm that trains
+on this folder's `ref_loss` (RHO-LOSS, the `ref_band` subset) uses it.
 
 OUTPUT is a new curated folder (the input is never modified): shard i is the input's shard i plus the
-`ref_loss` column (replacing one the input may have), written by `datapipe.core.shards`, with a
+`ref_loss` and `ref_loss_mean` columns (replacing ones the input may have), written by `datapipe.core.shards`, with a
 manifest of the new sha256s that records the scoring under `scoring` (its identity: the input's shard
 checksums and the result-shaping settings). The input's tokenizer file is copied, its splits (eval)
 are linked. The two reference runs stay in OUTPUT/reference/fold-{0,1} (config, metrics, checkpoint).
@@ -53,10 +66,13 @@ from datapipe.loader.packing import compact_batch, expand_batch, pack
 from datapipe.train.checkpoint import load_checkpoint
 from datapipe.train.config import EXECUTION_KEYS, RhoConfig, TrainConfig, check_sources
 from datapipe.train.loop import RUN_FILES, train
+from datapipe.train.lm import flops_params
 from datapipe.train.model import GPT, ModelConfig, token_losses
 from datapipe.train.objective import autocast
 
-COLUMN = "ref_loss"
+COLUMN = "ref_loss"  # per token: a list as long as `tokens`
+MEAN_COLUMN = "ref_loss_mean"  # per document: the mean of its tokens' (all but the last) reference losses
+FORMAT = 2  # 1: one ref_loss per document (its mean); 2: ref_loss per token and ref_loss_mean per document
 FOLDS = 2
 MARKER = "scoring.json"  # written first: OUTPUT is a scoring in progress of this identity
 FOLD_RULE = "fold = int.from_bytes(sha256(f'{seed}:{id}')[:8], 'big') % 2; a document is scored by the other fold's model"
@@ -76,7 +92,7 @@ def _settings(cfg: TrainConfig) -> dict[str, Any]:
             dotted = f"{prefix}.{key}" if prefix else key
             if isinstance(value, dict):
                 walk(value, dotted)
-            elif dotted not in EXECUTION_KEYS and dotted not in IGNORED_KEYS:
+            elif dotted not in EXECUTION_KEYS and dotted not in IGNORED_KEYS and not dotted.startswith("train.rho."):
                 flat[dotted] = value
 
     walk(to_dict(cfg), "")
@@ -85,13 +101,13 @@ def _settings(cfg: TrainConfig) -> dict[str, Any]:
 
 # keys of the recipe that do not shape the reference runs: paths, evaluation, selection (see the module docstring)
 IGNORED_KEYS = ("data.source", "data.eval_source", "data.holdout_shards", "train.output", "train.stop_at",
-                "train.rho.enabled", "train.rho.candidates", "train.rho.column", "dpo.init_from")
+                "dpo.init_from")  # and every train.rho key
 
 
 def identity(manifest: dict[str, Any], cfg: TrainConfig) -> str:
     """What makes two scorings the same: the input's shard checksums and tokenizer, and the settings."""
     doc = {"shards": [s["sha256"] for s in manifest["shards"]], "tokenizer": manifest.get("tokenizer"),
-           "settings": _settings(cfg), "column": COLUMN, "rule": FOLD_RULE}
+           "settings": _settings(cfg), "column": COLUMN, "rule": FOLD_RULE, "format": FORMAT}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -115,14 +131,19 @@ def _check_output(source: Path, out: Path, ident: str) -> bool:
                               f"{fix}") from None
         if theirs == ident:
             return True
-        what = "a scoring of another input or with other settings" if theirs else "a curated folder, not a scoring"
+        old = shards.read_manifest(out).get("scoring", {}).get("format", 1) if theirs else FORMAT
+        what = ("a scoring written by an older `datapipe score` (format 1: one ref_loss per document; training now "
+                "needs ref_loss per token)" if old != FORMAT
+                else "a scoring of another input or with other settings" if theirs else "a curated folder, not a scoring")
         raise ConfigError(f"--output {str(out)!r} already holds {what}; {fix}")
     try:
-        theirs = json.loads((out / MARKER).read_text()).get("identity")
+        marker = json.loads((out / MARKER).read_text())
+        theirs, old = marker.get("identity"), marker.get("format", 1)
     except (OSError, ValueError, AttributeError):
-        theirs = None
+        theirs, old = None, FORMAT
     if theirs != ident:
-        what = ("an unfinished scoring of another input or with other settings" if theirs
+        what = ("an unfinished scoring by an older `datapipe score` (format 1: one ref_loss per document)" if old != FORMAT
+                else "an unfinished scoring of another input or with other settings" if theirs
                 else "files that are not a datapipe scoring")
         raise ConfigError(f"--output {str(out)!r} already holds {what}; {fix}")
     return False
@@ -135,25 +156,35 @@ def _device(kind: str) -> torch.device:
 
 
 @torch.no_grad()
-def document_losses(model: GPT, docs: list[np.ndarray], seq_len: int, rows_per_batch: int, device: torch.device,
-                    pad_id: int = 0) -> np.ndarray:
-    """Mean token loss of each document (float64; 0 for a document without a predicted token), packed into rows
-    of `seq_len` as the training loader packs them (documents longer than seq_len cut into pieces)."""
-    sums, counts = np.zeros(len(docs)), np.zeros(len(docs), dtype=np.int64)
+def document_token_losses(model: GPT, docs: list[np.ndarray], seq_len: int, rows_per_batch: int,
+                          device: torch.device, pad_id: int = 0) -> list[np.ndarray]:
+    """Each document's per-token losses (float32, as long as the document): value t is the loss of predicting
+    token t + 1 from token t and the tokens before it in its piece (the loss of the label at input position t);
+    the last token predicts nothing (0). Documents are packed into rows of `seq_len` as the training loader packs
+    them (documents longer than seq_len cut into pieces of seq_len tokens, a piece's last token predicting the
+    document's next one)."""
+    out = [np.zeros(len(d), dtype=np.float32) for d in docs]
     rows = pack([len(d) for d in docs], seq_len)  # document j has id j
     for start in range(0, len(rows), rows_per_batch):
-        arrays = expand_batch(**compact_batch(rows[start:start + rows_per_batch], docs.__getitem__, seq_len,
-                                              pad_id=pad_id))
+        chunk = rows[start:start + rows_per_batch]
+        arrays = expand_batch(**compact_batch(chunk, docs.__getitem__, seq_len, pad_id=pad_id))
         batch = {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
         with autocast(device):
             logits = model(batch["input_ids"], position_ids=batch["position_ids"], doc_ids=batch["doc_ids"],
                            cu_seqlens=batch["cu_seqlens"])
-        losses = token_losses(logits, batch["labels"]).double().cpu().numpy().reshape(-1)
-        labelled = arrays["labels"].reshape(-1) != -100
-        ids = arrays["doc_ids"].reshape(-1)[labelled]
-        np.add.at(sums, ids, losses[labelled])
-        np.add.at(counts, ids, 1)
-    return np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
+        losses = token_losses(logits, batch["labels"]).float().cpu().numpy()  # 0 where there is no label
+        for r, row in enumerate(chunk):
+            off = 0
+            for p in row:
+                out[p.doc][p.start:p.end] = losses[r, off:off + p.length]
+                off += p.length
+    return out
+
+
+def mean_loss(values: np.ndarray) -> float:
+    """A document's mean token loss from its per-token losses: over the tokens that predict one (all but the last);
+    0 for a document of one token."""
+    return float(values[:-1].astype(np.float64).mean()) if len(values) > 1 else 0.0
 
 
 def _write_fold_data(source: Path, manifest: dict[str, Any], folds: list[np.ndarray], k: int, folder: Path) -> None:
@@ -218,7 +249,7 @@ def score(cfg: TrainConfig, output: str | os.PathLike[str], *, say: Callable[...
         return shards.read_manifest(out)
     shards.make_folder(out)
     shards.remove_temporaries(out)
-    shards.atomic_write_json(out / MARKER, {"identity": ident, "source": str(source.resolve())})
+    shards.atomic_write_json(out / MARKER, {"identity": ident, "format": FORMAT, "source": str(source.resolve())})
 
     seed, steps = cfg.train.seed, cfg.train.steps
     tables = [shards.open_shard(source, info["path"]) for info in manifest["shards"]]
@@ -250,22 +281,37 @@ def score(cfg: TrainConfig, output: str | os.PathLike[str], *, say: Callable[...
 
     device = _device(cfg.train.device)
     models = [_reference_model(run_dir, device) for run_dir in runs]
+    train_tokens = sum(int(load_checkpoint(r / "checkpoint.pt", what="datapipe score").get("totals", {}).get("tokens", 0))
+                       for r in runs)
     eos = int(manifest.get("tokenizer", {}).get("eos_id") or 0)
-    infos, totals = [], np.zeros((FOLDS, 2))  # per fold: (sum of ref_loss, documents)
+    infos, totals = [], np.zeros((FOLDS, 2))  # per fold: (sum of ref_loss_mean, documents)
+    forward_tokens = 0
     for i, table in enumerate(tables):
-        tokens = table.column("tokens").combine_chunks() if table.num_rows else None
-        ref = np.zeros(table.num_rows, dtype=np.float64)
+        per_token: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * table.num_rows
+        if table.num_rows:
+            tokens = table.column("tokens").combine_chunks()
+            offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy(zero_copy_only=False)
+            for k in range(FOLDS):
+                rows = np.flatnonzero(folds[i] == k)
+                if len(rows):
+                    docs_k = [values[offsets[r]:offsets[r + 1]].astype(np.int64) for r in rows]
+                    losses = document_token_losses(models[1 - k], docs_k, cfg.data.seq_len, cfg.data.batch_size,
+                                                   device, eos)
+                    for r, v in zip(rows.tolist(), losses):
+                        per_token[r] = v
+                    forward_tokens += sum(len(d) for d in docs_k)
+        means = np.array([mean_loss(v) for v in per_token], dtype=np.float64)
         for k in range(FOLDS):
-            rows = np.flatnonzero(folds[i] == k)
-            if len(rows):
-                offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy(zero_copy_only=False)
-                docs_k = [values[offsets[r]:offsets[r + 1]].astype(np.int64) for r in rows]
-                ref[rows] = document_losses(models[1 - k], docs_k, cfg.data.seq_len, cfg.data.batch_size, device, eos)
-                totals[k] += (ref[rows].sum(), len(rows))
-        if COLUMN in table.column_names:
-            table = table.drop_columns([COLUMN])
-        infos.append(shards.write_shard(out, i, table.append_column(COLUMN, pa.array(ref.astype(np.float32)))))
+            totals[k] += (means[folds[i] == k].sum(), int((folds[i] == k).sum()))
+        table = table.drop_columns([c for c in (COLUMN, MEAN_COLUMN) if c in table.column_names])
+        lengths = np.array([len(v) for v in per_token], dtype=np.int64)
+        column = pa.ListArray.from_arrays(
+            pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)),
+            pa.array(np.concatenate(per_token) if per_token else np.zeros(0, dtype=np.float32), pa.float32()))
+        table = table.append_column(COLUMN, column).append_column(MEAN_COLUMN, pa.array(means.astype(np.float32)))
+        infos.append(shards.write_shard(out, i, table))
         say(f"scored shard {i + 1}/{len(tables)}")
+    params = flops_params(models[0])
 
     scored = shards.build_manifest(infos, tokenizer=manifest.get("tokenizer", {}), config=manifest.get("config", {}),
                                    config_hash=manifest.get("config_hash", ""))
@@ -276,13 +322,103 @@ def score(cfg: TrainConfig, output: str | os.PathLike[str], *, say: Callable[...
     if splits:
         scored["splits"] = splits
     scored["scoring"] = {
-        "identity": ident, "column": COLUMN, "source": str(source.resolve()), "rule": FOLD_RULE, "seed": seed,
-        "steps": steps, "reference_runs": [str(r.relative_to(out)) for r in runs],
+        "identity": ident, "format": FORMAT, "column": COLUMN, "granularity": "token", "mean_column": MEAN_COLUMN,
+        "source": str(source.resolve()), "rule": FOLD_RULE, "seed": seed, "steps": steps,
+        "seq_len": cfg.data.seq_len, "reference_runs": [str(r.relative_to(out)) for r in runs],
         "folds": {str(k): {"docs": int(totals[k, 1]), "mean_ref_loss": float(totals[k, 0] / max(totals[k, 1], 1))}
                   for k in range(FOLDS)},
+        # compute of the pass (the FLOPs convention of datapipe.train.lm.flops_params): both reference models'
+        # training (6 N per token trained) and the forward of every document by the other half's model (2 N)
+        "params": params, "train_tokens": train_tokens, "forward_tokens": int(forward_tokens),
+        "flops": 6 * params * train_tokens + 2 * params * int(forward_tokens),
     }
     shards.write_manifest(out, scored)
-    say(f"wrote {out / shards.MANIFEST_NAME}: {scored['total_docs']:,} documents with {COLUMN} (mean "
-        f"{float(totals[:, 0].sum() / max(totals[:, 1].sum(), 1)):.4f}); train on it with "
-        "--set train.rho.enabled=true")
+    say(f"wrote {out / shards.MANIFEST_NAME}: {scored['total_docs']:,} documents with {COLUMN} per token and "
+        f"{MEAN_COLUMN} (mean {float(totals[:, 0].sum() / max(totals[:, 1].sum(), 1)):.4f}); "
+        f"{scored['scoring']['flops']:.3g} FLOPs; train on it with --set train.rho.enabled=true")
     return scored
+
+
+BAND_RULE = ("per domain (or over the pool), documents sorted by ref_loss_mean (ties: shard order) each span a share of "
+             "the tokens; a document is kept when the middle of its span lies in [low, high]")
+
+
+def band_mask(means: np.ndarray, tokens: np.ndarray, low: float, high: float) -> np.ndarray:
+    """Which documents lie in the token-weighted band [low, high] of `means`: sorted by mean (stable), each
+    document spans a share of the tokens, and is kept when the middle of its span lies in [low, high]."""
+    order = np.argsort(means, kind="stable")
+    share = tokens[order] / max(int(tokens.sum()), 1)
+    middle = np.cumsum(share) - share / 2
+    keep = np.zeros(len(means), dtype=bool)
+    keep[order] = (middle >= low) & (middle <= high)
+    return keep
+
+
+def ref_band(scored: str | os.PathLike[str], output: str | os.PathLike[str], *, low: float, high: float,
+             per_domain: bool = True, say: Callable[..., None] = print) -> dict[str, Any]:
+    """A static learnability subset of a scored folder: a new curated folder of the documents whose `ref_loss_mean`
+    (the reference models' mean loss on them) lies in the middle band between the token-weighted quantiles `low`
+    and `high` (per domain by default, so the domain mixture stays the pool's). It drops the lowest reference losses
+    (text a small model already predicts: boilerplate, repeats, license headers) and the highest (text it cannot:
+    noise, encoded data). Training on it is uniform sampling of the subset: no per-step selection cost; the one-off
+    cost is the scoring pass (`scoring.flops`, copied into this folder's manifest with the band under `ref_band`).
+    The shards keep every column (ref_loss too). The eval split is linked, not filtered. Returns the manifest; run
+    again with the same settings it does nothing; another band into the same OUTPUT is refused."""
+    if not 0 <= low < high <= 1:
+        raise ConfigError(f"ref_band needs 0 <= low < high <= 1, got low={low!r}, high={high!r}")
+    source, out = Path(scored), Path(output)
+    manifest = shards.read_manifest(source)
+    scoring = manifest.get("scoring")
+    if not scoring or scoring.get("format", 1) != FORMAT:
+        raise ConfigError(f"ref_band needs a folder written by `datapipe score` (format {FORMAT}); {str(source)!r} "
+                          + ("is not one" if not scoring else "was scored by an older version: score it again"))
+    band = {"low": low, "high": high, "per_domain": per_domain, "rule": BAND_RULE, "scored": scoring["identity"]}
+    if (out / shards.MANIFEST_NAME).is_file():
+        theirs = shards.read_manifest(out).get("ref_band", {})
+        if {k: theirs.get(k) for k in band} == band:
+            say(f"{out} already holds this band of {source}: nothing to do")
+            return shards.read_manifest(out)
+        raise ConfigError(f"--output {str(out)!r} already holds another folder; choose another output or delete it")
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--output {str(out)!r} is not empty; choose another output or delete it")
+    tables = [shards.open_shard(source, info["path"]) for info in manifest["shards"]]
+    means = [t.column(MEAN_COLUMN).to_numpy().astype(np.float64) for t in tables]
+    tokens = [t.column("num_tokens").to_numpy().astype(np.int64) for t in tables]
+    domains = [np.asarray(t.column("domain").to_pylist(), dtype=object) for t in tables]
+    all_means, all_tokens, all_domains = np.concatenate(means), np.concatenate(tokens), np.concatenate(domains)
+    keep_all = np.zeros(len(all_means), dtype=bool)
+    limits = {}
+    for g in (sorted(set(all_domains.tolist())) if per_domain else [None]):
+        sel = np.flatnonzero(all_domains == g) if g is not None else np.arange(len(all_means))
+        keep_all[sel] = band_mask(all_means[sel], all_tokens[sel], low, high)
+        kept = all_means[sel][keep_all[sel]]
+        limits["*" if g is None else g] = [float(kept.min()), float(kept.max())] if len(kept) else None
+    if not keep_all.any():
+        raise ConfigError(f"ref_band low={low} high={high} keeps no document of {str(source)!r}; widen the band")
+    shards.make_folder(out)
+    shards.remove_temporaries(out)
+    infos, start = [], 0
+    for t in tables:
+        keep = keep_all[start:start + t.num_rows]
+        start += t.num_rows
+        if keep.any():
+            infos.append(shards.write_shard(out, len(infos), t.filter(pa.array(keep))))
+    kept_docs, kept_tokens = int(keep_all.sum()), int(all_tokens[keep_all].sum())
+    result = shards.build_manifest(infos, tokenizer=manifest.get("tokenizer", {}), config=manifest.get("config", {}),
+                                   config_hash=manifest.get("config_hash", ""))
+    tokenizer_path = (manifest.get("tokenizer") or {}).get("path")
+    if tokenizer_path and (source / tokenizer_path).is_file() and not Path(tokenizer_path).is_absolute():
+        shards.atomic_write_bytes(out / tokenizer_path, (source / tokenizer_path).read_bytes(), durable=True)
+    splits = _link_splits(source, out, manifest)
+    if splits:
+        result["splits"] = splits
+    # the scoring this subset was cut by (its compute: `flops`), not a scoring of this folder: no identity
+    result["scoring"] = {**{k: v for k, v in scoring.items() if k != "identity"}, "derived": "ref_band",
+                         "scored_identity": scoring["identity"], "scored_folder": str(source.resolve())}
+    result["ref_band"] = {**band, "kept_ref_loss_mean": limits,
+                          "docs": kept_docs, "tokens": kept_tokens, "of_docs": int(len(all_means)),
+                          "of_tokens": int(all_tokens.sum())}
+    shards.write_manifest(out, result)
+    say(f"ref_band: kept {kept_docs:,} of {len(all_means):,} documents ({kept_tokens:,} of {int(all_tokens.sum()):,} "
+        f"tokens) with ref_loss_mean in the [{low}, {high}] token quantiles{' per domain' if per_domain else ''} -> {out}")
+    return result

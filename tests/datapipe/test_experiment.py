@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,9 @@ import yaml
 
 from datapipe.cli import main
 from datapipe.core.config import ConfigError, to_dict
-from datapipe.train.experiment import load_experiment_config, resolve_cells, tokens_to_target
-from helpers import write_train_source
+from datapipe.train.experiment import (ArmConfig, BudgetConfig, ExperimentConfig, load_experiment_config,
+                                       resolve_cells, summarize, tokens_to_target)
+from helpers import VOCAB, write_train_source
 
 TINY = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.max_seq_len=64", "data.eval_batches=1",
         "train.ckpt_every=3", "optim.lr=0.01", "prefetch.depth=2", "train.device=cpu"]
@@ -31,7 +33,7 @@ def _experiment(tmp_path: Path, **extra) -> Path:
     held = write_train_source(tmp_path / "eval", n_shards=1, per_shard=10)
     spec = {"base": {"set": TINY + [f"data.eval_source={held}"], "data": str(source)},
             "arms": {"base": {}, "low_lr": {"set": ["optim.lr=0.002", "optim.weight_decay=0.0"]}},
-            "baseline": "base", "seeds": [0],
+            "baseline": "base", "seeds": [0, 1],
             "budget": {"steps": 6, "batch_size": 2, "seq_len": 64, "eval_every": 2},
             "output": str(tmp_path / "exp"), **extra}
     path = tmp_path / "experiment.yaml"
@@ -40,34 +42,62 @@ def _experiment(tmp_path: Path, **extra) -> Path:
 
 
 def test_experiment_runs_arms_writes_results_and_reuses_finished_cells(tmp_path, capsys):
+    from datapipe.train.lm import flops_params
+    from datapipe.train.model import GPT
+
     path = _experiment(tmp_path)
     assert main(["experiment", str(path)]) == 0
     out = tmp_path / "exp"
     results = json.loads((out / "results.json").read_text())
     assert (out / "results.png").stat().st_size > 0
-    assert results["baseline"] == "base" and set(results["arms"]) == {"base", "low_lr"}
-    base = results["arms"]["base"]
-    # the target defaults to the baseline's final eval loss, which the baseline reaches at its last evaluation
-    assert results["target"] == pytest.approx(base["final_eval_loss"]["mean"])
+    assert results["baseline"] == "base" and set(results["arms"]) == {"base", "low_lr"} and results["seeds"] == [0, 1]
+    assert results["eval_weighting"] == "tokens" and results["eval_target"] is None
+    base, low = results["arms"]["base"], results["arms"]["low_lr"]
+    # the target defaults to the baseline's final eval loss, mean over its two seeds
+    finals = [base["seeds"][s]["final_eval_loss"] for s in ("0", "1")]
+    assert finals[0] != finals[1] and results["target"] == pytest.approx(sum(finals) / 2)
+    assert results["targets"]["baseline_100pct"]["loss"] == pytest.approx(results["target"])
+    model_cfg = resolve_cells(load_experiment_config(path))["base"][0].model
+    n = flops_params(GPT(replace(model_cfg, vocab_size=VOCAB)))  # N of the cells' model (the data's vocabulary)
     for arm in results["arms"].values():
-        cell = arm["seeds"]["0"]
-        assert len(cell["curve"]["tokens"]) == 3  # evaluations at steps 2, 4, 6
-        assert cell["curve"]["tokens"] == sorted(cell["curve"]["tokens"]) and cell["curve"]["tokens"][0] > 0
-        assert cell["final_eval_loss"] == cell["curve"]["eval_loss"][-1]
+        for seed in ("0", "1"):
+            cell = arm["seeds"][seed]
+            assert len(cell["curve"]["tokens"]) == 3  # evaluations at steps 2, 4, 6
+            assert cell["curve"]["tokens"] == sorted(cell["curve"]["tokens"]) and cell["curve"]["tokens"][0] > 0
+            assert cell["final_eval_loss"] == cell["curve"]["eval_loss"][-1]
+            # FLOPs: 6N a token trained, nothing forwarded only; the curve too
+            assert cell["curve"]["flops"] == [6 * n * t for t in cell["curve"]["tokens"]]
+            c = cell["compute"]
+            assert c["flops"] == 6 * n * c["tokens_trained"] == c["flops_with_scoring"] and c["tokens_forwarded_only"] == 0
+            assert c["tokens_trained"] == cell["curve"]["tokens"][-1] and 0 < c["distinct_tokens"] <= c["tokens_read"]
+            assert c["wall_s"] > 0 and c["eval_flops"] > 0
+            # each cell's own metrics.jsonl holds the same curve
+            records = [json.loads(l) for l in (Path(cell["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+            assert [r["eval_loss"] for r in records if "eval_loss" in r] == cell["curve"]["eval_loss"]
         assert set(arm["final_eval_loss"]) == {"mean", "std", "n", "of"}
         assert set(arm["ratio_to_baseline"]) == {"of_means", "per_seed", "of_mean_curve"}
-        # each cell's own metrics.jsonl holds the same curve
-        records = [json.loads(l) for l in (Path(cell["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-        assert [r["eval_loss"] for r in records if "eval_loss" in r] == cell["curve"]["eval_loss"]
-    assert 0 < base["tokens_to_target"]["mean"] <= base["seeds"]["0"]["curve"]["tokens"][-1]
-    assert base["ratio_to_baseline"]["of_means"] == pytest.approx(1.0)
-    # one seed: the baseline's mean curve is its curve, which reaches its own final loss at its last evaluation
-    assert results["baseline_mean_curve_tokens_to_target"] == pytest.approx(base["seeds"]["0"]["curve"]["tokens"][-1])
-    assert base["ratio_to_baseline"]["of_mean_curve"] == pytest.approx(1.0)
-    low = results["arms"]["low_lr"]  # one seed: its mean curve is its curve
-    assert low["mean_curve_tokens_to_target"] == low["seeds"]["0"]["tokens_to_target"]
+        # the arm's mean curve is the mean of its two seeds' curves (which differ)
+        a, b = (arm["seeds"][s]["curve"]["eval_loss"] for s in ("0", "1"))
+        assert a != b and arm["curve"]["mean"] == pytest.approx([(x + y) / 2 for x, y in zip(a, b)])
+        # the overall eval loss is the token-weighted mean of the domains', not their plain mean
+        final = arm["final_by_eval_set"]["eval"]
+        assert final["weighting"] == "tokens" and final["loss"]["mean"] == pytest.approx(final["loss_tokens"]["mean"])
+        assert final["loss_domain_mean"]["mean"] != pytest.approx(final["loss"]["mean"], abs=1e-9)
+    # low_lr against the baseline, seed by seed: its crossing of each target over the baseline seed's
+    for name, t in results["targets"].items():
+        ratio = low["targets"][name]["ratio_to_baseline"]["tokens"]
+        for seed in ("0", "1"):
+            mine = tokens_to_target(list(zip(low["seeds"][seed]["curve"]["tokens"], low["seeds"][seed]["curve"]["eval_loss"])), t["loss"])
+            theirs = tokens_to_target(list(zip(base["seeds"][seed]["curve"]["tokens"], base["seeds"][seed]["curve"]["eval_loss"])), t["loss"])
+            mine = mine if mine is not None else low["seeds"][seed]["curve"]["tokens"][-1]  # censored at the budget
+            theirs = theirs if theirs is not None else base["seeds"][seed]["curve"]["tokens"][-1]
+            assert ratio["per_seed"][seed]["ratio"] == pytest.approx(mine / theirs)
+        assert ratio["ci95"] is not None and ratio["ci95"][0] <= ratio["point"] <= ratio["ci95"][1]
+    # the mean curves' crossing of the target
+    assert results["baseline_mean_curve_tokens_to_target"] == pytest.approx(
+        tokens_to_target(list(zip(base["curve"]["tokens"], base["curve"]["mean"])), results["target"]))
     # the lower learning rate trains the same tokens but learns slower: a different curve
-    assert results["arms"]["low_lr"]["seeds"]["0"]["curve"]["eval_loss"] != base["seeds"]["0"]["curve"]["eval_loss"]
+    assert low["seeds"]["0"]["curve"]["eval_loss"] != base["seeds"]["0"]["curve"]["eval_loss"]
 
     # the arms' resolved configs differ only in the keys the arm sets (and their run folders)
     saved = {arm: yaml.safe_load((out / "cells" / arm / "seed-0" / "config.yaml").read_text()) for arm in ("base", "low_lr")}
@@ -76,13 +106,13 @@ def test_experiment_runs_arms_writes_results_and_reuses_finished_cells(tmp_path,
     assert a["train.steps"] == 6 and a["data.batch_size"] == 2 and a["train.seed"] == 0
 
     # a second invocation reads the finished cells back: no cell trains again
-    metrics = sorted(out.glob("cells/*/seed-0/*.*"))  # metrics.jsonl, config.yaml, checkpoint.pt
-    assert len(metrics) >= 6
+    metrics = sorted(out.glob("cells/*/seed-*/*.*"))  # metrics.jsonl, config.yaml, checkpoint.pt
+    assert len(metrics) >= 12
     before = {p: p.stat().st_mtime_ns for p in metrics}
     capsys.readouterr()
     assert main(["experiment", str(path)]) == 0
     assert {p: p.stat().st_mtime_ns for p in metrics} == before
-    assert capsys.readouterr().out.count("finished, read back") == 2
+    assert capsys.readouterr().out.count("finished, read back") == 4
     assert json.loads((out / "results.json").read_text()) == results
 
 
@@ -98,6 +128,14 @@ def test_experiment_config_errors_name_the_key(tmp_path):
         resolve_cells(load_experiment_config(path, ["arms.low_lr.set=[optim.lrr=3]"]))
     with pytest.raises(ConfigError, match="data.holdout_shards"):
         resolve_cells(load_experiment_config(path, ["base.set=[data.holdout_shards=1]"]))
+    # the eval weighting is the experiment's: the same for every arm, its domains those of the eval set
+    held = f"eval_source={tmp_path / 'eval'}"
+    with pytest.raises(ConfigError, match="arms.low_lr.set: data.eval_target is set by the experiment"):
+        resolve_cells(load_experiment_config(path, ["arms.low_lr.set=['data.eval_target={code: 1}']"]))
+    with pytest.raises(ConfigError, match=r"base: data.eval_target names domain\(s\) \['web'\] that the eval source"):
+        resolve_cells(load_experiment_config(path, ["base.set=['data.eval_target={code: 1, web: 1}']", held]))
+    cells = resolve_cells(load_experiment_config(path, ["base.set=['data.eval_target={code: 1}']", held]))
+    assert all(c.data.eval_target == {"code": 1.0} for by_seed in cells.values() for c in by_seed.values())
     # resolved before any training: nothing was written
     assert not (tmp_path / "exp").exists()
     assert main(["experiment", str(path), "--set", "arms.x={data: 1}"]) == 2
@@ -110,13 +148,96 @@ def test_tokens_to_target_interpolates_between_evaluations():
     assert tokens_to_target(curve, 0.5) is None
 
 
-def test_a_killed_cell_resumes_from_its_checkpoint_to_the_same_curve(tmp_path):
-    from dataclasses import replace
+N = 1000  # FLOPs per token in the hand-built curves: 6N a token trained
 
+
+def _hand_built(scoring: float | None = 0.0, seeds=(0, 1, 2)) -> dict:
+    """Three seeds; baseline seed 2 never reaches the baseline's mean final loss (5/3), the other arm reaches it on
+    every seed. Curves are (tokens, eval loss, FLOPs = 6N tokens)."""
+    base = {0: [(100, 3.0), (200, 2.0), (300, 1.0)], 1: [(100, 3.5), (200, 2.5), (300, 1.5)],
+            2: [(100, 4.0), (200, 3.0), (300, 2.5)]}
+    new = {0: [(100, 2.5), (200, 1.5), (300, 1.0)], 1: [(100, 3.0), (200, 2.0), (300, 1.25)],
+           2: [(100, 3.5), (200, 2.0), (300, 1.5)]}
+    curves = {arm: {s: [(t, v, 6 * N * t) for t, v in c[s]] for s in seeds} for arm, c in (("base", base), ("new", new))}
+    exp = ExperimentConfig(arms={"base": ArmConfig(), "new": ArmConfig()}, baseline="base", seeds=list(seeds),
+                           budget=BudgetConfig(steps=30, eval_every=10))
+    return summarize(exp, curves, scoring={"new": scoring})
+
+
+def test_summarize_on_hand_built_curves_where_a_baseline_seed_never_reaches_the_target():
+    results = _hand_built(scoring=6 * N * 100)  # the scoring pass: 100 trained tokens' worth of FLOPs
+    # targets: the baseline's mean curve (3.5, 2.5, 5/3 at 100, 200, 300 tokens) at 50%, 75%, 100% of its budget
+    targets = results["targets"]
+    assert targets["baseline_50pct"]["loss"] == pytest.approx(3.0)  # at 150 tokens
+    assert targets["baseline_75pct"]["loss"] == pytest.approx(2.5 - 0.25 * (2.5 - 5 / 3))  # at 225 tokens
+    assert targets["baseline_100pct"]["loss"] == pytest.approx(5 / 3) == results["target"]
+    base, new = results["arms"]["base"], results["arms"]["new"]
+    top = base["targets"]["baseline_100pct"]
+    # tokens to 5/3, interpolated: baseline 233.3, 283.3, never; the other arm 183.3, 244.4, 266.7
+    assert [top["tokens"]["per_seed"][s] for s in "01"] == pytest.approx([700 / 3, 850 / 3])
+    assert top["tokens"]["per_seed"]["2"] is None and top["tokens"]["spread"]["n"] == 2
+    mine = new["targets"]["baseline_100pct"]
+    assert [mine["tokens"]["per_seed"][s] for s in "012"] == pytest.approx([550 / 3, 2200 / 9, 800 / 3])
+    assert [mine["flops"]["per_seed"][s] for s in "012"] == pytest.approx([6 * N * t for t in (550 / 3, 2200 / 9, 800 / 3)])
+    # paired per seed; the baseline's seed 2 is censored at its budget (300 tokens)
+    ratio = mine["ratio_to_baseline"]["tokens"]
+    assert [ratio["per_seed"][s]["ratio"] for s in "012"] == pytest.approx([(550 / 3) / (700 / 3), (2200 / 9) / (850 / 3),
+                                                                           (800 / 3) / 300])
+    assert [ratio["per_seed"][s]["baseline_censored"] for s in "012"] == [False, False, True]
+    assert ratio["reached"] == {"arm": 3, "baseline": 2, "of": 3}
+    # ratio of the means over all seeds, the censored one at its budget: an upper bound (the baseline's true mean is larger)
+    assert ratio["point"] == pytest.approx((6250 / 27) / (2450 / 9)) and ratio["point_is"] == "upper_bound"
+    lo, hi = ratio["ci95"]
+    assert lo < ratio["point"] < hi and lo > 0.7 and hi < 1.0
+    assert _hand_built(scoring=6 * N * 100)["arms"]["new"]["targets"]["baseline_100pct"]["ratio_to_baseline"]["tokens"]["ci95"] == [lo, hi]
+    # compute: without the scoring pass, FLOPs are 6N tokens here, so the ratio is the tokens'; with it, each cell pays
+    # 100 tokens' worth more: (6250/27 + 100) / (2450/9)
+    assert mine["ratio_to_baseline"]["flops"]["point"] == pytest.approx(ratio["point"])
+    assert mine["ratio_to_baseline"]["flops_with_scoring"]["point"] == pytest.approx(8950 / 7350)
+    assert new["uses_scoring"] and new["scoring_flops"] == 6 * N * 100 and not base["uses_scoring"]
+    assert new["seeds"]["0"]["compute"]["flops_with_scoring"] == 6 * N * 300 + 6 * N * 100
+    # the baseline against itself: 1, said to be the baseline
+    assert top["ratio_to_baseline"]["tokens"]["point"] == 1.0 and top["ratio_to_baseline"]["tokens"]["point_is"] == "baseline"
+    # at 75% (2.2917) the baseline's seed 2 still never reaches it; the arm reaches it at 120.8, 170.8, 180.6
+    mid = new["targets"]["baseline_75pct"]
+    assert [mid["tokens"]["per_seed"][s] for s in "012"] == pytest.approx([100 + 500 / 24, 100 + 1700 / 24, 100 + 2900 / 36])
+    assert base["targets"]["baseline_75pct"]["tokens"]["per_seed"]["2"] is None
+    # the older single-target figures: the ratio of means over the seeds that reach it, and the mean curves' crossing
+    assert new["ratio_to_baseline"]["of_means"] == pytest.approx((6250 / 27) / (1550 / 6))
+    assert results["baseline_mean_curve_tokens_to_target"] == pytest.approx(300.0)
+
+
+def test_summarize_without_scoring_flops_or_with_one_seed_leaves_the_unknown_null():
+    unknown = _hand_built(scoring=None)["arms"]["new"]  # uses scoring, but its data records no FLOPs for it
+    assert unknown["targets"]["baseline_100pct"]["ratio_to_baseline"]["flops_with_scoring"] is None
+    assert unknown["targets"]["baseline_100pct"]["ratio_to_baseline"]["flops"] is not None
+    one = _hand_built(seeds=(0,))["arms"]["new"]["targets"]["baseline_100pct"]["ratio_to_baseline"]["tokens"]
+    # one seed: the target is its final loss 1.0, which both arms reach at their last evaluation; no interval
+    assert one["ci95"] is None and one["point"] == pytest.approx(1.0) and one["paired"]["n"] == 1
+
+
+def test_the_scoring_pass_is_charged_to_the_arms_that_use_reference_losses(tmp_path):
+    from datapipe.core import shards
+    from datapipe.train.experiment import arm_scoring
+
+    path = _experiment(tmp_path)
+    scored = write_train_source(tmp_path / "scored", n_shards=2, per_shard=20)
+    manifest = shards.read_manifest(scored)
+    shards.write_manifest(scored, {**manifest, "scoring": {"flops": 1.5e12}})
+    arms = (f"arms={{base: {{}}, rho: {{data: {scored}, set: [train.rho.enabled=true]}}, "
+            f"static: {{data: {scored}, uses_scoring: true}}, plain: {{data: {scored}}}, "
+            f"optout: {{data: {scored}, set: [train.rho.enabled=true], uses_scoring: false}}, "
+            f"unscored: {{set: [train.rho.enabled=true]}}}}")
+    exp = load_experiment_config(path, [arms])
+    assert arm_scoring(exp, resolve_cells(exp)) == {"base": 0.0, "rho": 1.5e12, "static": 1.5e12, "plain": 0.0,
+                                                    "optout": 0.0, "unscored": None}  # None: uses it, records none
+
+
+def test_a_killed_cell_resumes_from_its_checkpoint_to_the_same_curve(tmp_path):
     from datapipe.train.experiment import run_experiment
     from datapipe.train.loop import train
 
-    exp = load_experiment_config(_experiment(tmp_path), ["arms={base: {}}", f"output={tmp_path / 'whole'}"])
+    exp = load_experiment_config(_experiment(tmp_path), ["arms={base: {}}", "seeds=[0]", f"output={tmp_path / 'whole'}"])
     whole = run_experiment(exp, say=lambda *a: None)["arms"]["base"]["seeds"]["0"]
     exp = replace(exp, output=str(tmp_path / "split"))
     cfg = resolve_cells(exp)["base"][0]

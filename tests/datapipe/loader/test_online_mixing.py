@@ -238,3 +238,28 @@ def test_trainer_with_online_mixing_resumes_exactly(tmp_path):
     ckpt = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
     assert ckpt["loaders"][0]["mixing"]["model"]["rounds"] >= 4
     assert set(ckpt["loaders"][0]["planner"]["mixing"]) == {"code", "prose"}
+
+
+def test_time_averaged_weights_are_the_runs_served_shares_and_a_static_arm_trains_at_them(tmp_path):
+    """ODM's honest baseline: the weights an ODM run served on average (its loader states' per-domain tokens at the
+    end), then a run with those weights as a fixed `data.mixture` serves about the same shares."""
+    from helpers import tiny_cfg, write_train_source
+    from datapipe.loader.online_mixing import served_weights, time_averaged_weights
+    from datapipe.train.loop import train
+
+    src = write_train_source(tmp_path / "src")
+    sets = ["data.online_mixing.refresh=1", "data.online_mixing.lag=1", "data.online_mixing.warmup=0",
+            "train.steps=16", "train.eval_every=0", "train.ckpt_every=0", "data.holdout_shards=0"]
+    train(tiny_cfg(src, tmp_path / "odm", "data.online_mixing.enabled=true", *sets))
+    weights = time_averaged_weights(tmp_path / "odm")
+    state = torch.load(tmp_path / "odm" / "checkpoint.pt", weights_only=True)["loaders"][0]
+    served = state["stats"]["domain_tokens"]
+    assert set(weights) == {"code", "prose"} and sum(weights.values()) == pytest.approx(1.0)
+    assert weights["code"] == pytest.approx(served["code"] / (served["code"] + served["prose"]))
+    mixture = "{" + ", ".join(f"{d}: {w!r}" for d, w in weights.items()) + "}"
+    train(tiny_cfg(src, tmp_path / "static", f"data.mixture={mixture}", *sets))
+    static = time_averaged_weights(tmp_path / "static")
+    assert static["code"] == pytest.approx(weights["code"], abs=0.08)  # within about a document per domain
+    assert served_weights([state, state]) == weights  # ranks are summed
+    with pytest.raises(ConfigError, match="checkpoint"):
+        time_averaged_weights(tmp_path / "missing")
