@@ -133,13 +133,13 @@ def write_pool(recipe: str, corpus: str | None, docs: int, path: Path, seed: int
         return sum(1 for _ in f)
 
 
-def check_no_eval_in_training(out: Path, eval_folder: Path | None = None) -> dict[str, int]:
+def check_no_eval_in_training(out: Path, eval_folder: Path | None = None, arms: list[str] | None = None) -> dict[str, int]:
     """Per arm, the training documents that are an eval document by id or identical tokens: must be 0."""
     eval_docs = _rows(eval_folder or out / "data" / "raw" / "eval", ["id", "tokens"])
     ids = set(eval_docs.column("id").to_pylist())
     digests = set(_token_digests(eval_docs))
     found = {}
-    for arm in ARMS:
+    for arm in arms or list(ARMS):
         train = _rows(out / "data" / arm, ["id", "tokens"])
         same_id = sum(i in ids for i in train.column("id").to_pylist())
         found[arm] = same_id + sum(d in digests for d in _token_digests(train))
@@ -165,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-from", default=None,
                         help="with --pool-docs: the full-corpus ablation's folder, whose eval split, clean part and tokenizer every arm uses")
     parser.add_argument("--evals", type=int, default=10, help="evaluations per cell (eval_every = steps // evals)")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS),
+                        help="the arms to curate and train (raw, the baseline, always)")
     args = parser.parse_args(argv)
+    arms = ["raw"] + [a for a in ARMS if a in args.arms and a != "raw"]
     out = Path(args.out)
     pool = args.pool_docs is not None
     if pool and not args.eval_from:
@@ -178,10 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         report["pool_docs"] = write_pool(args.recipe, args.input, args.pool_docs, Path(corpus))
     inputs = ([f"inputs=[{{path: {corpus}, domain_field: {args.domain_field}}}]"] if corpus else [])
     t0 = time.perf_counter()
-    curated = {arm: curate_arm(args.recipe, out, arm, inputs, raw, shared_eval=pool) for arm in ARMS}
+    curated = {arm: curate_arm(args.recipe, out, arm, inputs, raw, shared_eval=pool) for arm in arms}
+    if not pool and "filters" not in curated:
+        curated["filters"] = curate_arm(args.recipe, out, "filters", inputs, raw)  # it defines the split's clean part
     clean = None if pool else write_clean_eval(out)
     clean_folder = (Path(args.eval_from) if pool else out) / "data" / "clean-eval"
-    contamination = check_no_eval_in_training(out, raw / "eval")
+    contamination = check_no_eval_in_training(out, raw / "eval", list(curated))
     report |= {"curate_seconds": round(time.perf_counter() - t0, 1), "eval": clean, "eval_in_training": contamination,
                "arms": {arm: {"train": {k: shards.read_manifest(out / "data" / arm)[k] for k in ("total_docs", "total_tokens")},
                               "decontamination": s.get("eval", {}).get("removed_from_train")}
@@ -192,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.curate_only:
         spec = {"base": {"recipe": "configs/train-tiny.yaml", "set": TRAIN_SET + list(args.train_set),
                          "data": str(out / "data" / "raw")},
-                "arms": {arm: {"data": str(out / "data" / arm)} for arm in ARMS},
+                "arms": {arm: {"data": str(out / "data" / arm)} for arm in arms},
                 "baseline": "raw", "seeds": args.seeds,
                 "budget": {"steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
                            "eval_every": max(args.steps // args.evals, 1)},

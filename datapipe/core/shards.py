@@ -187,17 +187,22 @@ def make_folder(path: str | Path | RemotePath) -> None:
         raise _output_error(path, exc) from exc
 
 
-def remove_temporaries(folder: str | Path | RemotePath) -> list[Path | RemotePath]:
+def remove_temporaries(folder: str | Path | RemotePath, skip: tuple[str, ...] = ()) -> list[Path | RemotePath]:
     """Delete the temporary files (`.NAME.tmp-PID-XXXXXXXX`) that killed or failed writers left
-    anywhere under `folder`; returns them. Call it only while no writer works in `folder`."""
+    anywhere under `folder` but its subfolders named in `skip` (e.g. a work folder about to be deleted
+    whole: not listed file by file); returns them. Call it only while no writer works in `folder`."""
     folder = location(folder)
     if isinstance(folder, RemotePath):
-        found = [f for f in folder.walk_files() if TEMP_MARK in f.name and _TEMP_NAME.match(f.name)]
+        tops = [f for f in folder.iterdir() if f.name not in skip]
+        files = [g for f in tops for g in (f.walk_files() if f.is_dir() else [f])]
+        found = [f for f in files if TEMP_MARK in f.name and _TEMP_NAME.match(f.name)]
         for f in found:
             f.unlink(missing_ok=True)
         return found
     removed = []
-    for dirpath, _dirs, files in os.walk(folder):
+    for dirpath, dirs, files in os.walk(folder):
+        if dirpath == str(folder):
+            dirs[:] = [d for d in dirs if d not in skip]
         for name in files:
             if TEMP_MARK in name and _TEMP_NAME.match(name):
                 path = Path(dirpath) / name

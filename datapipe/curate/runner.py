@@ -1040,8 +1040,9 @@ def curate(
             executor.shutdown()
     lap("shutdown")
     # Every task has returned, so a temporary file still here is a killed worker's (Ray retried its task,
-    # which wrote its own): removed before the manifest, so a successful run leaves only its outputs.
-    remove_temporaries(plan.out_dir)
+    # which wrote its own): removed before the manifest, so a successful run leaves only its outputs. Not
+    # listed file by file in work/ when it is deleted whole below (at scale it holds most of the files).
+    remove_temporaries(plan.out_dir, skip=() if cfg.output.keep_work else (plan.work.name,))
     resumed_tasks = sum(done for done, _ in (reused or {}).values())
     if resumed_tasks:
         log(f"resumed: {resumed_tasks:,} of {sum(n for _, n in reused.values()):,} tasks were already done ("
