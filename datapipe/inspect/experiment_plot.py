@@ -43,11 +43,7 @@ def draw_experiment(results: dict[str, Any]) -> Any:
     fig, axes = plt.subplots(2 if with_flops else 1, 2, figsize=(12, 10.4 if with_flops else 5.2), squeeze=False)
     (curves, bars), second = axes[0], (axes[1] if with_flops else None)
     for name, arm in arms.items():
-        tokens, mean, std = arm["curve"]["tokens"], arm["curve"]["mean"], arm["curve"]["std"]
-        label = f"{name} (baseline)" if name == results["baseline"] else name
-        (line,) = curves.plot(tokens, mean, "o-", label=label)
-        curves.fill_between(tokens, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                            color=line.get_color(), alpha=0.2)
+        _mean_band(curves, arm["curve"]["tokens"], arm, f"{name} (baseline)" if name == results["baseline"] else name)
     curves.axhline(results["target"], color="grey", linestyle="--", label=f"target {results['target']:.4f}")
     curves.set(title=f"eval loss (mean ± std over {len(results['seeds'])} seed(s))", xlabel="tokens trained",
                ylabel="eval loss")
@@ -82,15 +78,20 @@ def draw_experiment(results: dict[str, Any]) -> Any:
     return fig
 
 
+def _mean_band(ax: Any, x: list[float], arm: dict[str, Any], label: str) -> Any:
+    """An arm's mean eval-loss curve over `x` with its ± std band; the curve's line."""
+    mean, std = arm["curve"]["mean"], arm["curve"]["std"]
+    (line,) = ax.plot(x, mean, "o-", label=label)
+    ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=line.get_color(), alpha=0.2)
+    return line
+
+
 def _draw_compute(results: dict[str, Any], curves: Any, ratios: Any) -> None:
     """The second row: eval loss over training FLOPs; compute-to-target ratios to the baseline with their intervals."""
     arms = results["arms"]
     for name, arm in arms.items():
-        flops, mean, std = arm["curve"]["flops"], arm["curve"]["mean"], arm["curve"]["std"]
-        label = f"{name} (baseline)" if name == results["baseline"] else name
-        (line,) = curves.plot(flops, mean, "o-", label=label)
-        curves.fill_between(flops, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                            color=line.get_color(), alpha=0.2)
+        flops, mean = arm["curve"]["flops"], arm["curve"]["mean"]
+        line = _mean_band(curves, flops, arm, f"{name} (baseline)" if name == results["baseline"] else name)
         scoring = arm.get("scoring_flops")
         if scoring:  # the same curve shifted by the one-off scoring pass
             curves.plot([f + scoring for f in flops], mean, ":", color=line.get_color(),

@@ -229,6 +229,20 @@ def _link_splits(source: Path, out: Path, manifest: dict[str, Any]) -> dict[str,
     return splits
 
 
+def _derived_manifest(source: Path, out: Path, manifest: dict[str, Any], infos: list[Any]) -> dict[str, Any]:
+    """The manifest of a folder derived from `source` (its shards `infos`, written to `out`): the source's tokenizer,
+    config and hash, its tokenizer file copied, its splits linked."""
+    derived = shards.build_manifest(infos, tokenizer=manifest.get("tokenizer", {}), config=manifest.get("config", {}),
+                                    config_hash=manifest.get("config_hash", ""))
+    tokenizer_path = (manifest.get("tokenizer") or {}).get("path")
+    if tokenizer_path and (source / tokenizer_path).is_file() and not Path(tokenizer_path).is_absolute():
+        shards.atomic_write_bytes(out / tokenizer_path, (source / tokenizer_path).read_bytes(), durable=True)
+    splits = _link_splits(source, out, manifest)
+    if splits:
+        derived["splits"] = splits
+    return derived
+
+
 def score(cfg: TrainConfig, output: str | os.PathLike[str], *, say: Callable[..., None] = print) -> dict[str, Any]:
     """Score `cfg.data.source` into the new curated folder `output` (see the module docstring); returns its manifest."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -313,14 +327,7 @@ def score(cfg: TrainConfig, output: str | os.PathLike[str], *, say: Callable[...
         say(f"scored shard {i + 1}/{len(tables)}")
     params = flops_params(models[0])
 
-    scored = shards.build_manifest(infos, tokenizer=manifest.get("tokenizer", {}), config=manifest.get("config", {}),
-                                   config_hash=manifest.get("config_hash", ""))
-    tokenizer_path = (manifest.get("tokenizer") or {}).get("path")
-    if tokenizer_path and (source / tokenizer_path).is_file() and not Path(tokenizer_path).is_absolute():
-        shards.atomic_write_bytes(out / tokenizer_path, (source / tokenizer_path).read_bytes(), durable=True)
-    splits = _link_splits(source, out, manifest)
-    if splits:
-        scored["splits"] = splits
+    scored = _derived_manifest(source, out, manifest, infos)
     scored["scoring"] = {
         "identity": ident, "format": FORMAT, "column": COLUMN, "granularity": "token", "mean_column": MEAN_COLUMN,
         "source": str(source.resolve()), "rule": FOLD_RULE, "seed": seed, "steps": steps,
@@ -404,14 +411,7 @@ def ref_band(scored: str | os.PathLike[str], output: str | os.PathLike[str], *, 
         if keep.any():
             infos.append(shards.write_shard(out, len(infos), t.filter(pa.array(keep))))
     kept_docs, kept_tokens = int(keep_all.sum()), int(all_tokens[keep_all].sum())
-    result = shards.build_manifest(infos, tokenizer=manifest.get("tokenizer", {}), config=manifest.get("config", {}),
-                                   config_hash=manifest.get("config_hash", ""))
-    tokenizer_path = (manifest.get("tokenizer") or {}).get("path")
-    if tokenizer_path and (source / tokenizer_path).is_file() and not Path(tokenizer_path).is_absolute():
-        shards.atomic_write_bytes(out / tokenizer_path, (source / tokenizer_path).read_bytes(), durable=True)
-    splits = _link_splits(source, out, manifest)
-    if splits:
-        result["splits"] = splits
+    result = _derived_manifest(source, out, manifest, infos)
     # the scoring this subset was cut by (its compute: `flops`), not a scoring of this folder: no identity
     result["scoring"] = {**{k: v for k, v in scoring.items() if k != "identity"}, "derived": "ref_band",
                          "scored_identity": scoring["identity"], "scored_folder": str(source.resolve())}
