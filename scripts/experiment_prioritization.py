@@ -39,9 +39,9 @@ OUT/logs/): cells are separate run folders, so they never share a file but the p
 pass rewrites. Rerunning skips the finished scoring, band and cells (a killed cell resumes from its checkpoint).
 
 Sizing (defaults: 150 steps x 16 rows x 256 tokens = 0.61 M tokens a cell, 3 M-token pool, 6 evaluations a cell):
-a ~1.1 M-parameter GPT trains ~6 k tokens/s on one core (0.67 s a step; README and BENCHMARKS), so a uniform-cost
-cell is ~100 s + ~25 s of evaluation, rho ~200 s, rho-2cand ~150 s; 8 arms x 5 seeds is ~5,400 core-seconds, and the
-scoring pass (2 x 150 steps + a forward of 3 M tokens) ~6 min: about 45-50 minutes on 2 cores with --jobs 2.
+measured on 2026-12-01 (BENCHMARKS.md), the whole run took about 85 minutes on 2 cores with --jobs 2, part of it
+beside other jobs; the two reference runs trained at ~12.9 k tokens/s on an otherwise idle core, the cells at
+~6 k tokens/s per job with two jobs, rho cells at ~3 k (four forwarded rows per trained one).
 Prints the experiment's summary as JSON.
 """
 

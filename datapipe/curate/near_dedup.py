@@ -13,7 +13,7 @@ each writing one shuffle file:
 
 1. pairs       the candidate pairs of its buckets (`stages.minhash.bucket_pairs`, windowed), sent to the
                partition of their first document (`pairs-u/`); without `verify`, the buckets' star edges
-               go straight to `cc/r000/`; then `gather` reads every block's nodes of partition p once into
+               go straight to `cc/r000/`; then `gather` reads every block's nodes of group g once into
                `nodes-by-group/gNNN.arrow` (the block files go), for the three steps that look nodes up;
 2. attach      each pair joined with its first document's signature and block, sent to the partition of
                its second document (`pairs-v/`);
@@ -113,7 +113,7 @@ class KeySource:
         nodes = self.read("nodes", lo, self.groups.partitions, source_column="sender", through=hi)
         if nodes is None:
             raise RuntimeError("near dedup: no nodes files in the work folder")
-        return nodes.drop(["partition"]) if "partition" in nodes.column_names else nodes
+        return nodes
 
 
 @dataclass(frozen=True)

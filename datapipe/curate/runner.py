@@ -461,6 +461,12 @@ def _unit_group(units: int) -> int:
     return -(-units // min(units, UNIT_GROUPS))
 
 
+def _unit_range(group: int, units: int) -> tuple[int, int]:
+    """The input units [u0, u1) of a group."""
+    size = _unit_group(units)
+    return group * size, min(units, (group + 1) * size)
+
+
 def gather_losers_task(shared: tuple[str, int, int], group: int) -> int:
     """The losers of one group of input units, from the group's range of every losers file's shuffle (one
     read each: its units are adjacent partitions) into one file `losers-by-unit/gNNNNN.shuffle`,
@@ -471,8 +477,7 @@ def gather_losers_task(shared: tuple[str, int, int], group: int) -> int:
     out = root / f"g{group:05d}{SHUFFLE_SUFFIX}"
     if out.exists():  # written whole (one PUT, or a rename): its existence is its record
         return -1
-    size = _unit_group(units)
-    u0, u1 = group * size, min(units, (group + 1) * size)
+    u0, u1 = _unit_range(group, units)
     files = shuffle_files(root, [f"losers-t{t:03d}" for t in range(tasks)])
     losers = read_shuffle(files, u0, units, LOSER_SCHEMA, through=u1, partition_column="unit").sort_by([("order", "ascending")])
     unit = losers.column("unit").to_numpy().astype(np.int64) - u0
@@ -482,9 +487,8 @@ def gather_losers_task(shared: tuple[str, int, int], group: int) -> int:
 
 def _unit_losers(folder: Path | RemotePath, unit_index: int, units: int) -> pa.Table:
     """The losers of input unit `unit_index`: its range of its group's file (`gather_losers_task`)."""
-    size = _unit_group(units)
-    group = unit_index // size
-    u0, u1 = group * size, min(units, (group + 1) * size)
+    group = unit_index // _unit_group(units)
+    u0, u1 = _unit_range(group, units)
     return read_shuffle([folder / LOSERS_BY_UNIT / f"g{group:05d}{SHUFFLE_SUFFIX}"], unit_index - u0, u1 - u0, LOSER_SCHEMA)
 
 

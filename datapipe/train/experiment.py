@@ -273,19 +273,20 @@ def final_evaluations(cfg: TrainConfig, sources: dict[str, str]) -> dict[str, di
     return {name: _final(cache[key]) for name, key in wanted.items()}
 
 
-def final_eval(run_dir: str | Path) -> dict[str, Any]:
-    """The last evaluation in RUN_DIR/metrics.jsonl as a final_by_eval_set entry (`_final`)."""
-    last: dict[str, Any] = {}
-    for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line) if line.strip() else {}
-        if "eval_domains" in record:
-            last = record
+def _metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of RUN_DIR/metrics.jsonl, in order."""
+    return [json.loads(line) for line in Path(run_dir, "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _last_with(records: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The last record holding `key` ({} when none does)."""
+    return next((r for r in reversed(records) if key in r), {})
+
+
+def final_eval(run_dir: str | Path, records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The last evaluation in RUN_DIR/metrics.jsonl (or in its `records`) as a final_by_eval_set entry (`_final`)."""
+    last = _last_with(records if records is not None else _metrics(run_dir), "eval_domains")
     return _final(last) if last else {}
-
-
-def final_domains(run_dir: str | Path) -> dict[str, float]:
-    """Per-domain eval loss of the last evaluation in RUN_DIR/metrics.jsonl."""
-    return final_eval(run_dir).get("domains", {})
 
 
 # the compute fields a cell's last log record carries (datapipe/train/lm.py LMObjective.compute)
@@ -293,14 +294,10 @@ COMPUTE_KEYS = ("flops", "tokens_trained", "tokens_forwarded_only", "tokens_read
                 "wall_s", "eval_s")
 
 
-def cell_compute(run_dir: str | Path) -> dict[str, Any]:
-    """The compute of a finished cell: the COMPUTE_KEYS of the last record of RUN_DIR/metrics.jsonl that has them
-    (null each for a run logged before they were)."""
-    last: dict[str, Any] = {}
-    for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line) if line.strip() else {}
-        if "flops" in record:
-            last = record
+def cell_compute(run_dir: str | Path, records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The compute of a finished cell: the COMPUTE_KEYS of the last record of RUN_DIR/metrics.jsonl (or of its
+    `records`) that has them (null each for a run logged before they were)."""
+    last = _last_with(records if records is not None else _metrics(run_dir), "flops")
     return {k: last.get(k) for k in COMPUTE_KEYS}
 
 
@@ -330,16 +327,14 @@ def _cell_state(cfg: TrainConfig) -> str:
     return "restart" if any((run_dir / name).exists() for name in RUN_FILES) else "fresh"
 
 
-def eval_curve(run_dir: str | Path, every: int, steps: int) -> list[tuple[int, float, float | None]]:
+def eval_curve(run_dir: str | Path, every: int, steps: int,
+               records: list[dict[str, Any]] | None = None) -> list[tuple[int, float, float | None]]:
     """(tokens trained, eval loss, training FLOPs) of the evaluations in RUN_DIR/metrics.jsonl at every `every` steps
     and at the last step (so every seed's curve has the same points; a run split by train.stop_at also evaluated
     where it stopped); of a step logged twice (a run resumed from an earlier checkpoint) the later record counts.
     FLOPs are None in a run logged before they were."""
     by_step: dict[int, tuple[int, float, float | None]] = {}
-    for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
+    for record in records if records is not None else _metrics(run_dir):
         on_grid = record["step"] % every == 0 or record["step"] == steps
         if "eval_loss" in record and "tokens" in record and on_grid:
             flops = record.get("flops")
@@ -608,13 +603,14 @@ def run_experiment(exp: ExperimentConfig, *, say=print) -> dict[str, Any]:
                         (run_dir / name).unlink(missing_ok=True)
                 say(f"cell {arm}/seed-{seed}: " + ("resuming" if state == "resume" else "training") + f" -> {run_dir}")
                 train(cfg, resume=state == "resume")
-            curve = eval_curve(run_dir, cfg.train.eval_every, cfg.train.steps)
+            records = _metrics(run_dir)  # read once for the curve, the compute and the final evaluation
+            curve = eval_curve(run_dir, cfg.train.eval_every, cfg.train.steps, records)
             if not curve:
                 raise ConfigError(f"cell {run_dir}: metrics.jsonl holds no evaluation with a token count")
             curves[arm][seed] = curve
-            compute.setdefault(arm, {})[seed] = cell_compute(run_dir)
+            compute.setdefault(arm, {})[seed] = cell_compute(run_dir, records)
             finals_by_set.setdefault(arm, {})[seed] = {
-                "eval": {**final_eval(run_dir), "loss": curve[-1][1]},
+                "eval": {**final_eval(run_dir, records), "loss": curve[-1][1]},
                 **final_evaluations(cfg, dict(exp.extra_evals))}
     scoring = arm_scoring(exp, cells)
     for arm in (a for a, flops in scoring.items() if flops is None):

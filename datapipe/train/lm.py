@@ -434,10 +434,15 @@ class LMObjective:
             self._read += int(lens.sum())
         return micro
 
+    def _pending_pieces(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, token counts) of this rank's pieces delivered since the last merge."""
+        if not self._pending:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate([k for k, _ in self._pending]), np.concatenate([n for _, n in self._pending])
+
     def _merge_pieces(self) -> None:
         """Rank 0 adds every rank's pieces delivered since the last merge to the distinct set (a collective)."""
-        keys = np.concatenate([k for k, _ in self._pending]) if self._pending else np.zeros(0, np.int64)
-        lens = np.concatenate([n for _, n in self._pending]) if self._pending else np.zeros(0, np.int64)
+        keys, lens = self._pending_pieces()
         self._pending = []
         parts = [(keys.tolist(), lens.tolist())]
         if self.world > 1:
@@ -485,8 +490,7 @@ class LMObjective:
         keep, rho = self.cfg.data.batch_size, self.rho
         if rho.selection == "last_loss":
             memory = self.loader.losses()
-            prior = float(np.mean(list(memory.values()))) if memory else 0.0
-            micro = [select_rows(b, top_rows(remembered_scores(b, memory, prior), b["doc_ids"], keep,
+            micro = [select_rows(b, top_rows(remembered_scores(b, memory), b["doc_ids"], keep,
                                              rho.max_rows_per_doc)) for b in micro]
             return micro, reducible_reporter(micro, rho.column, self.loader.report_losses)
         scorer = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
@@ -549,8 +553,7 @@ class LMObjective:
     def rank_state(self) -> dict[str, Any]:
         # the position of the batch last trained on, with the loss feedback reported up to now; the counters that are
         # this rank's: forward-only tokens, the distinct pieces (rank 0: all ranks' merged) and those not yet merged
-        keys = np.concatenate([k for k, _ in self._pending]) if self._pending else np.zeros(0, np.int64)
-        lens = np.concatenate([n for _, n in self._pending]) if self._pending else np.zeros(0, np.int64)
+        keys, lens = self._pending_pieces()
         return {**self.loader.state_dict(position=self.pf.state),
                 "lm_counters": {"forward_only_tokens": self.forward_only_tokens,
                                 "pieces": torch.tensor(sorted(self._pieces), dtype=torch.int64),
