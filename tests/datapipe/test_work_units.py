@@ -12,7 +12,7 @@ from datapipe.core.config import ConfigError, from_dict
 from datapipe.curate.config import CurateConfig, auto_block_bytes, auto_shard_bytes, load_config
 from datapipe.curate.executors import LocalExecutor
 from datapipe.curate.readers import estimated_text_bytes
-from datapipe.curate.runner import curate
+from datapipe.curate.runner import curate, remove_work
 
 MiB = 2**20
 REPO = Path(__file__).parents[2]
@@ -98,6 +98,26 @@ def test_auto_on_a_tiny_input_gives_several_blocks_and_shards_and_counts_every_s
     phases = stats["phase_seconds"]
     assert {"start", "read", "tokenize", "shards", "write", "clean_up"} <= set(phases)
     assert sum(phases.values()) == pytest.approx(stats["seconds"], abs=0.02)
+
+
+def test_work_is_deleted_by_tasks_one_per_folder(tmp_path):
+    """The driver lists work/ once and hands each phase's folder to a task; nothing is left."""
+    work = tmp_path / "work"
+    for folder, n in (("read", 3), ("minhash", 2)):
+        (work / folder / "sub").mkdir(parents=True)
+        for i in range(n):
+            (work / folder / f"f{i}.arrow").write_bytes(b"x")
+            (work / folder / "sub" / f"g{i}.json").write_bytes(b"{}")
+    (work / "plan.json").write_text("{}")
+    calls = []
+
+    def run_tasks(fn, shared, items, desc, **kwargs):
+        calls.append((desc, list(items)))
+        return [fn(shared, *item) for item in items]
+
+    remove_work(work, run_tasks)
+    assert not work.exists()
+    assert calls == [("clean_up", [("minhash",), ("plan.json",), ("read",)])]
 
 
 def test_clean_up_of_work_is_in_stats(tmp_path):
