@@ -187,6 +187,13 @@ def quickstart(corpus: Path, workers: list[int], overrides: list[str]) -> dict:
             runs[w]["load_avg_1min_before_after"] = [round(load[0], 2), round(os.getloadavg()[0], 2)]
             del runs[w]["load_before"]
         hashes = {tuple(r.pop("sha256")) for r in runs.values()}
+        first = min(runs)
+        for w, r in runs.items():
+            if w != first:
+                r["speedup"] = round(runs[first]["wall_seconds"] / r["wall_seconds"], 3)
+                # With w cores the wall time is at least the tree's CPU seconds / w: the speedup that even a
+                # perfect spread of this run's CPU work over its cores could not pass.
+                r["speedup_bound_from_cpu"] = round(runs[first]["wall_seconds"] / (r["cpu_seconds"] / w), 3)
         extra = "".join(f" --set {o}" for o in overrides)
         return {"command": f"datapipe curate configs/quickstart.yaml --input {corpus} --set inputs.0.domain_field=source --set ray.num_cpus=N{extra}",
                 "cpus": os.cpu_count(), "runs": {f"{w}_workers": r for w, r in runs.items()},

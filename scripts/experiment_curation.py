@@ -30,6 +30,13 @@ its own data.
 
     python -m scripts.experiment_curation --out runs/ablation-curation --curate-only
     python -m scripts.experiment_curation --out runs/ablation-pool --pool-docs 400 --eval-from runs/ablation-curation --steps 400
+
+With `--pool-whole-clusters` the pool samples the full corpus's duplicate clusters (found by DIR's `near` arm) whole
+instead of documents, so it keeps the corpus's duplicates (a document sample keeps both copies of a pair with
+probability (N / documents)^2). `--jobs J` trains J cells at once (seeds split across processes).
+
+    python -m scripts.experiment_curation --out runs/ablation-dups --pool-docs 150 --pool-whole-clusters \
+        --eval-from runs/ablation-curation --steps 250 --evals 5 --seeds 0 1 2 3 4 --jobs 2
 """
 
 from __future__ import annotations
@@ -37,11 +44,13 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import random
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -115,15 +124,38 @@ def _token_digests(table: pa.Table) -> list[bytes]:
     return [xxhash.xxh3_128_digest(values[offsets[i]:offsets[i + 1]].tobytes()) for i in range(len(tokens))]
 
 
-def write_pool(recipe: str, corpus: str | None, docs: int, path: Path, seed: int = 0) -> int:
+def duplicate_clusters(folder: Path) -> dict[str, str]:
+    """Document id -> its duplicate cluster in a curated folder that ran exact and near dedup: the near-duplicate
+    clusters (near_duplicates/clusters.parquet), each exact copy joined to the cluster of the document it copied
+    (dropped/, stage exact_dedup). Documents in no cluster are absent."""
+    near = pq.read_table(folder / "near_duplicates" / "clusters.parquet", columns=["id", "cluster_id"])
+    cluster = dict(zip(near.column("id").to_pylist(), near.column("cluster_id").to_pylist()))
+    dropped = pa.concat_tables(pq.read_table(f, columns=["id", "stage", "kept_id"]) for f in sorted((folder / "dropped").glob("*.parquet")))
+    exact = dropped.filter(pc.equal(dropped.column("stage"), "exact_dedup"))
+    for copy, kept in zip(exact.column("id").to_pylist(), exact.column("kept_id").to_pylist()):
+        cluster[copy] = cluster.setdefault(kept, kept)
+    return cluster
+
+
+def write_pool(recipe: str, corpus: str | None, docs: int, path: Path, seed: int = 0,
+               clusters: dict[str, str] | None = None) -> int:
     """A seeded sample of `docs` lines of the corpus (`--input`, else the recipe's first input: a local JSONL
-    file, gzipped or not) -> `path` (gzipped JSONL), written once; the number of lines."""
+    file, gzipped or not) -> `path` (gzipped JSONL), written once; the number of lines. With `clusters` (id ->
+    duplicate cluster) the unit of sampling is a cluster, each kept with probability docs / lines: the pool holds
+    about `docs` documents and every duplicate cluster whole, so its duplicate share is the corpus's (a sample of
+    documents keeps both copies of a pair with probability (docs / lines)^2, i.e. almost never)."""
     if not path.is_file():
         source = corpus or yaml.safe_load(Path(recipe).read_text())["inputs"][0]["path"]
         opener = gzip.open if str(source).endswith(".gz") else open
         with opener(source, "rb") as f:
             lines = [line for line in f if line.strip()]
-        picked = sorted(random.Random(seed).sample(range(len(lines)), min(docs, len(lines))))
+        if clusters is None:
+            picked = sorted(random.Random(seed).sample(range(len(lines)), min(docs, len(lines))))
+        else:
+            units = [clusters.get(i, i) for i in (json.loads(line)["id"] for line in lines)]
+            rng, rate = random.Random(seed), docs / len(lines)
+            chosen = {u for u in sorted(set(units)) if rng.random() < rate}
+            picked = [i for i, u in enumerate(units) if u in chosen]
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         with gzip.open(tmp, "wb") as f:
@@ -131,6 +163,30 @@ def write_pool(recipe: str, corpus: str | None, docs: int, path: Path, seed: int
         tmp.replace(path)
     with gzip.open(path, "rb") as f:
         return sum(1 for _ in f)
+
+
+def run_parts(out: Path, spec: dict[str, Any], name: str, jobs: int) -> None:
+    """`datapipe experiment` over `spec`, its seeds split across `jobs` processes (logs in OUT/logs/)."""
+    seeds = spec["seeds"]
+    parts = [seeds[j::jobs] for j in range(min(jobs, len(seeds)))]
+    threads = str(max(1, (os.cpu_count() or 1) // len(parts)))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    procs = []
+    for j, part in enumerate(parts):
+        path = out / f"experiment-{name}-{j}.yaml"
+        path.write_text(yaml.safe_dump({**spec, "seeds": part}, sort_keys=False))
+        log = open(out / "logs" / f"{name}-{j}.log", "a")
+        print(f"{name}: seeds {part} -> {out / 'logs' / f'{name}-{j}.log'}", file=sys.stderr, flush=True)
+        procs.append((subprocess.Popen([sys.executable, "-m", "datapipe", "experiment", str(path)], stdout=log,
+                                       stderr=subprocess.STDOUT, env=env), log))
+    failed = []
+    for j, (proc, log) in enumerate(procs):
+        if proc.wait():
+            failed.append(j)
+        log.close()
+    if failed:
+        raise SystemExit(f"{name}: part(s) {failed} failed; see {out / 'logs'}")
 
 
 def check_no_eval_in_training(out: Path, eval_folder: Path | None = None, arms: list[str] | None = None) -> dict[str, int]:
@@ -162,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curate-only", action="store_true")
     parser.add_argument("--pool-docs", type=int, default=None,
                         help="the data-constrained regime: every arm curates this seeded sample of the corpus's documents")
+    parser.add_argument("--pool-whole-clusters", action="store_true",
+                        help="with --pool-docs: sample whole duplicate clusters (those --eval-from's `near` arm found), "
+                             "so the pool keeps the corpus's duplicates")
+    parser.add_argument("--jobs", type=int, default=1, help="cells trained at once (processes, seeds split among them)")
     parser.add_argument("--eval-from", default=None,
                         help="with --pool-docs: the full-corpus ablation's folder, whose eval split, clean part and tokenizer every arm uses")
     parser.add_argument("--evals", type=int, default=10, help="evaluations per cell (eval_every = steps // evals)")
@@ -178,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {}
     if pool:
         corpus = str(out / "input" / "pool.jsonl.gz")
-        report["pool_docs"] = write_pool(args.recipe, args.input, args.pool_docs, Path(corpus))
+        clusters = duplicate_clusters(Path(args.eval_from) / "data" / "near") if args.pool_whole_clusters else None
+        report["pool_docs"] = write_pool(args.recipe, args.input, args.pool_docs, Path(corpus), clusters=clusters)
     inputs = ([f"inputs=[{{path: {corpus}, domain_field: {args.domain_field}}}]"] if corpus else [])
     t0 = time.perf_counter()
     curated = {arm: curate_arm(args.recipe, out, arm, inputs, raw, shared_eval=pool) for arm in arms}
@@ -204,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                 "eval_source": str(raw / "eval"), "extra_evals": {"clean": str(clean_folder)},
                 "output": str(out / "experiment")}
         (out / "experiment.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+        if args.jobs > 1:  # the cells, seeds split across processes; the command below then reads them back
+            run_parts(out, spec, "cells", args.jobs)
         subprocess.run([sys.executable, "-m", "datapipe", "experiment", str(out / "experiment.yaml")], check=True, stdout=sys.stderr)
         results = json.loads((out / "experiment" / "results.json").read_text())
         report["experiment"] = {

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -59,7 +58,7 @@ from typing import Any
 import yaml
 
 from scripts.experiment_curation import ARMS as CURATION_ARMS
-from scripts.experiment_curation import TRAIN_SET
+from scripts.experiment_curation import TRAIN_SET, run_parts
 
 # name -> (overrides, data: "pool" | "scored" | "band", uses the scoring pass)
 ARMS: dict[str, tuple[list[str], str]] = {
@@ -90,30 +89,6 @@ def odm_static_weights(experiment: Path, seeds: list[int], steps: int) -> dict[s
         per_seed.append(time_averaged_weights(run))
     domains = sorted({d for w in per_seed for d in w})
     return {d: statistics.fmean(w.get(d, 0.0) for w in per_seed) for d in domains}
-
-
-def run_parts(out: Path, spec: dict[str, Any], name: str, jobs: int) -> None:
-    """`datapipe experiment` over `spec`, its seeds split across `jobs` processes (logs in OUT/logs/)."""
-    seeds = spec["seeds"]
-    parts = [seeds[j::jobs] for j in range(min(jobs, len(seeds)))]
-    threads = str(max(1, (os.cpu_count() or 1) // len(parts)))
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    procs = []
-    for j, part in enumerate(parts):
-        path = out / f"experiment-{name}-{j}.yaml"
-        path.write_text(yaml.safe_dump({**spec, "seeds": part}, sort_keys=False))
-        log = open(out / "logs" / f"{name}-{j}.log", "a")
-        print(f"{name}: seeds {part} -> {out / 'logs' / f'{name}-{j}.log'}", file=sys.stderr, flush=True)
-        procs.append((subprocess.Popen([sys.executable, "-m", "datapipe", "experiment", str(path)], stdout=log,
-                                       stderr=subprocess.STDOUT, env=env), log))
-    failed = []
-    for j, (proc, log) in enumerate(procs):
-        if proc.wait():
-            failed.append(j)
-        log.close()
-    if failed:
-        raise SystemExit(f"{name}: part(s) {failed} failed; see {out / 'logs'}")
 
 
 def amortisation(results: dict[str, Any]) -> dict[str, Any]:
