@@ -7,7 +7,9 @@ usage: python -m scripts.bench_curate [--corpus ../shared/data/corpus.jsonl.gz] 
 recipe, its `auto` blocks and shards), once per worker count (`--set ray.num_cpus=N`), each in a fresh
 process: wall seconds, CPU seconds of the whole process tree (the CLI, Ray's daemons and workers: read from
 /proc every 0.1 s, so a process's last <0.1 s can be missed), stats.json's `seconds` and `phase_seconds`
-(work/ clean-up included), shard count, and whether the shards are identical across worker counts.
+(work/ clean-up included), shard count, and whether the shards are identical across worker counts. For each
+worker count after the first: the speedup, the bound the run's CPU sets on it (first wall / (CPU / workers)) and
+the machine's ceiling (the quality filters run by that many processes at once against one after the other).
 
 Reports, in one run on the same documents:
 - per stage: documents/s and MB/s, each stage timed alone in this process on the same batches;
@@ -177,6 +179,41 @@ def quickstart_run(corpus: Path, out: Path, workers: int, overrides: list[str]) 
     }
 
 
+_KERNEL: tuple = ()
+
+
+def _kernel_setup(corpus: str, docs: int) -> None:
+    """The pipeline's heaviest stage (the recipe's quality filters) on the corpus's first `docs` documents."""
+    global _KERNEL
+    rows = [{**d, "order": i} for i, d in enumerate(load_docs(Path(corpus), docs))]
+    _KERNEL = (pa.RecordBatch.from_pylist(rows, schema=DOC_SCHEMA), FilterStage(*build_filters(FILTERS)))
+
+
+def _kernel(_: int) -> float:
+    batch, stage = _KERNEL
+    t = time.perf_counter()
+    stage(batch)
+    return time.perf_counter() - t
+
+
+def machine_ceiling(corpus: Path, workers: int, docs: int = 3000, repeats: int = 3) -> dict:
+    """What this machine gives `workers` processes running the same CPU work at once, against running it one after
+    another: the quality filters on `docs` documents (memory traffic and all), best of `repeats`. Cloud vCPUs that
+    share caches, memory bandwidth or a host give less than `workers`; no pipeline can beat this here."""
+    import multiprocessing
+
+    ratios = []
+    with multiprocessing.get_context("fork").Pool(workers, _kernel_setup, (str(corpus), docs)) as pool:
+        for _ in range(2):  # every process warm (lazy set-up, caches) before timing
+            pool.map(_kernel, range(workers), chunksize=1)
+        for _ in range(repeats):
+            alone = sum(pool.apply(_kernel, (0,)) for _ in range(workers))
+            t = time.perf_counter()
+            pool.map(_kernel, range(workers), chunksize=1)
+            ratios.append(round(alone / (time.perf_counter() - t), 3))
+    return {"kernel": f"quality filters on {docs} documents", "speedups": ratios}
+
+
 def quickstart(corpus: Path, workers: list[int], overrides: list[str]) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench-quickstart-"))
     try:
@@ -194,6 +231,7 @@ def quickstart(corpus: Path, workers: list[int], overrides: list[str]) -> dict:
                 # With w cores the wall time is at least the tree's CPU seconds / w: the speedup that even a
                 # perfect spread of this run's CPU work over its cores could not pass.
                 r["speedup_bound_from_cpu"] = round(runs[first]["wall_seconds"] / (r["cpu_seconds"] / w), 3)
+                r["machine_ceiling"] = machine_ceiling(corpus, w) if first == 1 else None
         extra = "".join(f" --set {o}" for o in overrides)
         return {"command": f"datapipe curate configs/quickstart.yaml --input {corpus} --set inputs.0.domain_field=source --set ray.num_cpus=N{extra}",
                 "cpus": os.cpu_count(), "runs": {f"{w}_workers": r for w, r in runs.items()},
