@@ -5,7 +5,7 @@ usage: python -m scripts.bench_driver_overhead [--blocks 100000] [--block-bytes 
 A synthetic corpus (the scale benchmark's generator: ~185-byte documents, 5% exact and 10% near copies, 16 JSONL
 files) cut into `--blocks` blocks by a tiny `read.block_bytes`, curated in this process (the driver) on an embedded
 Ray with `--workers` CPUs: exact and near dedup (verification on), no filters, a trained 2,048-token tokenizer,
-`auto` partitions and shards. Every `run_tasks` / `run_actors` call of the executor is timed (wall, and this
+`auto` partitions and shards. Every `run_tasks` call of the executor is timed (wall, and this
 process's CPU), so the driver's time splits into
 
 - *in phases*: submitting tasks and waiting for them (Ray's per-task cost on the driver's side is in here);
@@ -62,8 +62,6 @@ class TimedRayExecutor(RayExecutor):
     def run_tasks(self, fn: Any, shared: Any, items: Any, desc: str, **kwargs: Any) -> list[Any]:
         return self._timed(desc, items, lambda: super(TimedRayExecutor, self).run_tasks(fn, shared, items, desc, **kwargs))
 
-    def run_actors(self, cls: type, init_args: tuple, method: str, items: Any, desc: str, **kwargs: Any) -> list[Any]:
-        return self._timed(desc, items, lambda: super(TimedRayExecutor, self).run_actors(cls, init_args, method, items, desc, **kwargs))
 
 
 def main() -> None:

@@ -62,7 +62,7 @@ def train(docs: list[dict], path: Path) -> dict:
 
 
 def _raw_worker(kind: str, corpus: str, limit: int | None, tokenizer: str, k: int, n: int, barrier, queue) -> None:
-    os.environ["RAYON_NUM_THREADS"] = "1"  # one core per worker, as in datapipe's Ray actors
+    os.environ["RAYON_NUM_THREADS"] = "1"  # one core per worker, as in datapipe's Ray workers
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     texts = [d["text"] for d in load_docs(corpus, limit)][k::n]
     tok_json = Path(tokenizer).read_text()

@@ -50,7 +50,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
-from datasketch import MinHash
 
 from datapipe.core.config import check, note
 from stages.base import LOSER_SCHEMA
@@ -493,6 +492,8 @@ class MinHasher:
 
     def __init__(self, config: MinHashConfig) -> None:
         self.config = config
+        from datasketch import MinHash  # here: datasketch imports scipy (0.3 s), which a worker that never hashes skips
+
         a, b = MinHash(num_perm=config.num_perm, seed=config.seed).permutations
         self.a = np.asarray(a, dtype=np.uint32)
         self.b = np.asarray(b, dtype=np.uint32)

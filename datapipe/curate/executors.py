@@ -1,8 +1,8 @@
 """Executors: the only module that imports Ray.
 
 `run_tasks(fn, shared, items)` calls `fn(shared, *item)` for every item and returns the results in
-item order; `run_actors(cls, init_args, method, items)` does the same through a pool of stateful
-workers (one `cls(*init_args)` per worker, e.g. one tokenizer each). `LocalExecutor` is a plain loop
+item order (state a phase's tasks share, a tokenizer, is cached per worker process by the task itself:
+Ray reuses its workers, and starting actor processes cost ~1.5 s a phase). `LocalExecutor` is a plain loop
 in this process (unit tests, debugging); `RayExecutor` runs on an embedded local Ray or a cluster,
 retrying tasks whose worker process died, and stops a phase in which no task has finished for
 `ray.stall_timeout_s` (`PhaseStalled`) instead of waiting forever.
@@ -31,10 +31,6 @@ class Executor(Protocol):
 
     def run_tasks(self, fn: Callable[..., Any], shared: Any, items: Sequence[tuple], desc: str, *,
                   memory: int | None = None) -> list[Any]: ...
-
-    def run_actors(
-        self, cls: type, init_args: tuple, method: str, items: Sequence[tuple], desc: str, *, memory: int | None = None
-    ) -> list[Any]: ...
 
     def shutdown(self) -> None: ...
 
@@ -103,11 +99,6 @@ class LocalExecutor:
                 bar.update(1)
             return out
 
-    def run_actors(self, cls: type, init_args: tuple, method: str, items: Sequence[tuple], desc: str, *,
-                   memory: int | None = None) -> list[Any]:
-        worker = cls(*init_args)
-        return self.run_tasks(lambda _, *item: getattr(worker, method)(*item), None, items, desc)
-
     def shutdown(self) -> None:
         pass
 
@@ -130,8 +121,23 @@ def _user_errors(ray: Any) -> Iterator[None]:
 _WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """This process's environment with `values` set, as it was again afterwards."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def worker_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The environment of every task and actor: `_WORKER_ENV` plus the driver's object-storage settings
+    """The environment of every task: `_WORKER_ENV` plus the driver's object-storage settings
     (`AWS_*`, `FSSPEC_*`: credentials, endpoint, region), so that workers on nodes that share no folder
     with the driver read and write the same `s3://…` output (`datapipe.core.storage`)."""
     return {**storage_env(environ), **_WORKER_ENV}
@@ -144,7 +150,7 @@ class WorkerDeathFilter:
     A worker process that dies of a signal prints a native stack dump (Ray's `*** SIGABRT received`,
     Python's `Fatal Python error`, the extension module list) and the raylet adds "A worker died or
     was killed..." and "Task ... will be retried": dozens of lines, for a failure the run recovers
-    from (the task is retried, the actor restarted; the output is identical). The dump stays in the
+    from (the task is retried; the output is identical). The dump stays in the
     worker's log file in Ray's session folder. Every other worker line (a stage's warnings) passes
     through unchanged. `handler` is Ray's printer of a batch of forwarded lines; `say` prints our line;
     `phase` names the running phase (read when a worker dies)."""
@@ -223,6 +229,12 @@ def ray_address(configured: str | None, environ: Mapping[str, str] = os.environ)
     if configured:
         return configured
     return environ.get("RAY_ADDRESS") or None
+
+
+def ray_is_running() -> bool:
+    """Whether this process has joined Ray already (then an executor uses that Ray, whatever its address)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -307,6 +319,11 @@ class RayExecutor:
         self.stall_timeout_s = stall_timeout_s
         self._node_memory: int | None = None  # the largest node's memory resource, read once
         self._owns_ray = False
+        # The workers' environment (`worker_env`), set so that the workers Ray starts with the instance serve
+        # every task: an embedded Ray's workers inherit it from the processes `ray.init` starts; a cluster's
+        # get it as the job's runtime_env; per task only where this process had joined Ray itself. A runtime_env
+        # (a task's or the job's) has Ray start other workers for it: ~1 s before the first task here.
+        self._task_env: dict[str, Any] = {}
         self.phase = "starting"  # the running phase's name, for the line about a dead worker
         self._unfilter: Callable[[], None] = lambda: None
         if not ray.is_initialized():
@@ -319,12 +336,15 @@ class RayExecutor:
                 notice, auth_log = _DropTokenAuthNotice(), logging.getLogger(_RAY_AUTH_LOGGER)
                 auth_log.addFilter(notice)
                 try:
-                    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+                    with _environment(_WORKER_ENV):  # the storage settings are in it already
+                        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
                 finally:
                     auth_log.removeFilter(notice)
             else:
-                ray.init(address=address, **kwargs)
+                ray.init(address=address, runtime_env={"env_vars": worker_env()}, **kwargs)
             self._owns_ray = True
+        else:
+            self._task_env = {"runtime_env": {"env_vars": worker_env()}}
         self.num_workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
 
     def _say_worker_died(self, line: str) -> None:
@@ -408,60 +428,10 @@ class RayExecutor:
         """`memory`: about how many bytes each task needs (Ray then places them so that they fit)."""
         if not items:
             return []
-        remote = self.ray.remote(num_cpus=1, max_retries=self.max_retries, runtime_env={"env_vars": worker_env()},
-                                 **self._memory(memory))(fn)
+        remote = self.ray.remote(num_cpus=1, max_retries=self.max_retries, **self._task_env, **self._memory(memory))(fn)
         shared_ref = self.ray.put(shared)
         refs = [remote.remote(shared_ref, *item) for item in items]
         return self._gather(refs, desc, getattr(fn, "__name__", "task"), items)
-
-    def run_actors(self, cls: type, init_args: tuple, method: str, items: Sequence[tuple], desc: str, *,
-                   memory: int | None = None) -> list[Any]:
-        if not items:
-            return []
-        ray = self.ray
-        actor_cls = ray.remote(
-            **self._memory(memory),
-            num_cpus=1,
-            max_restarts=self.max_retries,
-            max_task_retries=self.max_retries,
-            runtime_env={"env_vars": worker_env()},
-        )(cls)
-        # Constructor arguments go by value (keep them small): an actor restarted after its process
-        # died must not depend on an object-store copy that may be gone (ray-project/ray#53727).
-        actors = [actor_cls.remote(*init_args) for _ in range(min(self.num_workers, len(items)))]
-        self.phase = desc
-        name = f"{cls.__name__}.{method}"
-        watch = _StallWatch(self.stall_timeout_s)
-        results: list[Any] = [None] * len(items)
-        free = list(actors)
-        running: dict[Any, tuple[int, Any]] = {}  # ref -> (its item's index, its actor)
-        queued = finished = 0
-        try:
-            with _bar(len(items), desc, self.progress) as bar, _user_errors(ray):
-                while queued < len(items) or running:
-                    while free and queued < len(items):  # the next item goes to whichever actor is free
-                        actor = free.pop()
-                        running[getattr(actor, method).remote(*items[queued])] = (queued, actor)
-                        queued += 1
-                    refs = list(running)
-                    done, _ = ray.wait(refs, num_returns=1, timeout=_POLL_S, fetch_local=False)
-                    if done:  # and any other that is ready too
-                        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
-                    for ref in done:
-                        index, actor = running.pop(ref)
-                        results[index] = ray.get(ref)  # in item order, whatever order they finish in
-                        free.append(actor)
-                    finished += len(done)
-                    bar.update(len(done))
-                    watch.finished(len(done))
-                    if running and watch.stalled():
-                        waiting = sorted(running.items(), key=lambda kv: kv[1][0])[:3]
-                        raise self._stalled(desc, [(ref, task_label(name, items[i])) for ref, (i, _) in waiting],
-                                            len(items) - finished, len(items))
-            return results
-        finally:
-            for a in actors:
-                ray.kill(a)
 
     def shutdown(self) -> None:
         if self._owns_ray:

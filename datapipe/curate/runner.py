@@ -5,7 +5,8 @@ Phases, each a set of independent tasks whose outputs are files in `OUT/work/`:
 1. read       one task per input unit (a file, or a slice of a dataset/folder): parse, quarantine
               what cannot be read, cut the documents into blocks of `read.block_bytes` of text
               (`auto`: sized from the input files' bytes, `resolve_block_bytes`), normalize them and
-              write each block once (`blocks.py`: later phases write views, not the text);
+              write each block once (`blocks.py`: later phases write views, not the text); while an
+              embedded Ray starts (3-4 s here) the driver reads the first units itself (`_EarlyReader`);
    unique ids one task per hash partition of the ids: a later document with a taken id `x` is
               renamed `x#2`, ... in input order (`unique_ids.py`), applied as segment 0 reads;
 2. segments   one task per block: the map stages (language id, filters, ...) up to the next global
@@ -19,7 +20,7 @@ Phases, each a set of independent tasks whose outputs are files in `OUT/work/`:
               global across every file, worker and node, and its winner is the first document in
               input order);
 3. tokenizer  trained once on a deterministic sample of the kept text, taken by one task per block (or loaded);
-4. tokenize   one task per block, on actors that each hold a tokenizer;
+4. tokenize   one task per block (each worker process builds the tokenizer once: `_tokenize_stage`);
    eval split (`eval.enabled`) held-out documents chosen by a seeded hash of their id, and their
               exact and near copies dropped from training (`datapipe/curate/eval_split.py`);
    select     diversity sampling and the mixture over the training documents (`selection.py`);
@@ -32,7 +33,8 @@ Phases, each a set of independent tasks whose outputs are files in `OUT/work/`:
 
 Memory is bounded by blocks and partitions, not by the corpus: every per-document decision is made in
 a task over a block or a partition, and the driver holds per-block, per-partition and per-shard
-summaries only (scripts/bench_driver_memory.py measures it).
+summaries only (scripts/bench_driver_memory.py measures it), and, while an embedded Ray starts, what
+one read task holds.
 
 Every task writes its outputs atomically, then a small `.json` record of its counters: a rerun
 finds that record and skips the task, so a killed run resumes where it stopped and, since every
@@ -49,6 +51,7 @@ import functools
 import hashlib
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +68,7 @@ from datapipe.curate.config import (
 )
 from datapipe.core.config import ConfigError, RunStopped
 from datapipe.curate.counters import Counters
-from datapipe.curate.executors import Executor, make_executor
+from datapipe.curate.executors import Executor, make_executor, ray_address, ray_is_running
 from datapipe.curate.readers import InputUnit, estimated_text_bytes, input_fingerprints, plan_units, read_unit
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, ROW_BITS
 from datapipe.core.storage import (
@@ -96,7 +99,7 @@ from stages.langid import LangIdStage
 from stages.minhash import MinHashStage
 from stages.normalize import NormalizeStage
 from stages.quality import build_filters
-from stages.tokenize import TokenizeStage, choose_encoder, describe, token_dtype, train_tokenizer
+from stages.tokenize import TokenizeStage, TokenizerConfig, choose_encoder, describe, token_dtype, train_tokenizer
 
 RUN_RECORD = "run.json"
 WORK_COMPRESSION = "zstd"  # text and token blocks in work/: ~4x smaller text for ~0.3 CPU-s per 100 MB written
@@ -238,8 +241,11 @@ def read_task(plan: Plan, unit_index: int) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _working_dir(path: str) -> Iterator[None]:
-    # Safe in a worker: a Ray worker process runs one task at a time.
+    # Safe in a worker: a Ray worker process runs one task at a time. The driver (`_EarlyReader`) is there already.
     before = os.getcwd()
+    if before == path:
+        yield
+        return
     os.chdir(path)
     try:
         yield
@@ -366,6 +372,48 @@ def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any, record: Path) 
     result = {"blocks": blocks, "counters": counters.to_json(), "damaged": list(damaged.values())}
     atomic_write_json(record, result)
     return result
+
+
+class _EarlyReader(threading.Thread):
+    """Reads input units in this process, in order, while an embedded Ray starts in the main thread (most of
+    `ray.init` is waiting for its daemons): the read, a single task on a single-file corpus, then costs no
+    wall time. `stop()` returns how many units it took; it finishes the one it is in, and Ray's tasks read the
+    rest. Output does not depend on which process read a unit (`read_task` is deterministic and resumable)."""
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(name="datapipe-early-read", daemon=True)
+        self.plan = plan
+        self.results: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self._stopping = threading.Event()
+        self._claimed = 0
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopping.is_set() or self._claimed == len(self.plan.units):
+                    return
+                unit = self._claimed
+                self._claimed += 1
+            try:
+                self.results.append(read_task(self.plan, unit))
+            except BaseException as exc:  # noqa: BLE001 - raised in the main thread by `stop`
+                self.error = exc
+                return
+
+    def stop(self) -> int:
+        """Take no further unit; how many were taken (the last may still be being read: `finish`)."""
+        with self._lock:
+            self._stopping.set()
+            return self._claimed
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The taken units' results, in unit order, once they are read (or the error one of them raised)."""
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.results
 
 
 # ---------------------------------------------------------------- phase 2: segments and global resolves
@@ -529,39 +577,41 @@ def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int
 # ---------------------------------------------------------------- phase 4: tokenize
 
 
-class TokenizeWorker:
-    """One per executor worker: holds a tokenizer, encodes blocks into token files."""
+@functools.lru_cache(maxsize=1)
+def _tokenize_stage(tokenizer_text: str, cfg: TokenizerConfig, tokenizer_path: str) -> TokenizeStage:
+    """One tokenizer per worker process, built by its first tokenize task and reused by the next ones (Ray
+    reuses a worker for the tasks of a phase: no actor processes to start, ~1.5 s each here)."""
+    return TokenizeStage(tokenizer_text, cfg, tokenizer_path)
 
-    def __init__(self, plan: Plan, tokenizer_path: str) -> None:
-        self.plan = plan
-        self.stage = TokenizeStage(location(tokenizer_path).read_text(), plan.cfg.tokenizer, tokenizer_path)
 
-    def run(self, unit_index: int, block: int) -> dict[str, Any]:
-        plan = self.plan
-        name = block_name(unit_index, block)
-        record = plan.work / "tokens" / f"{name}.json"
-        if (done := _done(record)) is not None:
-            return done
-        table = block_documents(plan.work, plan.segments[-1].name, name)
-        batches = [
-            self.stage(b).append_column("lang", b.column("lang"))
-            for b in table.to_batches(max_chunksize=plan.cfg.read.batch_size)
-            if b.num_rows
-        ]
-        schema = shard_schema(self.stage.dtype)
-        tokens = pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
-        atomic_write_table(plan.work / "tokens" / f"{name}.arrow", tokens, compression=WORK_COMPRESSION)
-        # the row lengths alone, for shard planning (`plan_shards`'s tasks): 8 bytes a row
-        atomic_write_table(plan.work / "lengths" / f"{name}.arrow", tokens.select(["num_tokens"]))
-        counters = Counters()
-        input_index = plan.units[unit_index].input_index
-        if tokens.num_rows:
-            grouped = tokens.group_by("domain").aggregate([("num_tokens", "sum"), ("num_tokens", "count")])
-            for row in grouped.to_pylist():
-                counters.kept[(input_index, row["domain"])] = [row["num_tokens_count"], row["num_tokens_sum"]]
-        result = {"rows": tokens.num_rows, "counters": counters.to_json(), "encoder": self.stage.encoder}
-        atomic_write_json(record, result)
-        return result
+def tokenize_task(shared: tuple[Plan, str], unit_index: int, block: int) -> dict[str, Any]:
+    """Encode one block's kept documents into its token file (and its lengths file, for shard planning)."""
+    plan, tokenizer_path = shared
+    name = block_name(unit_index, block)
+    record = plan.work / "tokens" / f"{name}.json"
+    if (done := _done(record)) is not None:
+        return done
+    stage = _tokenize_stage(location(tokenizer_path).read_text(), plan.cfg.tokenizer, tokenizer_path)
+    table = block_documents(plan.work, plan.segments[-1].name, name)
+    batches = [
+        stage(b).append_column("lang", b.column("lang"))
+        for b in table.to_batches(max_chunksize=plan.cfg.read.batch_size)
+        if b.num_rows
+    ]
+    schema = shard_schema(stage.dtype)
+    tokens = pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
+    atomic_write_table(plan.work / "tokens" / f"{name}.arrow", tokens, compression=WORK_COMPRESSION)
+    # the row lengths alone, for shard planning (`plan_shards`'s tasks): 8 bytes a row
+    atomic_write_table(plan.work / "lengths" / f"{name}.arrow", tokens.select(["num_tokens"]))
+    counters = Counters()
+    input_index = plan.units[unit_index].input_index
+    if tokens.num_rows:
+        grouped = tokens.group_by("domain").aggregate([("num_tokens", "sum"), ("num_tokens", "count")])
+        for row in grouped.to_pylist():
+            counters.kept[(input_index, row["domain"])] = [row["num_tokens_count"], row["num_tokens_sum"]]
+    result = {"rows": tokens.num_rows, "counters": counters.to_json(), "encoder": stage.encoder}
+    atomic_write_json(record, result)
+    return result
 
 
 # ---------------------------------------------------------------- phase 5: shards
@@ -949,9 +999,21 @@ def curate(
         return CurateResult(plan.out_dir, finished, stats, 0.0, reused=True)
 
     own_executor = executor is None
+    early: _EarlyReader | None = None
+    early_units = 0
     if executor is None:
-        executor = make_executor("ray", cfg.ray.address, num_cpus=cfg.ray.num_cpus, max_retries=cfg.ray.max_retries,
-                                 progress=progress, stall_timeout_s=cfg.ray.stall_timeout_s)
+        if ray_address(cfg.ray.address) is None and not ray_is_running():  # an embedded Ray: this machine's cores
+            early = _EarlyReader(plan)
+            early.start()
+        try:
+            executor = make_executor("ray", cfg.ray.address, num_cpus=cfg.ray.num_cpus, max_retries=cfg.ray.max_retries,
+                                     progress=progress, stall_timeout_s=cfg.ray.stall_timeout_s)
+        except BaseException:
+            if early is not None:  # nothing of this run goes on writing after it failed
+                early.stop()
+                early.join()
+            raise
+        early_units = early.stop() if early is not None else 0
     total = Counters()
     global_summaries: dict[str, Any] = {}
     phases: dict[str, float] = {}
@@ -973,8 +1035,10 @@ def curate(
 
     try:
         reusing("read", "read", "u??????.json", len(units))
-        read_results = executor.run_tasks(read_task, plan, [(u,) for u in range(len(units))], "read",
+        read_results = executor.run_tasks(read_task, plan, [(u,) for u in range(early_units, len(units))], "read",
                                           memory=_task_memory(plan, "read"))
+        if early is not None:  # the units this process took while Ray started come first
+            read_results = early.finish() + read_results
         lap("read")
         blocks = [(u, b) for u, r in enumerate(read_results) for b in range(r["blocks"])]
         for r in read_results:
@@ -1015,8 +1079,8 @@ def curate(
         info = describe(location(tokenizer_path).read_text(), where, cfg.tokenizer)
         lap("tokenizer")
         reusing("tokenize", "tokens", "u??????-b?????.json", len(blocks))
-        token_results = executor.run_actors(TokenizeWorker, (plan, tokenizer_path), "run", blocks, "tokenize",
-                                            memory=_task_memory(plan, "tokenize"))
+        token_results = executor.run_tasks(tokenize_task, (plan, tokenizer_path), blocks, "tokenize",
+                                           memory=_task_memory(plan, "tokenize"))
         for r in token_results:
             total.merge(Counters.from_json(r["counters"]))
         encoders = sorted({r.get("encoder", "tokenizers") for r in token_results})
@@ -1095,6 +1159,8 @@ def curate(
             remove_work(plan.work, executor.run_tasks)
         lap("clean_up")
     finally:
+        if early is not None:
+            early.join()
         if own_executor:
             executor.shutdown()
     lap("shutdown")

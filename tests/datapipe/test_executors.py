@@ -37,12 +37,6 @@ def nap(_, seconds):
     time.sleep(seconds)
 
 
-class Napper:
-    def nap(self, seconds):
-        time.sleep(seconds)
-        return seconds
-
-
 @pytest.fixture
 def ray_here(ray_local):
     """The session's Ray, with this module's functions sent by value (workers cannot import test modules)."""
@@ -66,20 +60,6 @@ def test_a_phase_whose_tasks_never_finish_stops_with_an_error_naming_it(ray_here
     assert f"raylet.out, runtime_env_agent.log in {ray_here._private.worker._global_node.get_logs_dir_path()})" in message
     # the stalled tasks were cancelled: the shared Ray's two CPUs are free for the next test (else this stalls)
     assert RayExecutor(progress=False, stall_timeout_s=60).run_tasks(nap, None, [(0,), (0,)], "after") == [None, None]
-
-
-def test_the_actor_path_has_the_watchdog_too(ray_here):
-    executor = RayExecutor(progress=False, stall_timeout_s=1)
-    start = time.monotonic()
-    with pytest.raises(PhaseStalled, match=r"^tokenize: no task has finished for 1 s .* Napper\.nap\(3600\)"):
-        executor.run_actors(Napper, (), "nap", [(3600,)] * 3, "tokenize")
-    assert time.monotonic() - start < 30
-
-
-def test_the_actor_path_returns_results_in_item_order(ray_here):
-    # the first item finishes last: results still come back in item order
-    assert RayExecutor(progress=False).run_actors(Napper, (), "nap", [(1.0,), (0.0,), (0.2,), (0.1,)], "order") == [
-        1.0, 0.0, 0.2, 0.1]
 
 
 def test_the_watchdog_counts_from_the_last_finished_task_not_from_the_start(monkeypatch):

@@ -405,3 +405,56 @@ def test_losers_gathered_by_unit_group_are_the_same_whatever_the_grouping(tmp_pa
         outputs[groups] = curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
     assert outputs[2].stats["dropped"] == outputs[256].stats["dropped"] and outputs[2].stats["dropped"]["exact_dedup"]
     assert [s["sha256"] for s in outputs[2].manifest["shards"]] == [s["sha256"] for s in outputs[256].manifest["shards"]]
+
+
+def test_the_driver_reads_while_ray_starts_and_the_output_is_the_same(tmp_path, monkeypatch):
+    """While an embedded Ray starts, the driver reads the first input units itself (`_EarlyReader`); Ray's tasks
+    read the rest. The output is the one an executor that read every unit gives, and no reading thread
+    outlives the run."""
+    import threading
+
+    from datapipe.curate import runner
+
+    lines = (ASSETS / "corpus_slice.jsonl").read_text().splitlines(keepends=True)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(6):  # six files: six read units
+        (folder / f"part-{i}.jsonl").write_text("".join(lines[i::6]))
+    inputs = [{"path": str(folder), "domain_field": "source"}]
+    run(small_config(tmp_path / "ref", inputs))
+
+    read_by_ray: list[int] = []
+
+    class SlowToStart(LocalExecutor):  # Ray's start, slow enough that the driver reads some units meanwhile
+        def run_tasks(self, fn, shared, items, desc, **kw):
+            if desc == "read":
+                read_by_ray.extend(u for (u,) in items)
+            return super().run_tasks(fn, shared, items, desc, **kw)
+
+    def make_executor(kind, address, **kwargs):
+        deadline = time.monotonic() + 30
+        while not list((tmp_path / "out" / "work" / "read").glob("u000001.json")) and time.monotonic() < deadline:
+            time.sleep(0.01)  # "Ray starts" until the driver has read two units
+        return SlowToStart()
+
+    monkeypatch.setattr(runner, "make_executor", make_executor)
+    monkeypatch.setattr(runner, "ray_is_running", lambda: False)
+    curate(small_config(tmp_path / "out", inputs), progress=False, log=lambda _: None)
+    assert read_by_ray and read_by_ray[0] >= 2 and read_by_ray == list(range(read_by_ray[0], 6))  # the rest, in order
+    assert checksums(tmp_path / "out") == checksums(tmp_path / "ref")
+    assert json.loads((tmp_path / "out" / "stats.json").read_text())["inputs"] == \
+        json.loads((tmp_path / "ref" / "stats.json").read_text())["inputs"]
+    assert not [t for t in threading.enumerate() if t.name == "datapipe-early-read"]
+
+
+def test_a_read_error_in_the_driver_is_the_runs_error(tmp_path, slice_input, monkeypatch):
+    from datapipe.curate import runner
+
+    def read_task(plan, unit):
+        raise ConfigError("inputs[0].path: cannot be read now")
+
+    monkeypatch.setattr(runner, "read_task", read_task)
+    monkeypatch.setattr(runner, "make_executor", lambda kind, address, **kw: (time.sleep(0.2), LocalExecutor())[1])
+    monkeypatch.setattr(runner, "ray_is_running", lambda: False)
+    with pytest.raises(ConfigError, match="cannot be read now"):
+        curate(small_config(tmp_path / "out", [slice_input]), progress=False, log=lambda _: None)

@@ -55,7 +55,7 @@ def test_a_dead_worker_is_one_line_and_other_lines_pass():
     # the raylet's message comes first, the dump that names the signal a moment later
     f(_batch("raylet", "A worker died or was killed while executing a task by an unexpected system error. ... "
                        "Worker PID: 222 Worker exit type: SYSTEM_ERROR ...",
-             "Task TokenizeWorker.run failed. There are 3 retries remaining, so the task will be retried. Error: ",
+             "Task tokenize_task failed. There are 3 retries remaining, so the task will be retried. Error: ",
              is_err=False))
     f(_batch(222, "[mutex.cc : 1416] RAW: Check (v & (kMuWait | kMuWrWait)) != kMuWrWait failed: Lock: Mutex corrupt: "
                   "waiting writer with no waiters: 0x55", "*** SIGABRT received at time=1796101595 on cpu 0 ***",
