@@ -136,6 +136,26 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+@contextlib.contextmanager
+def _no_autoscaler_monitor() -> Iterator[None]:
+    """`ray.init` of an embedded instance without the autoscaler's monitor process, as `ray start --no-monitor`
+    does (`ray.init` has no such argument). The monitor adds nodes to a cluster; an embedded instance has none
+    to add, and the monitor outlives SIGTERM: Ray's shutdown waited 1.0 of its 1.4 s for it to be killed.
+    Ray has no public hook for this: with other internals (another Ray version) the monitor starts as usual."""
+    try:
+        from ray._private.node import Node
+
+        original = Node.start_monitor
+    except (ImportError, AttributeError):
+        yield
+        return
+    Node.start_monitor = lambda self: None
+    try:
+        yield
+    finally:
+        Node.start_monitor = original
+
+
 def worker_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment of every task: `_WORKER_ENV` plus the driver's object-storage settings
     (`AWS_*`, `FSSPEC_*`: credentials, endpoint, region), so that workers on nodes that share no folder
@@ -336,7 +356,7 @@ class RayExecutor:
                 notice, auth_log = _DropTokenAuthNotice(), logging.getLogger(_RAY_AUTH_LOGGER)
                 auth_log.addFilter(notice)
                 try:
-                    with _environment(_WORKER_ENV):  # the storage settings are in it already
+                    with _environment(_WORKER_ENV), _no_autoscaler_monitor():  # (the storage settings are in it already)
                         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
                 finally:
                     auth_log.removeFilter(notice)

@@ -101,3 +101,12 @@ def test_each_look_at_a_big_phase_covers_a_bounded_window():
     assert executor._gather(refs, "big", "task", [(i,) for i in refs]) == refs
     # ray.wait is given at most _WAIT_WINDOW refs at a time (it was every pending ref, once per 16 results)
     assert executor.ray.looks == [executors._WAIT_WINDOW] * 4 + [5000 - 4 * executors._WAIT_WINDOW]
+
+
+def test_an_embedded_ray_starts_without_the_autoscaler_monitor_and_only_during_its_init():
+    from ray._private.node import Node
+
+    original = Node.start_monitor
+    with executors._no_autoscaler_monitor():
+        assert Node.start_monitor is not original and Node.start_monitor(object()) is None
+    assert Node.start_monitor is original  # a cluster this process starts later is Ray's as usual
