@@ -137,23 +137,28 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _no_autoscaler_monitor() -> Iterator[None]:
-    """`ray.init` of an embedded instance without the autoscaler's monitor process, as `ray start --no-monitor`
-    does (`ray.init` has no such argument). The monitor adds nodes to a cluster; an embedded instance has none
-    to add, and the monitor outlives SIGTERM: Ray's shutdown waited 1.0 of its 1.4 s for it to be killed.
-    Ray has no public hook for this: with other internals (another Ray version) the monitor starts as usual."""
+def _without_idle_head_processes() -> Iterator[None]:
+    """`ray.init` of an embedded instance without two head processes that serve it nothing:
+    - the autoscaler's monitor (`ray start --no-monitor` skips it; `ray.init` has no such argument): it adds
+      nodes to a cluster, an embedded instance has none to add, and it outlives SIGTERM, so Ray's shutdown
+      waited 1.0 of its 1.4 s to kill it;
+    - the dashboard's head, which with `include_dashboard=False` loads only Ray's usage-statistics module
+      (not the state API): about 0.9 CPU-s, and 0.9 s of `ray.init`'s 3-4 s here.
+    Ray has no public hook for this: with other internals (another Ray version) they start as usual."""
     try:
         from ray._private.node import Node
 
-        original = Node.start_monitor
+        originals = {name: getattr(Node, name) for name in ("start_monitor", "start_api_server")}
     except (ImportError, AttributeError):
         yield
         return
-    Node.start_monitor = lambda self: None
+    for name in originals:
+        setattr(Node, name, lambda self, *args, **kwargs: None)
     try:
         yield
     finally:
-        Node.start_monitor = original
+        for name, method in originals.items():
+            setattr(Node, name, method)
 
 
 def worker_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -356,7 +361,7 @@ class RayExecutor:
                 notice, auth_log = _DropTokenAuthNotice(), logging.getLogger(_RAY_AUTH_LOGGER)
                 auth_log.addFilter(notice)
                 try:
-                    with _environment(_WORKER_ENV), _no_autoscaler_monitor():  # (the storage settings are in it already)
+                    with _environment(_WORKER_ENV), _without_idle_head_processes():  # (the storage settings are in it already)
                         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
                 finally:
                     auth_log.removeFilter(notice)

@@ -103,10 +103,11 @@ def test_each_look_at_a_big_phase_covers_a_bounded_window():
     assert executor.ray.looks == [executors._WAIT_WINDOW] * 4 + [5000 - 4 * executors._WAIT_WINDOW]
 
 
-def test_an_embedded_ray_starts_without_the_autoscaler_monitor_and_only_during_its_init():
+def test_an_embedded_ray_starts_without_its_idle_head_processes_and_only_during_its_init():
     from ray._private.node import Node
 
-    original = Node.start_monitor
-    with executors._no_autoscaler_monitor():
-        assert Node.start_monitor is not original and Node.start_monitor(object()) is None
-    assert Node.start_monitor is original  # a cluster this process starts later is Ray's as usual
+    originals = (Node.start_monitor, Node.start_api_server)
+    with executors._without_idle_head_processes():
+        assert Node.start_monitor(object()) is None and Node.start_api_server(object(), include_dashboard=False) is None
+        assert (Node.start_monitor, Node.start_api_server) != originals
+    assert (Node.start_monitor, Node.start_api_server) == originals  # a Ray this process starts later is Ray's as usual
