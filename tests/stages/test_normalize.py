@@ -56,7 +56,8 @@ def test_column_rules_equal_the_per_document_rules_on_real_and_awkward_text():
     slice_ = Path(__file__).parents[1] / "assets" / "corpus_slice.jsonl"
     texts = [json.loads(line)["text"] for line in slice_.read_text().splitlines() if line.strip()]
     texts += ["a \t\r\nb  \r c\n\n\n\n\n d \t", "x\u00a0 \n\ty", "e\u0301 \t\n\n\n\n\nz\r", "\n\n lead  ",
-              "tab\t\t", "\r\r\r\r\r", "\u3000 \n\n\n\nend \u2003", "\ufb01 \r\n\r\n\r\n\r\n\u2460", "\x1c\n\n"]
+              "tab\t\t", "\r\r\r\r\r", "\u3000 \n\n\n\nend \u2003", "\ufb01 \r\n\r\n\r\n\r\n\u2460", "\x1c\n\n",
+              "\u3000\u2003 \x1f\x85", "\u2029\u205f", "\u200b", ""]
     for config in (NormalizeConfig(), NormalizeConfig(unicode_form="NFKC", max_blank_lines=0),
                    NormalizeConfig(normalize_newlines=False, max_blank_lines=5)):
         expected = [_one_document_at_a_time(t, config) for t in texts]
@@ -64,3 +65,11 @@ def test_column_rules_equal_the_per_document_rules_on_real_and_awkward_text():
         kept = out.kept.column("text").to_pylist()
         assert kept == [t for t in expected if t.strip()]
         assert out.dropped.num_rows == sum(1 for t in expected if not t.strip())
+
+
+def test_the_blank_pattern_knows_every_character_python_calls_whitespace():
+    import sys
+
+    from stages import normalize
+
+    assert normalize._PYTHON_WHITESPACE == [c for c in range(sys.maxunicode + 1) if chr(c).isspace()]
