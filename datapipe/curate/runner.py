@@ -53,6 +53,7 @@ import json
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -323,29 +324,42 @@ def _run_read_stages(plan: Plan, table: pa.Table, name: str, input_index: int, c
     return table
 
 
+def _write_block(plan: Plan, name: str, table: pa.Table, input_index: int) -> Counters:
+    """A parsed block's keys for the renames, its read stages (normalize) and its one written copy; the counts of
+    what the read stages dropped."""
+    counters = Counters()
+    # every parsed document takes part in the renames; the shuffle is as wide as exact dedup's
+    unique_ids.write_keys(plan.work, name, table, plan.cfg.dedup.exact.partitions)
+    table = _run_read_stages(plan, table, name, input_index, counters)
+    # the one copy of the text (`blocks`), compressed: read by a few phases, kept until the run ends
+    atomic_write_table(plan.work / READ / f"{name}.arrow", table, compression=WORK_COMPRESSION)
+    return counters
+
+
 def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any, record: Path) -> dict[str, Any]:
     counters = Counters()
     quarantine = _QuarantineWriter(plan.out / "quarantine" / f"u{unit_index:06d}.jsonl")
     pending: list[pa.RecordBatch] = []
     pending_bytes = 0
     blocks = 0
+    # A block is normalized and written on a second thread while the next one is parsed: parsing holds the GIL
+    # (Python's line loop, orjson), normalizing (RE2) and writing (zstd) mostly do not. One block in flight.
+    writer = ThreadPoolExecutor(1, thread_name_prefix="datapipe-write-block")
+    writing: Future[Counters] | None = None
 
     def flush() -> None:
-        nonlocal pending, pending_bytes, blocks
+        nonlocal pending, pending_bytes, blocks, writing
         table = pa.Table.from_batches(pending, schema=DOC_SCHEMA)
-        name = block_name(unit_index, blocks)
-        # every parsed document takes part in the renames; the shuffle is as wide as exact dedup's
-        unique_ids.write_keys(plan.work, name, table, plan.cfg.dedup.exact.partitions)
-        table = _run_read_stages(plan, table, name, unit.input_index, counters)
-        # the one copy of the text (`blocks`), compressed: read by a few phases, kept until the run ends
-        atomic_write_table(plan.work / READ / f"{name}.arrow", table, compression=WORK_COMPRESSION)
+        if writing is not None:
+            counters.merge(writing.result())
+        writing = writer.submit(_write_block, plan, block_name(unit_index, blocks), table, unit.input_index)
         blocks += 1
         pending, pending_bytes = [], 0
 
     # Files cut or corrupt part-way, one entry each (stats.json names them): the last line before the
     # first damage, that damage, and how many records each kind of damage set aside.
     damaged: dict[str, dict[str, Any]] = {}
-    with quarantine:  # renamed into place only when the whole unit was read
+    with writer, quarantine:  # the quarantine renamed into place only when the whole unit was read
         for batch, quarantined in read_unit(unit, unit_index, inp, plan.cfg.read):
             counters.read[unit.input_index] += batch.num_rows + len(quarantined)
             for q in quarantined:
@@ -369,6 +383,8 @@ def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any, record: Path) 
                     pending.append(batch.slice(start))
         if pending:
             flush()
+        if writing is not None:
+            counters.merge(writing.result())
     result = {"blocks": blocks, "counters": counters.to_json(), "damaged": list(damaged.values())}
     atomic_write_json(record, result)
     return result
@@ -855,7 +871,7 @@ def _accounting(plan: Plan, total: Counters) -> list[dict[str, Any]]:
 _TASK_BASE_BYTES = 256 * 2**20  # a worker process with its imports
 # Bytes a task holds per byte of its block's text, by phase (upper estimates: the text, its batches and copies,
 # the stage's arrays: near dedup's signatures, a tokenizer's encodings).
-_BLOCK_FACTOR = {"read": 4, "segment": 8, "tokenize": 6}
+_BLOCK_FACTOR = {"read": 6, "segment": 8, "tokenize": 6}  # read: a block parsed while the one before is written
 
 
 def _task_memory(plan: Plan, phase: str, text_bytes: int = 0, tasks: int = 1) -> int:

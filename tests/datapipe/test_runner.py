@@ -458,3 +458,22 @@ def test_a_read_error_in_the_driver_is_the_runs_error(tmp_path, slice_input, mon
     monkeypatch.setattr(runner, "ray_is_running", lambda: False)
     with pytest.raises(ConfigError, match="cannot be read now"):
         curate(small_config(tmp_path / "out", [slice_input]), progress=False, log=lambda _: None)
+
+
+def test_a_block_write_that_fails_on_the_writer_thread_fails_the_read(tmp_path, monkeypatch):
+    """The read task writes block k on a second thread while it parses block k+1: a write that fails there (a
+    full disk) is the task's error, and the unit is not marked done."""
+    from datapipe.curate import runner
+
+    written = runner._write_block
+
+    def fail_on_the_second(plan, name, table, input_index):
+        if name.endswith("b00001"):
+            raise ConfigError("output.dir: the disk is full")
+        return written(plan, name, table, input_index)
+
+    monkeypatch.setattr(runner, "_write_block", fail_on_the_second)
+    with pytest.raises(ConfigError, match="the disk is full"):
+        run(small_config(tmp_path / "out", [{"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}]))
+    assert (tmp_path / "out" / "work" / "read" / "u000000-b00000.arrow").exists()  # the block before it was written
+    assert not (tmp_path / "out" / "work" / "read" / "u000000.json").exists()
