@@ -51,6 +51,7 @@ import functools
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -1055,6 +1056,9 @@ def curate(
                                           memory=_task_memory(plan, "read"))
         if early is not None:  # the units this process took while Ray started come first
             read_results = early.finish() + read_results
+            if progress and early_units:
+                print(f"read: {early_units:,} of {len(units):,} units read by this process while Ray started",
+                      file=sys.stderr, flush=True)
         lap("read")
         blocks = [(u, b) for u, r in enumerate(read_results) for b in range(r["blocks"])]
         for r in read_results:
