@@ -425,6 +425,13 @@ class _EarlyReader(threading.Thread):
             self._stopping.set()
             return self._claimed
 
+    def wind_down(self, interrupted: bool) -> None:
+        """At the run's end or failure: nothing of it goes on writing after it returns, but for an interrupt (^C),
+        which does not wait for the unit being read (this is a daemon thread; what it writes is atomic)."""
+        self.stop()
+        if not interrupted:
+            self.join()
+
     def finish(self) -> list[dict[str, Any]]:
         """The taken units' results, in unit order, once they are read (or the error one of them raised)."""
         self.join()
@@ -1025,10 +1032,9 @@ def curate(
         try:
             executor = make_executor("ray", cfg.ray.address, num_cpus=cfg.ray.num_cpus, max_retries=cfg.ray.max_retries,
                                      progress=progress, stall_timeout_s=cfg.ray.stall_timeout_s)
-        except BaseException:
-            if early is not None:  # nothing of this run goes on writing after it failed
-                early.stop()
-                early.join()
+        except BaseException as exc:
+            if early is not None:
+                early.wind_down(interrupted=isinstance(exc, KeyboardInterrupt))
             raise
         early_units = early.stop() if early is not None else 0
     total = Counters()
@@ -1043,6 +1049,7 @@ def curate(
         clock = now
 
     lap("start")
+    interrupted = False
     # A resumed run: the records its phases find already written (one listing each; none on a fresh run).
     reused: dict[str, tuple[int, int]] | None = {} if plan.work.exists() else None
 
@@ -1178,9 +1185,12 @@ def curate(
         if not cfg.output.keep_work:
             remove_work(plan.work, executor.run_tasks)
         lap("clean_up")
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         if early is not None:
-            early.join()
+            early.wind_down(interrupted)
         if own_executor:
             executor.shutdown()
     lap("shutdown")

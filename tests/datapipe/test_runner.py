@@ -477,3 +477,26 @@ def test_a_block_write_that_fails_on_the_writer_thread_fails_the_read(tmp_path, 
         run(small_config(tmp_path / "out", [{"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}]))
     assert (tmp_path / "out" / "work" / "read" / "u000000-b00000.arrow").exists()  # the block before it was written
     assert not (tmp_path / "out" / "work" / "read" / "u000000.json").exists()
+
+
+def test_an_interrupt_while_ray_starts_does_not_wait_for_the_drivers_read(tmp_path, slice_input, monkeypatch):
+    import threading
+
+    from datapipe.curate import runner
+
+    release = threading.Event()
+    monkeypatch.setattr(runner, "read_task", lambda plan, unit: release.wait(60))  # a unit that takes a minute
+
+    def interrupted_while_starting(kind, address, **kwargs):
+        time.sleep(0.2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "make_executor", interrupted_while_starting)
+    monkeypatch.setattr(runner, "ray_is_running", lambda: False)
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            curate(small_config(tmp_path / "out", [slice_input]), progress=False, log=lambda _: None)
+        assert time.monotonic() - start < 10  # ^C is not held up by the unit the driver is reading
+    finally:
+        release.set()
