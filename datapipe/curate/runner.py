@@ -415,7 +415,7 @@ class _EarlyReader(threading.Thread):
                 self._claimed += 1
             try:
                 self.results.append(read_task(self.plan, unit))
-            except BaseException as exc:  # noqa: BLE001 - raised in the main thread by `stop`
+            except BaseException as exc:  # noqa: BLE001 - raised in the main thread by `finish`
                 self.error = exc
                 return
 
@@ -1022,6 +1022,15 @@ def curate(
         stats = json.loads((plan.out / "stats.json").read_text())
         return CurateResult(plan.out_dir, finished, stats, 0.0, reused=True)
 
+    # A resumed run: the records its phases find already written (one listing each; none on a fresh run), the
+    # read's taken before this process reads anything itself.
+    reused: dict[str, tuple[int, int]] | None = {} if plan.work.exists() else None
+
+    def reusing(phase: str, folder: str, pattern: str, tasks: int) -> None:
+        if reused is not None:
+            reused[phase] = (_records(plan.work / folder, pattern), tasks)
+
+    reusing("read", "read", "u??????.json", len(units))
     own_executor = executor is None
     early: _EarlyReader | None = None
     early_units = 0
@@ -1050,15 +1059,7 @@ def curate(
 
     lap("start")
     interrupted = False
-    # A resumed run: the records its phases find already written (one listing each; none on a fresh run).
-    reused: dict[str, tuple[int, int]] | None = {} if plan.work.exists() else None
-
-    def reusing(phase: str, folder: str, pattern: str, tasks: int) -> None:
-        if reused is not None:
-            reused[phase] = (_records(plan.work / folder, pattern), tasks)
-
     try:
-        reusing("read", "read", "u??????.json", len(units))
         read_results = executor.run_tasks(read_task, plan, [(u,) for u in range(early_units, len(units))], "read",
                                           memory=_task_memory(plan, "read"))
         if early is not None:  # the units this process took while Ray started come first

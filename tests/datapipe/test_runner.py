@@ -439,7 +439,8 @@ def test_the_driver_reads_while_ray_starts_and_the_output_is_the_same(tmp_path, 
 
     monkeypatch.setattr(runner, "make_executor", make_executor)
     monkeypatch.setattr(runner, "ray_is_running", lambda: False)
-    curate(small_config(tmp_path / "out", inputs), progress=False, log=lambda _: None)
+    result = curate(small_config(tmp_path / "out", inputs), progress=False, log=lambda _: None)
+    assert result.resumed_tasks == 0  # what the driver read is this run's work, not a resumed run's
     assert read_by_ray and read_by_ray[0] >= 2 and read_by_ray == list(range(read_by_ray[0], 6))  # the rest, in order
     assert checksums(tmp_path / "out") == checksums(tmp_path / "ref")
     assert json.loads((tmp_path / "out" / "stats.json").read_text())["inputs"] == \
