@@ -143,7 +143,8 @@ def _without_idle_head_processes() -> Iterator[None]:
       nodes to a cluster, an embedded instance has none to add, and it outlives SIGTERM, so Ray's shutdown
       waited 1.0 of its 1.4 s to kill it;
     - the dashboard's head, which with `include_dashboard=False` loads only Ray's usage-statistics module
-      (not the state API): about 0.9 CPU-s, and 0.9 s of `ray.init`'s 3-4 s here.
+      (not the state API): about 0.9 CPU-s while the run starts (BENCHMARKS.md, "Re-measured after the fixed
+      costs were cut").
     Ray has no public hook for this: with other internals (another Ray version) they start as usual."""
     try:
         from ray._private.node import Node
