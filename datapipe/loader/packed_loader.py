@@ -379,21 +379,30 @@ class PackedLoader:
                 batch_size=None,
                 num_workers=self.num_workers, collate_fn=_identity, prefetch_factor=self.prefetch_factor,
             ))
-        for arrays, meta in source:
-            full = expand_batch(**arrays)
-            batch = {key: torch.from_numpy(full[key]) for key in BATCH_KEYS}
-            for name, values in meta.get("doc_columns", {}).items():  # per segment -> per token
-                batch[name] = torch.from_numpy(np.repeat(values, arrays["seg_len"]).reshape(full["input_ids"].shape))
-            for name, values in meta.get("token_columns", {}).items():
-                batch[name] = torch.from_numpy(values)
-            self._planner_state = meta["state"]
-            st = self._stats
-            st["batches"] += 1
-            st["rows"] += meta["rows"]
-            for d, n in zip(self._layout.domains, meta["domain_tokens"]):
-                st["domain_tokens"][d] += n
-                st["tokens"] += n
-            yield batch
+        try:
+            for arrays, meta in source:
+                full = expand_batch(**arrays)
+                batch = {key: torch.from_numpy(full[key]) for key in BATCH_KEYS}
+                for name, values in meta.get("doc_columns", {}).items():  # per segment -> per token
+                    batch[name] = torch.from_numpy(np.repeat(values, arrays["seg_len"]).reshape(full["input_ids"].shape))
+                for name, values in meta.get("token_columns", {}).items():
+                    batch[name] = torch.from_numpy(values)
+                self._planner_state = meta["state"]
+                st = self._stats
+                st["batches"] += 1
+                st["rows"] += meta["rows"]
+                for d, n in zip(self._layout.domains, meta["domain_tokens"]):
+                    st["domain_tokens"][d] += n
+                    st["tokens"] += n
+                yield batch
+        finally:
+            # The DataLoader's workers stopped now, as its iterator's __del__ would: after an error (a ShardError)
+            # the exception's traceback keeps the iterator alive, the garbage collector then finalizes its queues
+            # before that __del__ runs, the workers never get the stop message, and each is joined for 5 s (10 s
+            # with 2 workers). torch has no public close for it.
+            stop_workers = getattr(source, "_shutdown_workers", None)
+            if stop_workers is not None:
+                stop_workers()
 
     @property
     def epoch(self) -> int:

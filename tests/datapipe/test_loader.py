@@ -8,6 +8,8 @@ g * STRIDE + k + 1 and its last token is EOS (0), so a served batch can be check
 
 from __future__ import annotations
 
+import multiprocessing
+
 import json
 import os
 import time
@@ -448,6 +450,8 @@ def test_a_damaged_shard_is_named_before_any_of_its_tokens_is_served(tmp_path, d
     assert error is not None and "shards/" + path.name in str(error)
     assert ("sha256" if damage == "flipped" else "bytes but the manifest says") in str(error)
     assert not ids & {g for b in batches for g in b["doc_ids"].unique().tolist()}  # nothing of it was served
+    # the DataLoader's workers are stopped with the error, not left to the garbage collector (which took 5 s each)
+    assert not multiprocessing.active_children()
 
 
 def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
