@@ -1088,6 +1088,8 @@ def curate(
             kept_bytes = sum(r["bytes"] for r in results)
             kept_docs = sum(r["rows"] for r in results)
             lap(seg.title)
+            if kept_docs == 0:  # no block or no document left: a global stage has nothing to resolve, later segments nothing to read
+                break
             if (stage := seg.global_stage) is not None:  # its resolve half, the same way for every global stage
                 senders = [f"{seg.name}/{block_name(u, b)}" for u, b in blocks]  # the map half's blocks
                 tasks = stage.tasks(kept_docs)

@@ -272,7 +272,13 @@ def test_duplicate_ids_are_renamed_in_input_order(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- nothing survives
 
 
-@pytest.mark.parametrize("case", ["empty", "all_bad", "all_filtered"])
+# Every phase that can run is on: each must handle zero blocks and zero documents.
+EVERY_SWITCH = ("dedup: {exact: {enabled: true}, minhash: {enabled: true}}\nlangid: {enabled: true}\n"
+                "eval: {enabled: true, fraction: 0.1}\ndiversity: {enabled: true, domains: {default: 0.5}}\n"
+                "mixture: {enabled: true}\ntokenizer: {train: {vocab_size: 300}}\n")
+
+
+@pytest.mark.parametrize("case", ["empty", "all_bad", "all_filtered", "flipped_gzip"])
 def test_nothing_surviving_is_a_clear_message_with_stats(tmp_path: Path, case: str, capsys: pytest.CaptureFixture) -> None:
     data = tmp_path / "data.jsonl"
     filters = "{}"
@@ -280,11 +286,14 @@ def test_nothing_surviving_is_a_clear_message_with_stats(tmp_path: Path, case: s
         data.write_bytes(b"")
     elif case == "all_bad":
         data.write_bytes(b'not json\n{"text": ""}\n{"id": 3}\n')
+    elif case == "flipped_gzip":  # a single damaged member: every line is set aside as corrupt_input
+        data = tmp_path / "data.jsonl.gz"
+        data.write_bytes(gzip_member_with_a_flipped_bit(b"".join(orjson.dumps(d) + b"\n" for d in docs("d", 40))))
     else:
         write_jsonl(data, docs("d", 10))
         filters = "{'*': {gopher_quality: {min_doc_words: 100000}}}"
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(f"inputs: [{{path: '{data}'}}]\nfilters: {filters}\ntokenizer: {{train: {{vocab_size: 300}}}}\n")
+    cfg.write_text(f"inputs: [{{path: '{data}'}}]\nfilters: {filters}\n{EVERY_SWITCH}")
     out = tmp_path / "out"
     code = cli.main(["curate", str(cfg), "--output", str(out), "--executor", "local", "--no-progress"])
     err = capsys.readouterr().err
@@ -292,7 +301,8 @@ def test_nothing_surviving_is_a_clear_message_with_stats(tmp_path: Path, case: s
     assert "no document survived curation" in err and f"datapipe stats {out}" in err
     expected = {"empty": "0 records read from 1 input(s)",
                 "all_bad": "3 quarantined while reading (",
-                "all_filtered": "10 dropped by filters (gopher_quality:word_count 10)"}[case]
+                "all_filtered": "10 dropped by filters (gopher_quality:word_count 10)",
+                "flipped_gzip": "40 quarantined while reading (corrupt_input 40)"}[case]
     assert expected in err
     stats = json.loads((out / "stats.json").read_text())
     assert stats["nothing_survived"] and all(row["balanced"] for row in stats["inputs"])
