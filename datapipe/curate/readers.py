@@ -42,7 +42,8 @@ stopped), corrupt_input (a line of a compressed member that fails its check: a g
 or length, a zstd frame's checksum or data, a bz2/xz stream's data; none of its lines is kept, since
 the damage may have garbled any of them; reading goes on with the next member when the damaged one's
 end is known (gzip: its trailer; zstd: its block headers), else the rest of the file becomes one
-record). A run is not stopped by one damaged file.
+record; the text after a damaged member starts a fresh line, so the next member's first record is not
+glued to the damaged one's cut-off last line). A run is not stopped by one damaged file.
 
 Damage is found before any line is used: a compressed JSONL file is decompressed twice, first to check
 every member (gzip checks its CRC only at the end of a member, so zlib hands over garbled text until
@@ -753,16 +754,27 @@ def _decompressed(
     its trailer (all of it came out); a zstd frame that fails ends where its block headers say (what
     zstandard decoded in the failing call, and after, never comes out): reading goes on with the next
     member. Damage whose end cannot be told (a corrupt deflate, bz2 or xz stream, a zstd frame with
-    damaged block headers) raises."""
+    damaged block headers) raises.
+
+    After a member that fails its check, the text starts a fresh line: a '\n' is handed over (before
+    `on_end`, so it counts as the failed member's) when its text, or the text before it when it was cut
+    with nothing out, does not end in one. Its last line is cut off or garbled, and without the break the
+    next member's first line, intact, would be glued to it and lost with it. (Where members were cut
+    mid-line, the next member's first line is the tail of a damaged line: read on its own, it fails as
+    a line of its own would.)"""
     member = None
     start = offset = 0  # compressed offsets: the current member's first byte; the end of what was read
+    newline_last = True  # whether the text so far ends a line
+    decoded = False  # whether the current member's text is not empty
     while chunk := raw.read(_STEP):
         offset += len(chunk)
         while chunk:
             if member is None or member.eof:
-                member, start = make(), offset - len(chunk)
+                member, start, decoded = make(), offset - len(chunk), False
             try:
-                yield from member.pieces(chunk)
+                for piece in member.pieces(chunk):
+                    newline_last, decoded = piece.endswith(b"\n"), True
+                    yield piece
             except Exception as exc:
                 end = (member.frame_end(raw, start)
                        if isinstance(member, _ZstdSlices) and _is_decompression_error(exc) else None)
@@ -770,10 +782,16 @@ def _decompressed(
                     raise
                 raw.seek(end)  # the frame's output so far was handed over: `on_end` lets a caller drop it
                 offset, member = end, None
+                if not newline_last:  # the line it broke off in ends with it: the next frame starts a fresh one
+                    newline_last = True
+                    yield b"\n"
                 if on_end is not None:
                     on_end(f"{type(exc).__name__}: {exc}", True)
                 break
             chunk = member.unused_data if member.eof else b""
+            if member.eof and member.damage is not None and decoded and not newline_last:
+                newline_last = True  # (an empty member that fails holds no line: it breaks none)
+                yield b"\n"
             if member.eof and on_end is not None:
                 on_end(member.damage, False)
     if member is not None and not member.eof:
@@ -801,7 +819,8 @@ def _unusable_lines(path: str, make: Callable[[], Any], name: str) -> list[_BadM
     so neither holding a member's lines until its check nor spooling it to disk is bounded. Counting
     newlines keeps memory at one decompressed piece; the cost is decompressing the file twice (and, for
     a remote file, reading it twice). A line any of whose bytes came from a failed member counts as
-    that member's. A file cut short keeps the lines that fully decoded: it has no check to fail."""
+    that member's, and so does the line a cut member's lost part would have gone on with (`_decompressed`
+    ends it). A file cut short keeps the lines that fully decoded: it has no check to fail."""
     bad: list[_BadMember] = []
     lines = 0  # newlines decoded so far
     first = 1  # the line holding the current member's first byte

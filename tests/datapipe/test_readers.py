@@ -263,6 +263,68 @@ def test_a_bit_flip_in_a_zstd_frame_keeps_none_of_its_lines_and_reads_the_next_f
     assert "the zstd frame " in rest.detail and "never came out; this record stands for it" in rest.detail
 
 
+def _zstd_frame_that_breaks_off(text: bytes, kept: int) -> bytes:
+    """`text` as one zstd frame (with a checksum) whose first block holds `text[:kept]` and whose next
+    block has a byte flipped: zstandard hands over the first block's text, then refuses the frame."""
+    c = zstandard.ZstdCompressor(write_checksum=True).compressobj()
+    head = c.compress(text[:kept]) + c.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    frame = bytearray(head + c.compress(text[kept:]) + c.flush())
+    frame[(len(head) + len(frame)) // 2] ^= 0x10
+    d = zstandard.ZstdDecompressor().decompressobj()
+    out = b"".join(d.decompress(frame[i : i + 512]) for i in range(0, len(head), 512))
+    assert out == text[:kept]  # what came out before the damage
+    with pytest.raises(zstandard.ZstdError):
+        d.decompress(bytes(frame[len(head) :]))
+    return bytes(frame)
+
+
+@pytest.mark.parametrize("cut", ["at line ends", "mid-line", "mid-line, nothing out of the damaged frame"])
+def test_the_frame_after_a_damaged_one_starts_a_fresh_line(tmp_path: Path, cut: str) -> None:
+    # Three frames, the middle one damaged after some of its text came out, cut off inside a line
+    # (d150): the third frame's first line is not glued to that cut-off line.
+    lines = _random_lines(300)
+    text = b"".join(lines)
+    at = [sum(map(len, lines[:i])) for i in range(301)]  # where each line starts
+    ends = {"at line ends": (at[100], at[200]), "mid-line": (at[100] + 70, at[200] + 70),
+            "mid-line, nothing out of the damaged frame": (at[100] + 70, at[200])}[cut]
+    kept = 0 if "nothing out" in cut else at[150] + 70 - ends[0]
+    zstd = zstandard.ZstdCompressor(write_checksum=True)
+    path = tmp_path / "three-frames.jsonl.zst"
+    path.write_bytes(zstd.compress(text[: ends[0]]) + _zstd_frame_that_breaks_off(text[ends[0] : ends[1]], kept)
+                     + zstd.compress(text[ends[1] :]))
+    docs, bad = read_input(InputConfig(path=str(path)))
+    assert {q.file for q in bad} == {str(path)}
+    if cut == "at line ends":  # every record of the intact frames
+        assert [d["id"] for d in docs] == [f"d{i}" for i in [*range(100), *range(200, 300)]]
+        # d101-d150 (the last cut off) that came out of the damaged frame, then one record for the rest of it
+        assert [(q.reason, q.line) for q in bad] == [("corrupt_input", line) for line in range(101, 153)]
+    elif cut == "mid-line":  # d100 and d200 are partly in the damaged frame: the rest, every record
+        assert [d["id"] for d in docs] == [f"d{i}" for i in [*range(100), *range(201, 300)]]
+        # d200's tail, at the start of the third frame, is read as a line of its own, and fails as one
+        assert [(q.reason, q.line) for q in bad] == [("corrupt_input", line) for line in range(101, 153)] + [
+            ("malformed_json", 152)]
+        assert bad[-1].raw == lines[200][70:-1].decode()
+    else:  # the start of d100, whose rest was in the damaged frame, is the damaged frame's
+        assert [d["id"] for d in docs] == [f"d{i}" for i in [*range(100), *range(200, 300)]]
+        assert [(q.reason, q.line) for q in bad] == [("corrupt_input", 101), ("corrupt_input", 102)]
+        assert bad[0].raw == lines[100][:70].decode()
+
+
+def test_the_gzip_member_after_a_damaged_one_starts_a_fresh_line(tmp_path: Path) -> None:
+    lines = _random_lines(300)
+    # Stored deflate blocks (level 0) with the member's last byte, d199's newline, changed: zlib inflates
+    # it to its end, the CRC-32 fails, and its text ends inside a line.
+    damaged = bytearray(gzip.compress(b"".join(lines[100:200]), compresslevel=0, mtime=0))
+    assert damaged[-9] == ord("\n")
+    damaged[-9] = ord("x")
+    path = tmp_path / "three-members.jsonl.gz"
+    path.write_bytes(gzip.compress(b"".join(lines[:100])) + bytes(damaged) + gzip.compress(b"".join(lines[200:])))
+    docs, bad = read_input(InputConfig(path=str(path)))
+    assert [d["id"] for d in docs] == [f"d{i}" for i in [*range(100), *range(200, 300)]]  # the intact members
+    assert [(q.reason, q.line) for q in bad] == [("corrupt_input", line) for line in range(101, 201)]
+    assert bad[0].detail.startswith("the gzip member holding lines 101-200 fails its check")
+
+
 def test_glob_over_several_files_in_sorted_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = tmp_path / "data"
     (data / "sub").mkdir(parents=True)
