@@ -2,11 +2,11 @@
 
     python -m scripts.experiment_table runs/prioritization/experiment/results.json
 
-Per arm: the final eval loss under both weightings (token-weighted over the eval split, and the plain mean of the
-domains) and on each extra eval set, mean ± std over seeds; compute per cell (FLOPs, and with the scoring pass);
-then per target (the baseline's mean eval loss at 50/75/100% of its budget) the ratio to the baseline of the tokens
-and of the FLOPs (with the scoring pass) to reach it: point [95% bootstrap interval], how the point reads
-(estimate, or a bound when seeds never reach it) and the seeds that reach it.
+Per arm: the final eval loss under the runs' weighting (token-weighted over the eval split, or data.eval_target's
+mixture), the plain mean of the domains, and the token-weighted loss on each extra eval set, mean ± std over seeds;
+compute per cell (FLOPs, and with the scoring pass); then per target (the baseline's mean eval loss at 50/75/100% of
+its budget) the ratio to the baseline of the tokens and of the FLOPs (with the scoring pass) to reach it: point [95%
+bootstrap interval], how the point reads (estimate, or a bound when seeds never reach it) and the seeds that reach it.
 
     python -m scripts.experiment_table runs/prioritization/experiment/results.json \
         --config runs/prioritization/experiment.yaml --weights man=0.640,code=0.355,license=0.005
@@ -78,7 +78,7 @@ def tables(results: dict[str, Any]) -> str:
     for name, a in arms.items():
         fb = a.get("final_by_eval_set", {})
         ev = fb.get("eval", {})
-        row = [name, _pm(ev.get("loss_tokens") or a.get("final_eval_loss")), _pm(ev.get("loss_domain_mean"))]
+        row = [name, _pm(a.get("final_eval_loss")), _pm(ev.get("loss_domain_mean"))]  # the weighting the header names
         row += [_pm(fb[s].get("loss_tokens") or fb[s].get("loss")) for s in sets if s != "eval"]
         comp = a.get("compute", {})
         g = lambda k: (f"{comp[k]['mean']:.3g}" if comp.get(k, {}).get("mean") is not None else "—")  # noqa: E731
