@@ -13,10 +13,11 @@ with the same weighting, so the arms differ only in what they configure: with th
 and, on the same data, the same data order.
 
 What is measured (datapipe/train/lm.py):
-- **Eval loss**: each evaluation reads every eval document once (no cycling); the overall loss is token-weighted over
-  the eval split (sum of token losses / tokens: the distribution the data was curated to) or, with
-  `data.eval_target` (set in `base`, the same for every arm), the target mixture's weighted mean of the domain
-  losses. Both the token-weighted and the plain domain-mean figures are kept per cell (`final_by_eval_set`).
+- **Eval loss**: each evaluation reads every eval document once (no cycling; data.eval_batches is 0 in every cell,
+  whatever the base config sets); the overall loss is token-weighted over the eval split (sum of token losses /
+  tokens: the distribution the data was curated to) or, with `data.eval_target` (set in `base`, the same for every
+  arm), the target mixture's weighted mean of the domain losses. Both the token-weighted and the plain domain-mean
+  figures are kept per cell (`final_by_eval_set`).
 - **Compute**: FLOPs = 6·N·(tokens trained) + 2·N·(tokens forwarded only, e.g. RHO's selection forward), N = the
   parameters a token's forward multiplies by (`lm.flops_params`: blocks, final norm and output projection; not the
   input-embedding lookup). Evaluations' forwards are reported apart (`eval_flops`), never counted as training. An
@@ -78,7 +79,9 @@ RESERVED_KEYS = ("train.steps", "train.seed", "train.output", "train.eval_every"
 class BaseConfig:
     recipe: str | None = note(None, help="a YAML training recipe (e.g. configs/train-tiny.yaml), relative to the working directory")
     config: dict[str, Any] = note({}, help="inline training keys, merged over the recipe (e.g. {model: {n_layer: 2}})")
-    set: list[str] = note([], help="`--set`-style KEY=VALUE overrides applied after the recipe and inline keys")
+    set: list[str] = note([], help="`--set`-style KEY=VALUE overrides applied after the recipe and inline keys (the "
+                                   "budget's keys and data.eval_batches are the experiment's: every evaluation reads "
+                                   "every eval document)")
     data: str | None = note(None, help="the curated folder every arm trains on unless it names its own (default: the recipe's data.source)")
 
 
@@ -205,7 +208,9 @@ def resolve_cells(exp: ExperimentConfig) -> dict[str, dict[int, TrainConfig]]:
             eval_weights(base.data.eval_target, domains, eval_source)
         except ConfigError as exc:
             raise ConfigError(f"base: {exc}") from None
-    budget = {**compute, "data.eval_source": eval_source, "data.holdout_shards": 0}
+    # every evaluation reads every eval document (0: no cap), whatever the recipe's data.eval_batches: a capped one
+    # would compare the arms on the eval set's leading part only
+    budget = {**compute, "data.eval_source": eval_source, "data.holdout_shards": 0, "data.eval_batches": 0}
     for name, folder in exp.extra_evals.items():
         check(Path(folder, shards.MANIFEST_NAME).is_file(), f"extra_evals.{name}: {folder!r} is not a curated folder "
                                                             "(no manifest.json); give a folder that `datapipe curate` wrote")

@@ -15,8 +15,8 @@ from datapipe.train.experiment import (ArmConfig, BudgetConfig, ExperimentConfig
                                        resolve_cells, summarize, tokens_to_target)
 from helpers import VOCAB, write_train_source
 
-TINY = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.max_seq_len=64", "data.eval_batches=1",
-        "train.ckpt_every=3", "optim.lr=0.01", "prefetch.depth=2", "train.device=cpu"]
+TINY = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.max_seq_len=64", "train.ckpt_every=3",
+        "optim.lr=0.01", "prefetch.depth=2", "train.device=cpu"]
 
 
 def _flatten(tree, prefix=""):
@@ -139,6 +139,17 @@ def test_experiment_config_errors_name_the_key(tmp_path):
     # resolved before any training: nothing was written
     assert not (tmp_path / "exp").exists()
     assert main(["experiment", str(path), "--set", "arms.x={data: 1}"]) == 2
+
+
+def test_every_cell_evaluates_on_every_eval_document_whatever_the_recipe_caps(tmp_path):
+    """A recipe's data.eval_batches (configs/train-tiny.yaml caps at 2) is for quick looks at one run; the
+    experiment's evaluations read the whole eval set (0: no cap), a base.set of the key included."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("data: {eval_batches: 2}\n")
+    exp = load_experiment_config(_experiment(tmp_path), [f"base.recipe={recipe}"])
+    for base in (exp.base, replace(exp.base, set=exp.base.set + ["data.eval_batches=3"])):
+        cells = resolve_cells(replace(exp, base=base))
+        assert [c.data.eval_batches for by_seed in cells.values() for c in by_seed.values()] == [0, 0, 0, 0]
 
 
 def test_tokens_to_target_interpolates_between_evaluations():
