@@ -176,6 +176,11 @@ class LoopConfig:
     device: Literal["auto", "cpu", "cuda"] = note("auto", help="'auto' = cuda when available")
     objective: Literal["lm", "dpo"] = note("lm", help="'lm': next-token loss on text shards (datapipe/train/lm.py); 'dpo': DPO on preference shards (datapipe/train/dpo.py)")
     rho: RhoConfig = note(RhoConfig(), help="RHO-LOSS reducible-loss selection of the rows trained on (off by default)")
+    tensorboard: bool = note(False, help="also write each metrics.jsonl record as TensorBoard scalars to OUTPUT/tensorboard/ "
+                                         "(rank 0; needs `pip install tensorboard`); a resume continues the same curves")
+    wandb: bool = note(False, help="also log each metrics.jsonl record to a Weights & Biases run (rank 0; needs `pip "
+                                   "install wandb`; project and entity: WANDB_PROJECT, WANDB_ENTITY); a resume "
+                                   "continues the run named in OUTPUT/wandb-run-id")
 
     def __post_init__(self) -> None:
         check(not is_url(self.output), f"output must be a local folder (metrics.jsonl and checkpoints are written there), "
@@ -251,7 +256,7 @@ class TrainConfig:
 EXECUTION_KEYS = ("train.log_every", "train.eval_every", "train.ckpt_every", "train.ckpt_minutes", "train.stop_at",
                   "train.max_nonfinite", "train.output", "train.device", "train.compile", "data.num_workers",
                   "data.eval_batches", "data.verify", "model.attention", "prefetch.enabled", "prefetch.depth",
-                  "prefetch.delay_s")
+                  "prefetch.delay_s", "train.tensorboard", "train.wandb")
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] = (), *, data: str | None = None,

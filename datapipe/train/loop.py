@@ -24,6 +24,15 @@ trained on) and RNG states, all plain tensors/dicts/lists: they load with `weigh
 are written every `train.ckpt_every` steps, every `train.ckpt_minutes` of wall time, and at the end.
 A resumed run drops the metrics.jsonl rows past its checkpoint's step (it logs those steps again).
 
+Log records (`MetricsLog`, rank 0) go to metrics.jsonl and, when asked, to TensorBoard (`train.tensorboard`:
+event files in RUN_DIR/tensorboard/) and to a Weights & Biases run (`train.wandb`): every number of a record as a
+scalar under its metrics.jsonl name (`loss`, `lr`, `tokens_per_s`, `eval_loss`, ...; nested ones joined by '/':
+`eval_domains/code/loss`) at its step. A resume continues the same curves: the event writer starts with
+`purge_step` = the checkpoint's step + 1, so TensorBoard's readers drop the events logged past the checkpoint, as
+metrics.jsonl drops its rows (a fresh run purges from step 1: an earlier run's leftovers in the folder too); W&B
+resumes the run whose id RUN_DIR/wandb-run-id holds, but it cannot drop logged steps (its rewind is not generally
+available): it keeps the values first logged for the steps a resume replays and ignores the replay, with a warning.
+
 `datapipe train --resume` continues with the run's own settings (`resumed_config`: RUN_DIR/config.yaml
 for every key that shapes results); a `--set` or `--data` given again must agree with them.
 """
@@ -34,6 +43,7 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -201,6 +211,81 @@ def _keep_metrics_until(path: Path, step: int) -> None:
     atomic_write_bytes(path, "".join(kept).encode())
 
 
+def check_trackers(cfg: TrainConfig) -> None:
+    """A ConfigError naming the key when train.tensorboard or train.wandb is on and its package is missing."""
+    if cfg.train.tensorboard:
+        try:
+            import torch.utils.tensorboard  # noqa: F401  (needs the tensorboard package)
+        except ImportError:
+            raise ConfigError("train.tensorboard is true but the tensorboard package is not installed: "
+                              "pip install tensorboard, or set train.tensorboard=false") from None
+    if cfg.train.wandb:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ConfigError("train.wandb is true but the wandb package is not installed: pip install wandb, "
+                              "or set train.wandb=false") from None
+
+
+def scalars(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numbers of a log record by name (nested ones joined by '/'), without `step`; text, flags and nulls left out."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        name = f"{prefix}/{key}" if prefix else key
+        if isinstance(value, dict):
+            out.update(scalars(value, name))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and name != "step":
+            out[name] = float(value)
+    return out
+
+
+class MetricsLog:
+    """Where rank 0's log records go: metrics.jsonl, and TensorBoard and W&B when the config asks; opened when the
+    loop starts at step `start` (`resume`: a resumed run, whose records past `start` are dropped)."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, *, start: int, resume: bool) -> None:
+        path = run_dir / "metrics.jsonl"
+        if resume:
+            _keep_metrics_until(path, start)
+        self._jsonl = open(path, "a")
+        self._events = self._wandb = None
+        if cfg.train.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._events = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=start + 1)
+        if cfg.train.wandb:
+            self._wandb = _wandb_run(cfg, run_dir, start)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        numbers = scalars(record)
+        if self._events is not None:
+            for name, value in numbers.items():
+                self._events.add_scalar(name, value, global_step=record["step"])
+            self._events.flush()  # as metrics.jsonl: a killed run keeps what it logged
+        if self._wandb is not None:
+            self._wandb.log(numbers, step=record["step"])
+
+    def close(self) -> None:
+        self._jsonl.close()
+        if self._events is not None:
+            self._events.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _wandb_run(cfg: TrainConfig, run_dir: Path, start: int) -> Any:
+    """The run's W&B run: the one RUN_DIR/wandb-run-id names when resuming from a checkpoint, else a new one. Project
+    and entity: W&B's own settings (WANDB_PROJECT, WANDB_ENTITY, `wandb login`)."""
+    import wandb
+
+    id_file = run_dir / "wandb-run-id"
+    run_id = id_file.read_text().strip() if start > 0 and id_file.is_file() else secrets.token_hex(8)
+    atomic_write_bytes(id_file, run_id.encode())
+    return wandb.init(id=run_id, resume="allow", name=run_dir.name, dir=str(run_dir), config=to_dict(cfg))
+
+
 def build_objective(cfg: TrainConfig, run_dir: Path, *, rank: int, world: int, device: torch.device,
                     say: Callable[..., None], default_preferences: Callable | None) -> Objective:
     if cfg.train.objective == "dpo":
@@ -240,6 +325,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, default_preferences: Callab
     # -- before any work: the data folders fit the objective; a fresh run needs a run folder without a run,
     #    --resume a checkpoint of the same run
     check_sources(cfg)
+    check_trackers(cfg)
     ckpt: dict[str, Any] | None = None
     from_zero = (resume and not ckpt_path.exists() and not previous_path(ckpt_path).exists()
                  and (run_dir / "config.yaml").is_file())
@@ -311,10 +397,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, default_preferences: Callab
         if world > 1:
             dist.barrier()
 
+    metrics = MetricsLog(cfg, run_dir, start=start, resume=resume) if main else None
     objective.start(raw_model)
-    if main and resume:
-        _keep_metrics_until(run_dir / "metrics.jsonl", start)
-    metrics = open(run_dir / "metrics.jsonl", "a") if main else None
     stop = min(cfg.train.stop_at or cfg.train.steps, cfg.train.steps)
     in_a_row, losses, record = 0, [], {}
     interval = {"t": time.perf_counter(), "steps": 0, "skipped": 0}
@@ -363,25 +447,23 @@ def train(cfg: TrainConfig, *, resume: bool = False, default_preferences: Callab
                     record.update(objective.evaluate(raw_model))
                 say(f"step {done}/{cfg.train.steps} | {objective.log_text(record)} | lr {lr:.2e} | gnorm {grad_norm:.2f} | "
                     f"step {1000 * record['step_time_s']:.0f} ms" + (f" | {objective.eval_text(record)}" if evaluated else ""))
-                if metrics:
-                    metrics.write(json.dumps(record) + "\n")
-                    metrics.flush()
+                if metrics is not None:
+                    metrics.write(record)
                 interval = {"t": time.perf_counter(), "steps": 0, "skipped": 0}
             elif evaluated:
                 t_eval = time.perf_counter()
                 extra = objective.evaluate(raw_model)
                 interval["t"] += time.perf_counter() - t_eval  # evaluation time is not step time
                 say(f"step {done}: {objective.eval_text(extra)}")
-                if metrics:
-                    metrics.write(json.dumps({"step": done, **extra}) + "\n")
-                    metrics.flush()
+                if metrics is not None:
+                    metrics.write({"step": done, **extra})
 
             if (cfg.train.ckpt_every and done % cfg.train.ckpt_every == 0) or last or time_due:
                 checkpoint(done)
                 last_ckpt = time.monotonic()
     finally:
         objective.close()
-        if metrics:
+        if metrics is not None:
             metrics.close()
     seconds = time.perf_counter() - t_start
     summary = {"params_sha256": _params_sha256(raw_model), "run_dir": str(run_dir), "objective": objective.name,

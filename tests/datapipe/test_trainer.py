@@ -1,4 +1,5 @@
-"""The trainer: schedule and decay groups, exact resume, non-finite handling, DDP on 2 CPU processes, logs."""
+"""The trainer: schedule and decay groups, exact resume, non-finite handling, DDP on 2 CPU processes, logs
+(metrics.jsonl, TensorBoard, W&B)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import json
 import math
 import os
 import socket
+import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -364,3 +368,80 @@ def test_a_checkpoint_save_killed_between_its_renames_leaves_a_verifiable_checkp
             load_checkpoint(path)
         (tmp_path / "checkpoint.prev.pt").rename(path)
         assert load_checkpoint(path)["step"] == 2
+
+
+# one checkpoint at step 3, a log record every step, evaluations at steps 3 and 6
+LOGGED = ("train.steps=6", "train.log_every=1", "train.eval_every=3", "train.ckpt_every=3", "train.ckpt_minutes=0")
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tensorboard_holds_the_logged_scalars_and_a_resume_continues_the_curves(source, tmp_path, monkeypatch):
+    """Killed at step 5 after logging step 4, its checkpoint at step 3: the resumed run's events replace step 4 and
+    continue; the reader sees each step once, in order, with the values of metrics.jsonl."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        _ctrl_c_at_step(m, 5)
+        with pytest.raises(KeyboardInterrupt):
+            train(tiny_cfg(source, run, *LOGGED, "train.tensorboard=true"))
+    resumed_at = time.time()
+    assert train(tiny_cfg(source, run, *LOGGED, "train.tensorboard=true"), resume=True)["start_step"] == 3
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert {"loss", "eval_loss", "tokens_per_s", "lr"} <= set(events.Tags()["scalars"])
+    for tag in ("loss", "tokens_per_s", "lr", "eval_loss"):
+        logged = [(e.step, e.value) for e in events.Scalars(tag)]
+        steps = [step for step, _ in logged]
+        assert steps == sorted(set(steps)), tag  # strictly increasing: no step twice across the resume
+        assert logged == [(r["step"], pytest.approx(r[tag], rel=1e-6)) for r in _records(run) if tag in r], tag
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5, 6]
+    assert [e.step for e in events.Scalars("eval_loss")] == [3, 6]
+    # step 4 is the resumed run's: the stopped run's step 4 (past its checkpoint) was purged
+    assert next(e for e in events.Scalars("loss") if e.step == 4).wall_time >= resumed_at
+
+
+def test_a_missing_tracker_package_is_a_config_error_naming_the_key(source, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # its import fails, as without tensorboard
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ConfigError, match=r"train.tensorboard is true but the tensorboard package is not installed: "
+                                          r"pip install tensorboard"):
+        train(tiny_cfg(source, tmp_path / "a", "train.tensorboard=true"))
+    with pytest.raises(ConfigError, match=r"train.wandb is true but the wandb package is not installed: pip install wandb"):
+        train(tiny_cfg(source, tmp_path / "b", "train.wandb=true"))
+    assert not (tmp_path / "a").exists()  # refused before anything was written
+    recipe = tmp_path / "t.yaml"
+    recipe.write_text("model: {n_layer: 1, n_head: 2, d_model: 32, max_seq_len: 64}\ndata: {seq_len: 64, batch_size: 2}\n")
+    assert main(["train", str(recipe), "--data", str(source), "--output", str(tmp_path / "c"),
+                 "--set", "train.tensorboard=true"]) == 2
+    err = capsys.readouterr().err
+    assert "train.tensorboard" in err and "pip install tensorboard" in err and "Traceback" not in err
+
+
+class _FakeWandb(types.ModuleType):
+    """What the trainer calls of wandb: init(...) -> a run with log(values, step=) and finish()."""
+
+    def __init__(self) -> None:
+        super().__init__("wandb")
+        self.inits, self.logged = [], []
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        return types.SimpleNamespace(log=lambda values, step: self.logged.append((step, values)), finish=lambda: None)
+
+
+def test_wandb_gets_each_record_and_a_resume_continues_its_run(source, tmp_path, monkeypatch):
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    run = tmp_path / "run"
+    train(tiny_cfg(source, run, *LOGGED, "train.stop_at=3", "train.wandb=true"))
+    train(tiny_cfg(source, run, *LOGGED, "train.wandb=true"), resume=True)
+    first, again = fake.inits
+    assert first["id"] == again["id"] == (run / "wandb-run-id").read_text() and again["resume"] == "allow"
+    assert [step for step, _ in fake.logged] == [r["step"] for r in _records(run)] == [1, 2, 3, 4, 5, 6]
+    assert {"loss", "lr", "tokens_per_s"} <= set(fake.logged[0][1]) and "eval_loss" in fake.logged[-1][1]
+    assert not (tmp_path / "run" / "tensorboard").exists()  # train.tensorboard is off by default
