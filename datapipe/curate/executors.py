@@ -325,6 +325,41 @@ class _StallWatch:
         return self.timeout_s > 0 and time.monotonic() - self.last > self.timeout_s
 
 
+def state_api_url(connected_with: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The URL of the state API (served by the dashboard) of the Ray this process is connected to, read from that
+    Ray's own GCS; None where it has none (the embedded Ray starts without a dashboard) or where the environment
+    would send a query elsewhere: RAY_API_SERVER_ADDRESS and RAY_ADDRESS override any address the state API is
+    given, so they are used only when they name the address this executor connected with (`connected_with`).
+
+    Why not `list_tasks()` with no address, or with a GCS address: Ray then looks the dashboard up in the GCS of
+    the cluster that RAY_ADDRESS, /tmp/ray/ray_current_cluster (left by a `ray start`, maybe long dead) or the
+    one local GCS process names, 20 times 2 s apart while that GCS is down or has no dashboard: a stall stop
+    came 40 s late."""
+    for name in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS"):
+        if environ.get(name) and environ[name] != connected_with:
+            return None
+    try:
+        from ray._private import ray_constants
+        from ray.experimental import internal_kv
+
+        url = internal_kv._internal_kv_get(ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
+    except Exception:  # noqa: BLE001 - Ray internals of another version: no state detail
+        return None
+    return f"http://{url.decode()}" if url else None
+
+
+def _task_state(url: str, ref: Any) -> str | None:
+    """Ray's state of the task behind `ref` ('PENDING_NODE_ASSIGNMENT', 'RUNNING', ...) from the state API at
+    `url`, or None where it does not answer within its timeout."""
+    try:
+        from ray.util.state import list_tasks
+
+        rows = list_tasks(url, filters=[("task_id", "=", ref.task_id().hex())], timeout=2, raise_on_missing_output=False)
+    except Exception:  # noqa: BLE001 - optional detail of an error message, never a second error
+        return None
+    return f"Ray: {getattr(rows[-1], 'state', '?')}" if rows else None
+
+
 class RayExecutor:
     """Runs tasks on Ray: an existing cluster (`address`, else `RAY_ADDRESS`) or an embedded local instance."""
 
@@ -345,6 +380,7 @@ class RayExecutor:
         self.stall_timeout_s = stall_timeout_s
         self._node_memory: int | None = None  # the largest node's memory resource, read once
         self._owns_ray = False
+        self._connected_with: str | None = None  # the address this executor gave `ray.init` (None: embedded, or joined)
         # The workers' environment (`worker_env`), set so that the workers Ray starts with the instance serve
         # every task: an embedded Ray's workers inherit it from the processes `ray.init` starts; a cluster's
         # get it as the job's runtime_env; per task only where this process had joined Ray itself. A runtime_env
@@ -368,6 +404,7 @@ class RayExecutor:
                     auth_log.removeFilter(notice)
             else:
                 ray.init(address=address, runtime_env={"env_vars": worker_env()}, **kwargs)
+                self._connected_with = address
             self._owns_ray = True
         else:
             self._task_env = {"runtime_env": {"env_vars": worker_env()}}
@@ -412,8 +449,10 @@ class RayExecutor:
         """The stall error: the phase, a few of the tasks it waits for (with Ray's state for them when its
         state API answers quickly), the cluster's free CPUs, and what to do."""
         shown = []
+        url = state_api_url(self._connected_with)
         for ref, label in waiting:
-            state = self._task_state(ref)
+            state = _task_state(url, ref) if url else None
+            url = url if state else None  # no state for this one: asking again may cost the timeout again
             shown.append(f"{label} ({state})" if state else label)
         cpus = ""
         with contextlib.suppress(Exception):
@@ -427,17 +466,6 @@ class RayExecutor:
             f"disk), its logs say why (raylet.out, runtime_env_agent.log in {_logs_folder()}); if a task is only "
             "slow (one huge block), raise ray.stall_timeout_s, or set it to 0 to wait without limit."
         )
-
-    def _task_state(self, ref: Any) -> str | None:
-        """Ray's state of the task behind `ref` ('PENDING_NODE_ASSIGNMENT', 'RUNNING', ...), or None where
-        Ray's state API is not there (it is served by the dashboard) or slow."""
-        try:
-            from ray.util.state import list_tasks
-
-            rows = list_tasks(filters=[("task_id", "=", ref.task_id().hex())], timeout=2, raise_on_missing_output=False)
-        except Exception:  # noqa: BLE001 - optional detail of an error message, never a second error
-            return None
-        return f"Ray: {getattr(rows[-1], 'state', '?')}" if rows else None
 
     def _memory(self, memory: int | None) -> dict[str, int]:
         """Ray's `memory=` for a task that needs about `memory` bytes, at most what the largest node has (a

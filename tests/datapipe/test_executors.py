@@ -62,6 +62,54 @@ def test_a_phase_whose_tasks_never_finish_stops_with_an_error_naming_it(ray_here
     assert RayExecutor(progress=False, stall_timeout_s=60).run_tasks(nap, None, [(0,), (0,)], "after") == [None, None]
 
 
+def test_the_stall_stop_does_not_wait_on_a_dead_cluster_that_ray_remembers(ray_here, tmp_path, monkeypatch):
+    # A `ray start` leaves its address in <temp dir>/ray/ray_current_cluster; here one of a cluster that is
+    # gone. Ray's state API given no address looked the dashboard up there, 20 times 2 s apart.
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    executor = RayExecutor(progress=False, stall_timeout_s=1)
+    start = time.monotonic()
+    with pytest.raises(PhaseStalled, match=r"^dead cluster: no task has finished for 1 s"):
+        executor.run_tasks(nap, None, [(3600,), (3601,)], "dead cluster")
+    assert time.monotonic() - start < 1 + 10  # it took 1 + 40 s and more
+
+
+class _TaskRef:
+    def __init__(self, hex_id: str) -> None:
+        self.hex_id = hex_id
+
+    def task_id(self):
+        return type("TaskID", (), {"hex": lambda _: self.hex_id})()
+
+
+def test_the_task_state_query_goes_to_the_running_clusters_dashboard_or_nowhere(monkeypatch):
+    from ray.experimental import internal_kv
+    from ray.util import state
+
+    dashboard = [b"10.1.2.3:8265"]  # what the running cluster's GCS says (None: it has no dashboard)
+    monkeypatch.setattr(internal_kv, "_internal_kv_get", lambda key, namespace=None: dashboard[0])
+    assert executors.state_api_url(None, {}) == "http://10.1.2.3:8265"
+    # RAY_ADDRESS overrides the address the state API is given: used only when it is the one connected to
+    assert executors.state_api_url("10.1.2.3:6379", {"RAY_ADDRESS": "10.1.2.3:6379"}) == "http://10.1.2.3:8265"
+    assert executors.state_api_url("10.1.2.3:6379", {"RAY_ADDRESS": "10.9.9.9:6379"}) is None
+    assert executors.state_api_url(None, {"RAY_ADDRESS": "10.9.9.9:6379"}) is None
+    assert executors.state_api_url(None, {"RAY_API_SERVER_ADDRESS": "http://10.9.9.9:8265"}) is None
+
+    asked = []
+    monkeypatch.setattr(state, "list_tasks", lambda address, **kw: asked.append(address) or [])
+    executor = object.__new__(RayExecutor)  # no Ray started: `_stalled` alone
+    executor.ray, executor.stall_timeout_s, executor._connected_with = _InstantRay(), 1, None
+    waiting = [(_TaskRef(f"{i:02x}"), f"nap({i})") for i in range(3)]
+    assert "among them nap(0); nap(1); nap(2)." in str(executor._stalled("hang", waiting, 3, 3))
+    assert asked == ["http://10.1.2.3:8265"]  # the running cluster's, and once: no state for the first, so no more
+    dashboard[0] = None
+    asked.clear()
+    executor._stalled("hang", waiting, 3, 3)
+    assert asked == []  # no dashboard: no query
+
+
 def test_the_watchdog_counts_from_the_last_finished_task_not_from_the_start(monkeypatch):
     now = [0.0]
     monkeypatch.setattr(executors.time, "monotonic", lambda: now[0])
