@@ -100,13 +100,20 @@ MAX_BLOCKS = 16_384  # huge inputs: blocks grow past the target rather than outn
 # (a shuffle's range reads are blocks x partitions: 1 TB in 8 MiB blocks would be 119,000 senders)
 
 
+class AutoValue(int):
+    """A number that `auto` chose (`auto_block_bytes`, `auto_partitions`), told apart from one the user set so
+    that the run record can say which work-layout values `auto` chose (`work_layout`); an int otherwise."""
+
+    __slots__ = ()
+
+
 def auto_block_bytes(input_bytes: int | None) -> int:
     """The block size for `read.block_bytes: auto`, from an estimate of the input's text bytes (None: unknown).
     Blocks of BLOCK_TARGET_BYTES for large inputs, at least MIN_BLOCKS of them for small ones, never under
     BLOCK_FLOOR_BYTES, and no more than MAX_BLOCKS of them for huge ones (1 TB: 61 MB blocks)."""
     if input_bytes is None:
-        return BLOCK_TARGET_BYTES
-    return max(BLOCK_FLOOR_BYTES, min(BLOCK_TARGET_BYTES, -(-input_bytes // MIN_BLOCKS)), -(-input_bytes // MAX_BLOCKS))
+        return AutoValue(BLOCK_TARGET_BYTES)
+    return AutoValue(max(BLOCK_FLOOR_BYTES, min(BLOCK_TARGET_BYTES, -(-input_bytes // MIN_BLOCKS)), -(-input_bytes // MAX_BLOCKS)))
 
 
 # Memory a partition's task holds per byte of input text, by shuffle (upper estimates: documents of >= 200
@@ -120,8 +127,8 @@ def auto_partitions(input_bytes: int | None, shuffle: str, budget_bytes: int, fl
     input of `input_bytes` of text (None: unknown, the floor). Depends on the input only, never on the
     workers, so a resume on another cluster finds the same layout."""
     if input_bytes is None:
-        return floor
-    return max(floor, -(-int(input_bytes * TASK_BYTES_PER_TEXT_BYTE[shuffle]) // budget_bytes))
+        return AutoValue(floor)
+    return AutoValue(max(floor, -(-int(input_bytes * TASK_BYTES_PER_TEXT_BYTE[shuffle]) // budget_bytes)))
 
 
 def auto_shard_bytes(token_bytes: int) -> int:
@@ -222,20 +229,58 @@ _EXECUTION_ONLY = {
 # `read.block_bytes` (recorded resolved: `auto` is a number of bytes by then) (their ids and keys are written as each input is read) and the hash partitions the
 # global stages shuffle their keys into. Any value gives the same output, but work left under one value
 # cannot be finished under another (keys written to 8 partitions are not all found by a resolve over 3),
-# so an unfinished run is resumed only with the values it was started with (`runner._check_output`).
+# so an unfinished run is resumed only with the values it was started with (`layout_conflict`).
 WORK_LAYOUT_KEYS = (("read", "block_bytes"), ("dedup", "exact", "partitions"), ("dedup", "minhash", "partitions"))
+
+# The keys a user sets that `auto` reads for each work-layout key, besides the inputs (which a resume cannot
+# change): the partitions are sized to fit ray.task_memory_gib (`auto_partitions`), the blocks to the inputs
+# alone (`auto_block_bytes`). A resume that changed one of them gets other `auto` values, and its refusal
+# names that key, the one the user changed, rather than the layout key the user never set.
+AUTO_READS = {
+    "read.block_bytes": (),
+    "dedup.exact.partitions": ("ray.task_memory_gib",),
+    "dedup.minhash.partitions": ("ray.task_memory_gib",),
+}
+
+
+def _value(data: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data[part]
+    return data
 
 
 def work_layout(cfg: CurateConfig) -> dict[str, Any]:
-    """{dotted key: value} of the WORK_LAYOUT_KEYS, for the run record."""
+    """For the run record: {dotted key: value} of the WORK_LAYOUT_KEYS of a config whose `auto` values are
+    resolved, and under "auto" those that `auto` chose, each with the values of the keys it read (AUTO_READS):
+    {"dedup.exact.partitions": {"ray.task_memory_gib": 4.0}}."""
     data = to_dict(cfg)
-    layout = {}
-    for key in WORK_LAYOUT_KEYS:
-        node = data
-        for part in key:
-            node = node[part]
-        layout[".".join(key)] = node
+    keys = [".".join(key) for key in WORK_LAYOUT_KEYS]
+    layout: dict[str, Any] = {key: _value(data, key) for key in keys}
+    layout["auto"] = {key: {read: _value(data, read) for read in AUTO_READS[key]}
+                      for key in keys if isinstance(layout[key], AutoValue)}
     return layout
+
+
+def layout_conflict(out_dir: str, started: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """Why an unfinished run in `out_dir` started with work layout `started` (its run record's `work_layout`)
+    cannot be carried on with `now`, or None. The message names the key to set back: the layout key, or, where
+    `auto` chose both values, the key it read that the user changed. A record written before "auto" was kept
+    names the layout key (as its refusal always did)."""
+    for key in (".".join(key) for key in WORK_LAYOUT_KEYS):
+        if key not in started or now.get(key) == started[key]:
+            continue
+        was, auto_now = started.get("auto", {}).get(key), now.get("auto", {}).get(key)
+        changed = [read for read in (was or {}) if auto_now is not None and auto_now.get(read) != was[read]]
+        if changed:
+            read = changed[0]
+            return (f"output folder {out_dir} holds an unfinished run started with {read}={was[read]!r} (which set "
+                    f"{key}={started[key]!r} by `auto`), not {auto_now[read]!r} (which sets it to {now[key]!r}): its "
+                    f"work so far is cut up by {key}. Resume it with `--set {read}={was[read]}` (any value gives the "
+                    "same output), or start over in another --output.")
+        return (f"output folder {out_dir} holds an unfinished run started with {key}={started[key]!r}, not "
+                f"{now.get(key)!r}: its work so far is cut up by that value. Resume it with "
+                f"`--set {key}={started[key]}` (any value gives the same output), or start over in another --output.")
+    return None
 
 
 def result_affecting(cfg: CurateConfig) -> dict[str, Any]:
@@ -267,5 +312,6 @@ def diff_configs(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 __all__ = [
     "CurateConfig", "ConfigError", "InputConfig", "load_config", "config_hash", "diff_configs", "work_layout",
+    "layout_conflict",
     "auto_block_bytes", "auto_shard_bytes",
 ]

@@ -67,6 +67,7 @@ import xxhash
 
 from datapipe.curate.config import (
     TASK_BYTES_PER_TEXT_BYTE, CurateConfig, auto_block_bytes, auto_partitions, auto_shard_bytes, config_hash, diff_configs, result_affecting, work_layout,
+    layout_conflict,
 )
 from datapipe.core.config import ConfigError, RunStopped
 from datapipe.curate.counters import Counters
@@ -818,16 +819,6 @@ def _identity_conflict(plan: Plan, old: dict[str, Any], new: dict[str, Any]) -> 
     return None
 
 
-def _layout_conflict(plan: Plan, old: dict[str, Any], new: dict[str, Any]) -> str | None:
-    """Why an unfinished run's work cannot be carried on with this config's work layout, or None."""
-    for key, started in old.get("work_layout", {}).items():
-        if new["work_layout"].get(key) != started:
-            return (f"output folder {plan.out_dir} holds an unfinished run started with {key}={started!r}, not "
-                    f"{new['work_layout'].get(key)!r}: its work so far is cut up by that value. Resume it with "
-                    f"`--set {key}={started}` (any value gives the same output), or start over in another --output.")
-    return None
-
-
 def _check_output(plan: Plan, tokenizer_text: str | None = None) -> dict[str, Any] | None:
     """Refuse an output folder holding another run (another config, other or edited inputs, another
     tokenizer, or, unfinished, another work layout); return its manifest if already complete."""
@@ -845,7 +836,7 @@ def _check_output(plan: Plan, tokenizer_text: str | None = None) -> dict[str, An
     manifest = out / "manifest.json"
     if manifest.exists():
         return json.loads(manifest.read_text())
-    if (conflict := _layout_conflict(plan, old, record)) is not None:
+    if (conflict := layout_conflict(plan.out_dir, old.get("work_layout", {}), record["work_layout"])) is not None:
         raise RunConflict(conflict)
     return None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 import uuid
 from pathlib import Path
 
@@ -167,6 +168,47 @@ def test_resume_with_another_work_layout_is_refused_naming_the_key(tmp_path, dup
     run(cfg(started))
     assert checksums(tmp_path / "out") == checksums(ref)
     run(cfg(resumed))  # a finished run is not refused: its work is done (and gone), it is complete
+
+
+def _killed_mid_first_segment(tmp_path, dup_input, cfg) -> None:
+    """`cfg` run killed mid-way through its first segment, as in the test above."""
+    recorder = KilledAfter()
+    run(cfg(tmp_path / "ref"), recorder)
+    seg0 = first_segment(recorder.descs)
+    with pytest.raises(_Interrupt):
+        run(cfg(tmp_path / "out"), KilledAfter(recorder.descs.index(seg0) + recorder.descs.count(seg0) // 2))
+
+
+def test_resume_with_another_task_memory_is_refused_naming_it_not_the_auto_partitions(tmp_path, dup_input):
+    """`dedup.exact.partitions: auto` is sized from ray.task_memory_gib: a resume with another task memory gets
+    other partitions, and the refusal names ray.task_memory_gib (what the user changed), not the partitions."""
+    # ~100 KB of text: 2 KiB of task memory gives ~50 exact-dedup partitions, 16 KiB their floor of 16.
+    started, resumed = 2**-19, 2**-16
+
+    def cfg(out, memory=started):
+        return dup_config(out, dup_input, dedup={"exact": {"partitions": "auto"}, "minhash": {"enabled": True, "partitions": 8}},
+                          ray={"task_memory_gib": memory})
+
+    _killed_mid_first_segment(tmp_path, dup_input, cfg)
+    out = tmp_path / "out"
+    layout = orjson.loads((out / "run.json").read_bytes())["work_layout"]
+    assert layout["auto"] == {"dedup.exact.partitions": {"ray.task_memory_gib": started}}
+    partitions = layout["dedup.exact.partitions"]
+    assert partitions > 16
+    expected = (rf"started with ray\.task_memory_gib={re.escape(repr(started))} \(which set dedup\.exact\.partitions="
+                rf"{partitions} by `auto`\), not {re.escape(repr(resumed))} \(which sets it to 16\).*"
+                rf"`--set ray\.task_memory_gib={re.escape(str(started))}`")
+    with pytest.raises(RunConflict, match=expected):
+        run(cfg(out, resumed))
+    # A record written before the `auto` values were kept: the refusal names the layout key, as it did.
+    record = orjson.loads((out / "run.json").read_bytes())
+    del record["work_layout"]["auto"]
+    (out / "run.json").write_bytes(orjson.dumps(record))
+    with pytest.raises(RunConflict, match=rf"started with dedup\.exact\.partitions={partitions}, not 16.*"
+                                          rf"--set dedup\.exact\.partitions={partitions}"):
+        run(cfg(out, resumed))
+    run(cfg(out))
+    assert checksums(out) == checksums(tmp_path / "ref")
 
 
 def test_an_input_edited_between_kill_and_resume_is_refused(tmp_path, slice_input):
