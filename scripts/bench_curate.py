@@ -39,6 +39,7 @@ from scripts.corpus import curate_in_fresh_process, load_docs
 from datapipe.curate.config import CurateConfig
 from datapipe.core.config import from_dict
 from datapipe.core.schema import DOC_SCHEMA
+from datapipe.curate.blocks import block_documents
 from stages.base import FilterStage
 from stages.exact_dedup import ExactDedupConfig, ExactDedupStage
 from stages.normalize import NormalizeConfig, NormalizeStage
@@ -101,7 +102,7 @@ def kept_texts(out: Path) -> list[str]:
     folders = sorted(p for p in (out / "work").glob("seg*") if p.is_dir())
     texts = []
     for f in sorted(folders[-1].glob("*.arrow")):
-        texts += pa.ipc.open_file(str(f)).read_all().column("text").to_pylist()
+        texts += block_documents(out / "work", folders[-1].name, f.stem, ["text"]).column("text").to_pylist()
     return texts
 
 

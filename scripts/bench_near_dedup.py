@@ -76,6 +76,10 @@ from pathlib import Path
 from datapipe.core.config import from_dict
 from datapipe.core.schema import DOC_SCHEMA
 from datapipe.core.shards import atomic_write_table, read_table
+try:  # work tables carry a check trailer since the work files are verified on read
+    from datapipe.core.workfiles import read_work_table as read_table, write_work_table as atomic_write_table
+except ImportError:  # an older checkout (the baseline of a side-by-side run)
+    pass
 from datapipe.curate.executors import LocalExecutor
 from stages.minhash import MinHashConfig, MinHashStage
 import datapipe.curate.near_dedup as nd

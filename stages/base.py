@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
 from datapipe.core.shuffle import SUFFIX, write_shuffle
-from datapipe.core.shards import read_table
+from datapipe.core.workfiles import read_work_table
 from datapipe.core.storage import Location
 
 
@@ -100,7 +100,7 @@ class GlobalStage(ABC):
     @staticmethod
     def losers(folder: Location) -> pa.Table:
         """Every loser `resolve` wrote into `folder`."""
-        tables = [read_table(f) for f in sorted(folder.glob("losers-t*.arrow"))]
+        tables = [read_work_table(f) for f in sorted(folder.glob("losers-t*.arrow"))]
         return pa.concat_tables(tables) if tables else LOSER_SCHEMA.empty_table()
 
 

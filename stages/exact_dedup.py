@@ -19,7 +19,7 @@ import pyarrow as pa
 import xxhash
 
 from datapipe.core.config import check, note
-from datapipe.core.shards import atomic_write_table, read_table
+from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.core.shuffle import read_shuffle, shuffle_files
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
@@ -104,8 +104,8 @@ def partition_task(shared: tuple[str, list[str], int], partition: int) -> int:
     folder, files, partitions = shared
     out = location(folder) / f"losers-t{partition:03d}.arrow"
     if out.exists():
-        return read_table(out).num_rows
+        return read_work_table(out).num_rows
     keys = read_shuffle(files, partition, partitions)
     losers = ExactDedupStage.partition_losers(keys) if keys is not None else LOSER_SCHEMA.empty_table()
-    atomic_write_table(out, losers)
+    write_work_table(out, losers)
     return losers.num_rows

@@ -10,10 +10,13 @@ whole), issued concurrently on an object store (`fsspec`'s `cat_ranges`), seeks 
 
 Layout (little endian)::
 
-    b"DPSHUF01"  uint64 P  uint64 S  uint64 offsets[P + 1]  schema (S bytes)  batch of p=0 ... batch of p=P-1
+    b"DPSHUF02"  uint64 P  uint64 S  uint64 xxh3(schema)  uint64 offsets[P + 1]  uint64 xxh3(batch p)[P]
+    schema (S bytes)  batch of p=0 ... batch of p=P-1
 
 `schema` is the Arrow IPC schema message and each partition's rows are one Arrow IPC record-batch
-message at `[offsets[p], offsets[p+1])` (empty when the sender had none for p). Files are written
+message at `[offsets[p], offsets[p+1])` (empty when the sender had none for p). A reader checks the
+schema and every range it reads against their digests, so a file cut, emptied or changed after it was
+written is a `DamagedWorkFile` naming it, never rows read wrong (files are not fsynced). Files are written
 whole (`atomic_write_bytes`: one PUT on an object store, a rename on a disk), so a killed sender
 leaves no file, and a file's bytes depend only on its rows: resume gives identical files.
 """
@@ -29,10 +32,11 @@ import pyarrow as pa
 
 from datapipe.core.shards import atomic_write_bytes
 from datapipe.core.storage import Location, RemotePath, location
+from datapipe.core.workfiles import DamagedWorkFile, digest
 
-MAGIC = b"DPSHUF01"
+MAGIC = b"DPSHUF02"
 SUFFIX = ".shuffle"
-_FIXED = len(MAGIC) + 16  # magic, P, S
+_FIXED = len(MAGIC) + 24  # magic, P, S, the schema's digest
 _SCHEMA_GUESS = 2048  # bytes read past the offsets in the first request: the schemas here are smaller
 
 
@@ -48,17 +52,26 @@ def shuffle_bytes(table: pa.Table, partition: np.ndarray, partitions: int) -> by
     bounds = np.searchsorted(partition[rows], np.arange(partitions + 1))
     table = table.take(pa.array(rows)).combine_chunks() if table.num_rows else table
     schema = table.schema.serialize().to_pybytes()
-    header = _FIXED + 8 * (partitions + 1) + len(schema)
-    parts, offsets, at = [], [header], header
+    header = _schema_at(partitions) + len(schema)
+    parts, offsets, digests, at = [], [header], [], header
     for p in range(partitions):
         start, stop = int(bounds[p]), int(bounds[p + 1])
-        if stop > start:
-            piece = table.slice(start, stop - start).to_batches()[0].serialize().to_pybytes()
-            parts.append(piece)
-            at += len(piece)
+        piece = table.slice(start, stop - start).to_batches()[0].serialize().to_pybytes() if stop > start else b""
+        parts.append(piece)
+        digests.append(digest(piece))
+        at += len(piece)
         offsets.append(at)
-    head = MAGIC + struct.pack("<QQ", partitions, len(schema)) + np.asarray(offsets, "<u8").tobytes() + schema
+    head = (MAGIC + struct.pack("<QQQ", partitions, len(schema), digest(schema)) + np.asarray(offsets, "<u8").tobytes()
+            + np.asarray(digests, "<u8").tobytes() + schema)
     return b"".join([head, *parts])
+
+
+def _digests_at(partitions: int) -> int:
+    return _FIXED + 8 * (partitions + 1)
+
+
+def _schema_at(partitions: int) -> int:
+    return _digests_at(partitions) + 8 * partitions
 
 
 def write_shuffle(path: str | Location, table: pa.Table, partition: np.ndarray, partitions: int) -> int:
@@ -73,29 +86,51 @@ _SMALL_HEADER = 1 << 16  # a header up to this size is read whole; a larger one 
 
 def _header_ranges(p0: int, p1: int, partitions: int) -> list[tuple[int, int]]:
     """The byte ranges of a file's header that a reader of partitions p0..p1-1 needs: the fixed part, offsets
-    p0 to p1, and (a guess of) the schema. One range when the header is small."""
-    schema_at = _FIXED + 8 * (partitions + 1)
+    p0 to p1, digests p0 to p1-1, and (a guess of) the schema. One range when the header is small."""
+    schema_at = _schema_at(partitions)
     if schema_at <= _SMALL_HEADER:
         return [(0, schema_at + _SCHEMA_GUESS)]
-    return [(0, _FIXED), (_FIXED + 8 * p0, _FIXED + 8 * (p1 + 1)), (schema_at, schema_at + _SCHEMA_GUESS)]
+    digests_at = _digests_at(partitions)
+    return [(0, _FIXED), (_FIXED + 8 * p0, _FIXED + 8 * (p1 + 1)), (digests_at + 8 * p0, digests_at + 8 * p1),
+            (schema_at, schema_at + _SCHEMA_GUESS)]
 
 
-def _parse(path: str, pieces: list[bytes], p0: int, p1: int, partitions: int) -> tuple[np.ndarray, int, bytes]:
-    """(offsets p0..p1 of the file, the schema's length, the schema bytes read so far)."""
-    schema_at = _FIXED + 8 * (partitions + 1)
-    head = pieces[0]
-    if head[: len(MAGIC)] != MAGIC:
-        raise ValueError(f"{path} is not a shuffle file (no {MAGIC!r} header)")
-    written_for, schema_len = struct.unpack_from("<QQ", head, len(MAGIC))
-    if written_for != partitions:
-        raise ValueError(f"{path} was written for {written_for} partitions, not {partitions}")
-    if len(pieces) == 1:
-        offsets = np.frombuffer(head, "<u8", count=p1 - p0 + 1, offset=_FIXED + 8 * p0)
-        schema = head[schema_at : schema_at + schema_len]
-    else:
-        offsets = np.frombuffer(pieces[1], "<u8", count=p1 - p0 + 1)
-        schema = pieces[2][:schema_len]
-    return offsets.astype(np.int64), int(schema_len), schema
+class _Header:
+    """What a reader of partitions p0..p1-1 learnt from a file's header."""
+
+    def __init__(self, path: str, pieces: list[bytes], p0: int, p1: int, partitions: int) -> None:
+        head = pieces[0]
+        if len(head) < _FIXED or head[: len(MAGIC)] != MAGIC:
+            raise DamagedWorkFile(path, f"no {MAGIC!r} header (emptied, cut or not a shuffle file of this version)")
+        written_for, self.schema_len, self.schema_digest = struct.unpack_from("<QQQ", head, len(MAGIC))
+        if written_for != partitions:
+            raise DamagedWorkFile(path, f"its header says {written_for} partitions, not the run's {partitions}")
+        n = p1 - p0
+        if len(pieces) == 1:
+            at, schema_at = _FIXED + 8 * p0, _schema_at(partitions)
+            offsets, digests = head[at : at + 8 * (n + 1)], head[_digests_at(partitions) + 8 * p0 : _digests_at(partitions) + 8 * p1]
+            self.schema = head[schema_at : schema_at + self.schema_len]
+        else:
+            offsets, digests, self.schema = pieces[1], pieces[2], pieces[3][: self.schema_len]
+        if len(offsets) != 8 * (n + 1) or len(digests) != 8 * n:
+            raise DamagedWorkFile(path, "its header is cut short")
+        self.offsets = np.frombuffer(offsets, "<u8").astype(np.int64)
+        self.digests = np.frombuffer(digests, "<u8")
+        if (np.diff(self.offsets) < 0).any():
+            raise DamagedWorkFile(path, "its partition offsets are out of order (a changed byte)")
+        self.path = path
+
+    def check(self, schema: bytes, body: bytes) -> Piece:
+        """The file's piece, once the schema and every partition's bytes match their digests."""
+        if len(schema) != self.schema_len or digest(schema) != self.schema_digest:
+            raise DamagedWorkFile(self.path, "its schema does not match its digest (cut or changed)")
+        relative = self.offsets - self.offsets[0]
+        if len(body) != relative[-1]:
+            raise DamagedWorkFile(self.path, f"{len(body)} bytes where its header promises {relative[-1]} (cut)")
+        for k, expected in enumerate(self.digests):
+            if digest(body[relative[k] : relative[k + 1]]) != int(expected):
+                raise DamagedWorkFile(self.path, "a partition's rows do not match their digest (a changed byte)")
+        return schema, body, relative
 
 
 Piece = tuple[bytes, bytes, np.ndarray]  # a file's schema, the bytes of partitions p0..p1-1, their offsets in them
@@ -103,43 +138,56 @@ Piece = tuple[bytes, bytes, np.ndarray]  # a file's schema, the bytes of partiti
 
 def _local_reads(paths: list[Path], p0: int, p1: int, partitions: int) -> list[Piece]:
     out = []
-    schema_at = _FIXED + 8 * (partitions + 1)
     for path in paths:
-        with open(path, "rb") as f:
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            raise DamagedWorkFile(path, "it is missing (deleted after its task finished)") from None
+        with f:
             pieces = []
             for a, b in _header_ranges(p0, p1, partitions):
                 f.seek(a)
                 pieces.append(f.read(b - a))
-            offsets, schema_len, schema = _parse(str(path), pieces, p0, p1, partitions)
-            if len(schema) < schema_len:
-                f.seek(schema_at)
-                schema = f.read(schema_len)
-            f.seek(int(offsets[0]))
-            body = f.read(int(offsets[-1] - offsets[0])) if offsets[-1] > offsets[0] else b""
-            out.append((schema, body, offsets - offsets[0]))
+            header = _Header(str(path), pieces, p0, p1, partitions)
+            schema = header.schema
+            if len(schema) < header.schema_len:
+                f.seek(_schema_at(partitions))
+                schema = f.read(header.schema_len)
+            f.seek(int(header.offsets[0]))
+            body = f.read(int(header.offsets[-1] - header.offsets[0])) if header.offsets[-1] > header.offsets[0] else b""
+            out.append(header.check(schema, body))
     return out
 
 
 def _remote_reads(paths: list[RemotePath], p0: int, p1: int, partitions: int) -> list[Piece]:
     """Concurrent range requests over all files: the headers' pieces, then the ranges."""
     fs, names = paths[0].fs, [x.path for x in paths]
-    schema_at = _FIXED + 8 * (partitions + 1)
+    schema_at = _schema_at(partitions)
     ranges = _header_ranges(p0, p1, partitions)
-    flat = fs.cat_ranges([n for n in names for _ in ranges], [a for _ in names for a, _ in ranges],
-                         [b for _ in names for _, b in ranges], on_error="raise")
-    parsed = [_parse(str(x), flat[i * len(ranges) : (i + 1) * len(ranges)], p0, p1, partitions) for i, x in enumerate(paths)]
-    short = [i for i, (_, n, schema) in enumerate(parsed) if len(schema) < n]  # a schema past the guess
-    schemas = [schema for *_, schema in parsed]
+    flat = _cat_ranges(fs, paths, [n for n in names for _ in ranges], [a for _ in names for a, _ in ranges],
+                       [b for _ in names for _, b in ranges])
+    parsed = [_Header(str(x), flat[i * len(ranges) : (i + 1) * len(ranges)], p0, p1, partitions) for i, x in enumerate(paths)]
+    short = [i for i, h in enumerate(parsed) if len(h.schema) < h.schema_len]  # a schema past the guess
+    schemas = [h.schema for h in parsed]
     if short:
-        more = fs.cat_ranges([names[i] for i in short], [schema_at] * len(short), [schema_at + parsed[i][1] for i in short],
-                             on_error="raise")
+        more = _cat_ranges(fs, paths, [names[i] for i in short], [schema_at] * len(short),
+                           [schema_at + parsed[i].schema_len for i in short])
         for i, schema in zip(short, more):
             schemas[i] = schema
-    todo = [i for i, (offsets, _, _) in enumerate(parsed) if offsets[-1] > offsets[0]]
-    bodies = fs.cat_ranges([names[i] for i in todo], [int(parsed[i][0][0]) for i in todo], [int(parsed[i][0][-1]) for i in todo],
-                           on_error="raise")
+    todo = [i for i, h in enumerate(parsed) if h.offsets[-1] > h.offsets[0]]
+    bodies = _cat_ranges(fs, paths, [names[i] for i in todo], [int(parsed[i].offsets[0]) for i in todo],
+                         [int(parsed[i].offsets[-1]) for i in todo])
     got = dict(zip(todo, bodies))
-    return [(schemas[i], got.get(i, b""), offsets - offsets[0]) for i, (offsets, _, _) in enumerate(parsed)]
+    return [h.check(schemas[i], got.get(i, b"")) for i, h in enumerate(parsed)]
+
+
+def _cat_ranges(fs, paths: list[RemotePath], names: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
+    """fsspec's concurrent range reads; a file that is gone is a DamagedWorkFile naming it."""
+    try:
+        return fs.cat_ranges(names, starts, ends, on_error="raise")
+    except FileNotFoundError as exc:
+        missing = next((p for p in paths if p.path in str(exc)), paths[0])
+        raise DamagedWorkFile(missing, "it is missing (deleted after its task finished)") from None
 
 
 def read_shuffle(paths: Sequence[str | Location], p: int, partitions: int, schema: pa.Schema | None = None, *,

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from datapipe.core.schema import DOC_SCHEMA
-from datapipe.core.shards import atomic_write_table, read_table
+from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location
 
 READ = "read"  # the folder of the read blocks: the one copy of the text
@@ -25,7 +25,7 @@ VIEW_SCHEMA = pa.schema([DOC_SCHEMA.field(name) for name in ("order", "id", "lan
 def write_view(work: Location, segment: str, block: str, documents: pa.Table) -> None:
     """Write a segment's output for a block: the kept documents' view columns (not their text)."""
     # zstd: orders run in sequence and ids share prefixes, ~26 bytes a document become ~6
-    atomic_write_table(work / segment / f"{block}.arrow", documents.select(VIEW_SCHEMA.names).cast(VIEW_SCHEMA),
+    write_work_table(work / segment / f"{block}.arrow", documents.select(VIEW_SCHEMA.names).cast(VIEW_SCHEMA),
                        compression="zstd")
 
 
@@ -34,12 +34,12 @@ def block_documents(work: Location, segment: str, block: str, columns: list[str]
     for `read`, else the read block's rows that the segment's view names, with the view's columns. A
     file that holds the text itself (an `eval.source` block) is returned as it is."""
     path = work / segment / f"{block}.arrow"
-    table = read_table(path)
+    table = read_work_table(path)
     if "text" in table.column_names:
         return table.select(columns) if columns else table
     if columns is not None and set(columns) <= set(VIEW_SCHEMA.names):  # no text needed: the view alone
         return table.select(columns)
-    base = read_table(work / READ / f"{block}.arrow")
+    base = read_work_table(work / READ / f"{block}.arrow")
     base_orders = base.column("order").to_numpy()
     orders = table.column("order").to_numpy()
     rows = np.searchsorted(base_orders, orders)

@@ -38,7 +38,6 @@ and is skipped when that output exists, so the split is the same on any number o
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
@@ -51,7 +50,8 @@ import xxhash
 from datapipe.core import shards
 from datapipe.core.config import ConfigError, check, note
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, order_key
-from datapipe.core.shards import atomic_write_json, atomic_write_table, read_table
+from datapipe.core.shards import atomic_write_table
+from datapipe.core.workfiles import DamagedWorkFile, read_record, read_work_table, write_record, write_work_table
 from datapipe.curate.counters import Counters
 from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
 from datapipe.curate import near_dedup
@@ -163,10 +163,10 @@ def hash_task(work: str, block: str) -> str:
     out = location(work) / EVAL_DIR / "hashes" / f"{block}.arrow"
     if out.exists():
         return str(out)
-    tokens = read_table(location(work) / "tokens" / f"{block}.arrow").column("tokens").combine_chunks()
+    tokens = read_work_table(location(work) / "tokens" / f"{block}.arrow").column("tokens").combine_chunks()
     values, offsets = tokens.values.to_numpy(), tokens.offsets.to_numpy()
     digests = [xxhash.xxh3_128_digest(values[offsets[i] : offsets[i + 1]].tobytes()) for i in range(len(tokens))]
-    atomic_write_table(out, pa.table({"hash": pa.array(digests, pa.binary(16))}))
+    write_work_table(out, pa.table({"hash": pa.array(digests, pa.binary(16))}))
     return str(out)
 
 
@@ -175,11 +175,11 @@ def bucket_task(shared: tuple[str, str, MinHashConfig], block: str) -> int:
     keys, laid out as the runner lays out a global stage's, under work/eval/<kind>/<block>.shuffle."""
     work, segment, config = location(shared[0]), shared[1], shared[2]
     record = work / EVAL_DIR / "records" / f"buckets-{block}.json"
-    if record.exists():
-        return json.loads(record.read_text())["rows"]
+    if (done := read_record(record)) is not None:
+        return done["rows"]
     table = block_documents(work, segment, block)
     write_keys(MinHashStage(config), table, work / EVAL_DIR, block)
-    atomic_write_json(record, {"rows": table.num_rows})
+    write_record(record, {"rows": table.num_rows})
     return table.num_rows
 
 
@@ -191,8 +191,8 @@ def match_task(shared: tuple[str, np.ndarray, MinHashConfig, KeySource], g: int)
     `near_dedup.verify_pairs`; without `verify` every candidate is a match, written to work/eval/edges/ directly."""
     work, eval_orders, config, source = location(shared[0]), shared[1], shared[2], shared[3]
     record = work / EVAL_DIR / "records" / f"match-g{g:03d}.json"
-    if record.exists():
-        return json.loads(record.read_text())
+    if (done := read_record(record)) is not None:
+        return done
     lo, hi = source.groups.range(g)
     rows = source.read("buckets", lo, config.partitions, through=hi)
     u = v = np.empty(0, np.int64)
@@ -213,7 +213,7 @@ def match_task(shared: tuple[str, np.ndarray, MinHashConfig, KeySource], g: int)
     else:
         near_dedup.send_edges(work / EVAL_DIR / "edges", u, v, config.partitions, f"g{g:03d}")
     result = {"candidates": int(len(u))}
-    atomic_write_json(record, result)
+    write_record(record, result)
     return result
 
 
@@ -273,8 +273,8 @@ def source_bucket_task(shared: tuple[str, str, str, MinHashConfig], part: int) -
 
     work, source, tokenizer_path, config = location(shared[0]), shared[1], shared[2], shared[3]
     record = work / EVAL_DIR / "records" / "buckets-source.json"
-    if record.exists():
-        return json.loads(record.read_text())["rows"]
+    if (done := read_record(record)) is not None:
+        return done["rows"]
     _, docs = read_source(source)
     tokenizer = Tokenizer.from_str(location(tokenizer_path).read_text())  # the output folder may be a URL
     tokens = docs.column("tokens").chunk(0)
@@ -285,9 +285,9 @@ def source_bucket_task(shared: tuple[str, str, str, MinHashConfig], part: int) -
         "order": pa.array([order_key(SOURCE_UNIT, i) for i in range(docs.num_rows)], pa.int64()),
         "lang": pa.nulls(docs.num_rows, pa.string()), "lang_score": pa.nulls(docs.num_rows, pa.float32()),
     }, schema=DOC_SCHEMA)
-    atomic_write_table(work / EVAL_DIR / f"{SOURCE_BLOCK}.arrow", table)  # the text the exact check reads
+    write_work_table(work / EVAL_DIR / f"{SOURCE_BLOCK}.arrow", table)  # the text the exact check reads
     write_keys(MinHashStage(config), table, work / EVAL_DIR, SOURCE_BLOCK)
-    atomic_write_json(record, {"rows": docs.num_rows})
+    write_record(record, {"rows": docs.num_rows})
     return docs.num_rows
 
 
@@ -298,12 +298,12 @@ def candidate_task(shared: tuple[str, str, EvalSplitConfig], block: str) -> dict
     """The block's candidates for the split (rows whose seeded hash of the id falls below `fraction`):
     their rows, ids, domains, token counts, token hashes (`hash_task`) and orders."""
     work, segment, config = location(shared[0]), shared[1], shared[2]
-    meta = read_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
+    meta = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
     rank = eval_rank(meta.column("id").to_pylist(), config.seed)
     rows = np.flatnonzero(rank < np.uint64(min(int(config.fraction * 2**64), 2**64 - 1)))
     take = pa.array(rows)
     return {"rows": rows, "meta": meta.take(take),
-            "hash": read_table(work / EVAL_DIR / "hashes" / f"{block}.arrow").column("hash").take(take).combine_chunks(),
+            "hash": read_work_table(work / EVAL_DIR / "hashes" / f"{block}.arrow").column("hash").take(take).combine_chunks(),
             "order": block_documents(work, segment, block, ["order"]).column("order").to_numpy()[rows]}
 
 
@@ -316,9 +316,9 @@ def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, bool, pa.Table,
     work, out_dir, segment, eval_hashes, eval_ids, by_id, near, keep_text = (location(shared[0]), location(shared[1]),
                                                                              *shared[2:])
     record = work / EVAL_DIR / ROWS_DIR / f"{block}.json"
-    if record.exists():
-        return json.loads(record.read_text())
-    meta = read_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
+    if (done := read_record(record)) is not None:
+        return done
+    meta = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
     # the text only when it is kept with the dropped records (a view's rows are joined to the read block's text)
     documents = block_documents(work, segment, block, None if keep_text else ["order"])
     orders = documents.column("order").to_numpy()
@@ -326,7 +326,7 @@ def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, bool, pa.Table,
         raise RuntimeError(f"eval split: the token blocks and the {segment} blocks differ in rows")
     is_eval = np.zeros(meta.num_rows, dtype=bool)
     is_eval[eval_rows] = True
-    hashes = read_table(work / EVAL_DIR / "hashes" / f"{block}.arrow").column("hash").combine_chunks()
+    hashes = read_work_table(work / EVAL_DIR / "hashes" / f"{block}.arrow").column("hash").combine_chunks()
     where = pc.index_in(hashes, value_set=eval_hashes)
     if by_id:
         where = pc.coalesce(pc.index_in(meta.column("id").combine_chunks(), value_set=eval_ids), where)
@@ -357,10 +357,10 @@ def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, bool, pa.Table,
         removed_counts[reason] += n
     if parts:
         atomic_write_table(out_dir / "dropped" / f"{STAGE}-{block}.parquet", pa.concat_tables(parts), format="parquet")
-    atomic_write_table(work / EVAL_DIR / ROWS_DIR / f"{block}.arrow",
+    write_work_table(work / EVAL_DIR / ROWS_DIR / f"{block}.arrow",
                        pa.table({"eval": is_eval, "held_out": is_eval | is_exact | is_near}))
     result = {"counters": counters.to_json(), "removed": removed_counts}
-    atomic_write_json(record, result)
+    write_record(record, result)
     return result
 
 
@@ -421,7 +421,10 @@ def split(
     if config.decontaminate == "near" and names:
         if near_dedup_segment is not None and not config.source:  # its keys are still in work/minhash/
             # its resolve gathered the nodes by its groups: the same groups here
-            groups = near_dedup.Groups(**json.loads((work / "minhash" / "records" / near_dedup.GROUPS_RECORD).read_text()))
+            recorded = work / "minhash" / "records" / near_dedup.GROUPS_RECORD
+            if (groups := read_record(recorded)) is None:  # written by the resolve that just finished
+                raise DamagedWorkFile(recorded, "it is missing or does not match its digest")
+            groups = near_dedup.Groups(**groups)
             source = near_dedup.KeySource(str(work / "minhash"), str(work), tuple(f"{near_dedup_segment}/{b}" for b in names),
                                           gathered=True, run=uuid.uuid4().hex, groups=groups)
         else:

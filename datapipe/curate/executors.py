@@ -112,7 +112,7 @@ def _user_errors(ray: Any) -> Iterator[None]:
         yield
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
-        if isinstance(cause, ConfigError):
+        if isinstance(cause, (ConfigError, RunStopped)):  # RunStopped: a damaged work file, named by its reader
             raise cause from None
         raise
 

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -57,7 +56,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from datapipe.core.shards import atomic_write_json, atomic_write_table, read_table, replacing
+from datapipe.core.shards import replacing
+from datapipe.core.workfiles import read_record, read_work_table, write_record, write_work_table
 from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
 from datapipe.core.storage import Location, location, remove_tree
 from datapipe.curate.blocks import block_documents
@@ -108,7 +108,7 @@ class KeySource:
         """Group g's nodes (`groups`), with each row's `sender` (its index in `senders`): one file when
         gathered, else one range of every sender's file (the group's partitions are adjacent)."""
         if self.gathered:
-            return read_table(location(self.keys) / GATHERED / f"g{g:03d}.arrow")
+            return read_work_table(location(self.keys) / GATHERED / f"g{g:03d}.arrow")
         lo, hi = self.groups.range(g)
         nodes = self.read("nodes", lo, self.groups.partitions, source_column="sender", through=hi)
         if nodes is None:
@@ -164,7 +164,7 @@ def gather_nodes_task(shared: tuple[str, KeySource], g: int) -> int:
     if out.exists():  # written whole (one PUT, or a rename): its existence is its record
         return -1
     nodes = source.nodes(g)
-    atomic_write_table(out, nodes)
+    write_work_table(out, nodes)
     return nodes.num_rows
 
 
@@ -192,10 +192,10 @@ def _checksum(src: np.ndarray, dst: np.ndarray) -> int:
 
 
 def _once(record: Location, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    if record.exists():
-        return json.loads(record.read_text())
+    if (done := read_record(record)) is not None:
+        return done
     result = work()
-    atomic_write_json(record, result)
+    write_record(record, result)
     return result
 
 
@@ -459,8 +459,8 @@ def winners_task(shared: tuple[str, Any, Groups], g: int) -> dict[str, Any]:
             losers, clusters = choose_kept(members, config.keep)
         # By order, so that `clusters_task` merges the partitions without sorting them all at once.
         clusters = clusters.sort_by([("order", "ascending")])
-        atomic_write_table(root / f"clusters-g{g:03d}.arrow", clusters)
-        atomic_write_table(root / f"losers-t{g:03d}.arrow", losers)
+        write_work_table(root / f"clusters-g{g:03d}.arrow", clusters)
+        write_work_table(root / f"losers-t{g:03d}.arrow", losers)
         # A cluster lives in one partition (members go to the partition of their label): counts add up.
         n_clusters = len(pc.unique(clusters.column("cluster_id"))) if clusters.num_rows else 0
         return {"losers": losers.num_rows, "clusters": n_clusters}
@@ -478,7 +478,7 @@ def clusters_task(shared: tuple[str, str], _: int = 0) -> dict[str, Any]:
     folder, out_dir = location(shared[0]), location(shared[1])
 
     def work() -> dict[str, Any]:
-        tables = [read_table(f) for f in sorted(folder.glob("clusters-g*.arrow"))]  # memory-mapped when local
+        tables = [read_work_table(f) for f in sorted(folder.glob("clusters-g*.arrow"))]  # memory-mapped when local
         orders = [t.column("order").to_numpy() for t in tables]
         # Step boundaries: every MERGE_ROWS-th order of every file, so no step takes more from a file.
         bounds = np.unique(np.concatenate([o[::MERGE_ROWS] for o in orders] + [np.empty(0, np.int64)]))
@@ -543,8 +543,8 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     edges = verified["edges"]
     shared = (str(folder), config, groups)
     labelled = folder / "records" / "members-done.json"  # components and members finished: cc/ is gone
-    if labelled.exists():
-        rounds = json.loads(labelled.read_text())["rounds"]
+    if (done := read_record(labelled)) is not None:
+        rounds = done["rounds"]
     else:
         # (one task or rounds: `one_task_edges` may change on a resume, so cc/r000 stays until the end)
         if edges <= config.one_task_edges:
@@ -554,7 +554,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
             rounds = _component_rounds(run_tasks, shared, config)
             converged = f"r{rounds - 1:03d}"  # the input of the last round
         run_tasks(members_task, (str(folder), config, source), [(converged, g) for (g,) in parts], f"{stage.name} members")
-        atomic_write_json(labelled, {"rounds": rounds})
+        write_record(labelled, {"rounds": rounds})
         remove_tree(folder / "cc")  # consumed: the members carry the labels on
     kept = run_tasks(winners_task, shared, parts, f"{stage.name} keep")
     remove_tree(folder / "members")  # consumed

@@ -85,12 +85,12 @@ from datapipe.core.shards import (
     replacing,
     build_manifest,
     make_folder,
-    read_table,
     remove_temporaries,
     shard_schema,
     write_manifest,
     write_shard,
 )
+from datapipe.core.workfiles import DamagedWorkFile, read_record, read_work_table, write_record, write_work_table
 from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, read_shuffle, shuffle_files, write_shuffle
 from stages.base import LOSER_SCHEMA, FilterStage, GlobalStage, Stage, write_keys
 from datapipe.curate.near_dedup import NearDedupStage
@@ -205,13 +205,6 @@ def block_name(unit: int, block: int) -> str:
     return f"u{unit:06d}-b{block:05d}"
 
 
-def _done(record: Path) -> dict[str, Any] | None:
-    """The record a finished task left, or None when the task must (re)run."""
-    if record.exists():
-        return json.loads(record.read_text())
-    return None
-
-
 def _records(folder: Path | RemotePath, pattern: str) -> int:
     """How many task records matching `pattern` `folder` holds (one listing): work a resumed run reuses."""
     return sum(1 for _ in folder.glob(pattern))
@@ -233,7 +226,7 @@ def _write_dropped(plan: Plan, stage_name: str, block: str, parts: list[pa.Recor
 
 def read_task(plan: Plan, unit_index: int) -> dict[str, Any]:
     record = plan.work / "read" / f"u{unit_index:06d}.json"
-    if (done := _done(record)) is not None:
+    if (done := read_record(record)) is not None:
         return done
     unit = plan.units[unit_index]
     inp = plan.cfg.inputs[unit.input_index]
@@ -334,7 +327,7 @@ def _write_block(plan: Plan, name: str, table: pa.Table, input_index: int) -> Co
     unique_ids.write_keys(plan.work, name, table, plan.cfg.dedup.exact.partitions)
     table = _run_read_stages(plan, table, name, input_index, counters)
     # the one copy of the text (`blocks`), compressed: read by a few phases, kept until the run ends
-    atomic_write_table(plan.work / READ / f"{name}.arrow", table, compression=WORK_COMPRESSION)
+    write_work_table(plan.work / READ / f"{name}.arrow", table, compression=WORK_COMPRESSION)
     return counters
 
 
@@ -388,7 +381,7 @@ def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any, record: Path) 
         if writing is not None:
             counters.merge(writing.result())
     result = {"blocks": blocks, "counters": counters.to_json(), "damaged": list(damaged.values())}
-    atomic_write_json(record, result)
+    write_record(record, result)
     return result
 
 
@@ -474,7 +467,7 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int) -> dic
     seg = plan.segments[seg_index]
     name = block_name(unit_index, block)
     record = plan.work / seg.name / f"{name}.json"
-    if (done := _done(record)) is not None:
+    if (done := read_record(record)) is not None:
         return done
     previous = plan.segments[seg_index - 1].global_stage if seg_index > 0 else None
     losers = _unit_losers(plan.work / previous.name, unit_index, len(plan.units)) if previous is not None else None
@@ -502,7 +495,7 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int) -> dic
         write_keys(seg.global_stage, out, plan.work / seg.global_stage.name, name)
     write_view(plan.work, seg.name, name, out)  # what it kept, not the text again
     result = {"rows": out.num_rows, "bytes": _text_bytes(out), "counters": counters.to_json()}
-    atomic_write_json(record, result)
+    write_record(record, result)
     return result
 
 
@@ -517,12 +510,12 @@ def split_losers_task(shared: tuple[str, int], file_name: str) -> int:
     root = location(folder)
     stem = file_name.removesuffix(".arrow")
     record = root / LOSERS_BY_UNIT / f"{stem}.json"
-    if (done := _done(record)) is not None:
+    if (done := read_record(record)) is not None:
         return done["losers"]
-    losers = read_table(root / file_name).sort_by([("order", "ascending")])
+    losers = read_work_table(root / file_name).sort_by([("order", "ascending")])
     unit = (losers.column("order").to_numpy() >> ROW_BITS).astype(np.int64)
     write_shuffle(root / LOSERS_BY_UNIT / f"{stem}{SHUFFLE_SUFFIX}", losers, unit, units)
-    atomic_write_json(record, {"losers": losers.num_rows})
+    write_record(record, {"losers": losers.num_rows})
     return losers.num_rows
 
 
@@ -614,7 +607,7 @@ def tokenize_task(shared: tuple[Plan, str], unit_index: int, block: int) -> dict
     plan, tokenizer_path = shared
     name = block_name(unit_index, block)
     record = plan.work / "tokens" / f"{name}.json"
-    if (done := _done(record)) is not None:
+    if (done := read_record(record)) is not None:
         return done
     stage = _tokenize_stage(location(tokenizer_path).read_text(), plan.cfg.tokenizer, tokenizer_path)
     table = block_documents(plan.work, plan.segments[-1].name, name)
@@ -625,9 +618,9 @@ def tokenize_task(shared: tuple[Plan, str], unit_index: int, block: int) -> dict
     ]
     schema = shard_schema(stage.dtype)
     tokens = pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
-    atomic_write_table(plan.work / "tokens" / f"{name}.arrow", tokens, compression=WORK_COMPRESSION)
+    write_work_table(plan.work / "tokens" / f"{name}.arrow", tokens, compression=WORK_COMPRESSION)
     # the row lengths alone, for shard planning (`plan_shards`'s tasks): 8 bytes a row
-    atomic_write_table(plan.work / "lengths" / f"{name}.arrow", tokens.select(["num_tokens"]))
+    write_work_table(plan.work / "lengths" / f"{name}.arrow", tokens.select(["num_tokens"]))
     counters = Counters()
     input_index = plan.units[unit_index].input_index
     if tokens.num_rows:
@@ -635,7 +628,7 @@ def tokenize_task(shared: tuple[Plan, str], unit_index: int, block: int) -> dict
         for row in grouped.to_pylist():
             counters.kept[(input_index, row["domain"])] = [row["num_tokens_count"], row["num_tokens_sum"]]
     result = {"rows": tokens.num_rows, "counters": counters.to_json(), "encoder": stage.encoder}
-    atomic_write_json(record, result)
+    write_record(record, result)
     return result
 
 
@@ -646,7 +639,7 @@ def _lengths(plan: Plan, name: str) -> np.ndarray:
     """Token count of every row of one token block (its small `lengths/` file; the token file's column
     for a block tokenized before those files were written)."""
     small = plan.work / "lengths" / f"{name}.arrow"
-    table = read_table(small if small.exists() else plan.work / "tokens" / f"{name}.arrow")
+    table = read_work_table(small if small.exists() else plan.work / "tokens" / f"{name}.arrow")
     return table.column("num_tokens").to_numpy()
 
 
@@ -729,29 +722,29 @@ def _piece_rows(copies: RowCopies | None, name: str, k: int, start: int, stop: i
 
 
 def _shard_table(plan: Plan, pieces: list[Piece], copies: RowCopies | None) -> pa.Table:
-    parts = [read_table(plan.work / "tokens" / f"{name}.arrow").take(pa.array(_piece_rows(copies, name, k, start, stop)))
+    parts = [read_work_table(plan.work / "tokens" / f"{name}.arrow").take(pa.array(_piece_rows(copies, name, k, start, stop)))
              for name, k, start, stop in pieces]
     return pa.concat_tables(parts)
 
 
 def shard_task(plan: Plan, index: int, pieces: list[Piece], copies: RowCopies | None = None) -> dict[str, Any]:
     record = plan.work / "shards" / f"shard-{index:05d}.json"
-    if (done := _done(record)) is not None:
+    if (done := read_record(record)) is not None:
         return done
     info = write_shard(plan.out_dir, index, _shard_table(plan, pieces, copies))
     result = dataclasses.asdict(info)
-    atomic_write_json(record, result)
+    write_record(record, result)
     return result
 
 
 def eval_shard_task(plan: Plan, index: int, pieces: list[Piece], copies: RowCopies | None = None) -> dict[str, Any]:
     """One shard of the eval split, into OUT/eval/shards/."""
     record = plan.work / eval_split.EVAL_DIR / "shards" / f"shard-{index:05d}.json"
-    if (done := _done(record)) is not None:
+    if (done := read_record(record)) is not None:
         return done
     info = write_shard(plan.out / eval_split.EVAL_DIR, index, _shard_table(plan, pieces, copies))
     result = dataclasses.asdict(info)
-    atomic_write_json(record, result)
+    write_record(record, result)
     return result
 
 
@@ -967,6 +960,15 @@ def _nothing_survived(
     )
 
 
+def _recovery(plan: Plan, exc: DamagedWorkFile) -> str:
+    """One paragraph: which file, why the run stopped, the command that recovers."""
+    work = plan.work
+    remove = f"rm -r {work}" if not is_url(str(work)) else f"delete every object under {work}"
+    return (f"{exc}. Work files are written without fsync, so a power loss, a full disk or a hand edit can leave one so, "
+            f"and the run stopped rather than read it. To recover, {remove} and run the same command again: the run "
+            f"redoes its work from the inputs and writes the same output.")
+
+
 def curate(
     cfg: CurateConfig,
     *,
@@ -1179,6 +1181,8 @@ def curate(
         if not cfg.output.keep_work:
             remove_work(plan.work, executor.run_tasks)
         lap("clean_up")
+    except DamagedWorkFile as exc:
+        raise RunStopped(_recovery(plan, exc)) from None
     except KeyboardInterrupt:
         interrupted = True
         raise

@@ -28,7 +28,6 @@ copies, and neither step sees them.
 from __future__ import annotations
 
 import io
-import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -38,7 +37,8 @@ import pyarrow.compute as pc
 
 from datapipe.curate.counters import Counters
 from datapipe.core.schema import DROPPED_SCHEMA
-from datapipe.core.shards import atomic_write_bytes, atomic_write_json, atomic_write_table, read_table
+from datapipe.core.shards import atomic_write_bytes, atomic_write_table
+from datapipe.core.workfiles import read_record, read_work_table, write_record, write_work_table
 from datapipe.core.storage import Location, location
 from stages import diversity, mixture
 
@@ -62,7 +62,7 @@ class RowCopies:
     passes: int = 1
 
     def of(self, block: str) -> np.ndarray:
-        values = read_table(location(self.folder) / f"{block}.arrow").column(self.column)
+        values = read_work_table(location(self.folder) / f"{block}.arrow").column(self.column)
         return values.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
@@ -79,7 +79,7 @@ def count_task(shared: tuple[str, RowCopies | None], block: str) -> dict[str, li
     """Per domain of the block's rows (in order of first appearance, held-out rows included): training
     [documents, tokens]."""
     work, held_out = location(shared[0]), shared[1]
-    table = read_table(_token_file(work, block)).select(["domain", "num_tokens"])
+    table = read_work_table(_token_file(work, block)).select(["domain", "num_tokens"])
     domains = np.array(table.column("domain").to_pylist(), dtype=object)
     tokens = table.column("num_tokens").to_numpy()
     training = ~_held(held_out, block, table.num_rows)
@@ -95,7 +95,7 @@ def sample_task(shared: tuple[str, diversity.DiversityConfig, dict[str, int], Ro
     """The block's part of the seeded sample that fits the centroids: per sampled domain, the tokens of
     its training rows whose seeded rank falls below `fit_docs` / the domain's documents."""
     work, config, doc_counts, held_out = location(shared[0]), shared[1], shared[2], shared[3]
-    table = read_table(_token_file(work, block)).select(["id", "domain", "tokens"])
+    table = read_work_table(_token_file(work, block)).select(["id", "domain", "tokens"])
     domains = table.column("domain").to_pylist()
     rank = diversity.seeded_rank(table.column("id").to_pylist(), config.seed)
     held = _held(held_out, block, table.num_rows)
@@ -139,7 +139,7 @@ def assign_task(shared: tuple[str, diversity.DiversityConfig, dict[str, np.ndarr
     out = work / "diversity" / f"{block}.arrow"
     if out.exists():
         return str(out)
-    table = read_table(_token_file(work, block)).select(["id", "domain", "tokens", "num_tokens"])
+    table = read_work_table(_token_file(work, block)).select(["id", "domain", "tokens", "num_tokens"])
     domains = np.array(table.column("domain").to_pylist(), dtype=object)
     parts = []
     for d, c in centroids.items():
@@ -154,13 +154,13 @@ def assign_task(shared: tuple[str, diversity.DiversityConfig, dict[str, np.ndarr
             "rank": diversity.seeded_rank(sub.column("id").to_pylist(), config.seed),
             "num_tokens": sub.column("num_tokens"),
         }, schema=ASSIGN_SCHEMA))
-    atomic_write_table(out, pa.concat_tables(parts) if parts else ASSIGN_SCHEMA.empty_table())
+    write_work_table(out, pa.concat_tables(parts) if parts else ASSIGN_SCHEMA.empty_table())
     return str(out)
 
 
 def _assigned(work: Location, block: str, held_out: RowCopies | None) -> pa.Table:
     """The block's cluster assignments, training rows only."""
-    part = read_table(work / "diversity" / f"{block}.arrow")
+    part = read_work_table(work / "diversity" / f"{block}.arrow")
     if held_out is not None and part.num_rows:  # held-out rows are never sampled
         part = part.filter(pa.array(~(held_out.of(block) > 0)[part.column("row").to_numpy()]))
     return part
@@ -182,7 +182,7 @@ def hist_task(shared: tuple[str, RowCopies | None], block: str) -> str:
                           "tokens": part.column("num_tokens").to_numpy().astype(np.int64)})
         table = table.group_by(["domain", "key"], use_threads=False).aggregate([("docs", "sum"), ("tokens", "sum")])
         table = table.select(["domain", "key", "docs_sum", "tokens_sum"]).rename_columns(HIST_SCHEMA.names).cast(HIST_SCHEMA)
-        atomic_write_table(out, table)
+        write_work_table(out, table)
     return str(out)
 
 
@@ -192,7 +192,7 @@ MERGE_GROUP = 256  # histogram files summed per task
 def hist_merge_task(_: None, files: list[str]) -> pa.Table:
     """The sum of some blocks' histograms (`hist_task`'s files), per (domain, key): at most one row per
     rank bucket of each cluster, whatever the number of blocks."""
-    table = pa.concat_tables([read_table(f) for f in files]) if files else HIST_SCHEMA.empty_table()
+    table = pa.concat_tables([read_work_table(f) for f in files]) if files else HIST_SCHEMA.empty_table()
     table = table.group_by(["domain", "key"], use_threads=False).aggregate([("docs", "sum"), ("tokens", "sum")])
     return table.select(["domain", "key", "docs_sum", "tokens_sum"]).rename_columns(HIST_SCHEMA.names).cast(HIST_SCHEMA)
 
@@ -299,9 +299,9 @@ def select_task(shared: tuple[str, str, RowCopies | None, dict[str, _Cut], dict[
     block's largest copy count."""
     work, out_dir, held_out, cuts, mix_plan, seed = location(shared[0]), location(shared[1]), *shared[2:]
     record = work / COPIES_DIR / f"{block}.json"
-    if record.exists():
-        return json.loads(record.read_text())
-    t = read_table(_token_file(work, block)).select(["id", "domain", "num_tokens"])
+    if (done := read_record(record)) is not None:
+        return done
+    t = read_work_table(_token_file(work, block)).select(["id", "domain", "num_tokens"])
     copies = np.ones(t.num_rows, dtype=np.int64)
     copies[_held(held_out, block, t.num_rows)] = 0
     reasons: list[tuple[np.ndarray, str, str]] = []
@@ -348,9 +348,9 @@ def select_task(shared: tuple[str, str, RowCopies | None, dict[str, _Cut], dict[
         counters.count_dropped(input_index, parts[-1])
     if parts:
         atomic_write_table(out_dir / "dropped" / f"select-{block}.parquet", pa.concat_tables(parts), format="parquet")
-    atomic_write_table(work / COPIES_DIR / f"{block}.arrow", pa.table({"copies": copies}))
+    write_work_table(work / COPIES_DIR / f"{block}.arrow", pa.table({"copies": copies}))
     result = {"counters": counters.to_json(), "written": written, "max_copies": int(copies.max()) if len(copies) else 0}
-    atomic_write_json(record, result)
+    write_record(record, result)
     return result
 
 

@@ -19,7 +19,6 @@ first segment task of each block applies its unit's renames before any stage run
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -29,7 +28,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from datapipe.core.schema import ROW_BITS
-from datapipe.core.shards import atomic_write_json, atomic_write_table, read_table
+from datapipe.core.workfiles import read_record, read_work_table, write_record, write_work_table
 from datapipe.core.shuffle import SUFFIX, read_shuffle, shuffle_files, write_shuffle
 from datapipe.core.storage import Location
 
@@ -59,18 +58,18 @@ def resolve(shared: tuple[Location, list[str]], partition: int, partitions: int)
     {"renamed": n, "examples": [[id, new_id, order], ...] (the first few by order)}."""
     work, blocks = shared
     record = work / FOLDER / f"resolved-p{partition:03d}-of-{partitions:03d}.json"
-    if record.exists():
-        return json.loads(record.read_text())
+    if (done := read_record(record)) is not None:
+        return done
     keys = read_shuffle(shuffle_files(work / FOLDER / "keys", blocks), partition, partitions, KEY_SCHEMA)
     renames = _renames(keys)
     units = pc.shift_right(renames.column("order"), ROW_BITS) if renames.num_rows else pa.array([], pa.int64())
     for u in pc.unique(units).to_pylist():
         # Any partition count names the same renames, so files of an earlier count may stay beside these.
         part = renames.filter(pc.equal(units, u))
-        atomic_write_table(work / FOLDER / "renames" / f"u{u:06d}" / f"p{partition:03d}-of-{partitions:03d}.arrow", part)
+        write_work_table(work / FOLDER / "renames" / f"u{u:06d}" / f"p{partition:03d}-of-{partitions:03d}.arrow", part)
     examples = [[r["id"], r["new_id"], r["order"]] for r in renames.slice(0, 10).to_pylist()]
     result = {"renamed": renames.num_rows, "examples": examples}
-    atomic_write_json(record, result)
+    write_record(record, result)
     return result
 
 
@@ -114,7 +113,7 @@ def apply(work: Location, unit_index: int, table: pa.Table) -> pa.Table:
     files = sorted(folder.glob("*.arrow")) if folder.is_dir() else []
     if not files or table.num_rows == 0:
         return table
-    renames = pa.concat_tables([read_table(f) for f in files])
+    renames = pa.concat_tables([read_work_table(f) for f in files])
     where = pc.index_in(table.column("order"), value_set=renames.column("order"))
     if pc.all(pc.is_null(where)).as_py():
         return table

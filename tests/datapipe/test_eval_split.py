@@ -15,6 +15,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from datapipe.core.workfiles import read_record
 from tokenizers import Tokenizer
 
 from helpers import ASSETS, small_config
@@ -221,7 +223,7 @@ def test_the_near_check_is_bounded_by_the_window_in_a_crowded_bucket(tmp_path):
     source = _keys_of_one_bucket(tmp_path, sig, orders, 8)
     eval_orders = np.arange(10, 50)
     found = eval_split.near_copies(LocalExecutor().run_tasks, tmp_path, eval_orders, config, source)
-    record = json.loads((tmp_path / "eval" / "records" / "match-g000.json").read_text())
+    record = read_record(tmp_path / "eval" / "records" / "match-g000.json")
     assert record["candidates"] == 40
     assert sorted(found.column("order").to_pylist()) == sorted(list(range(10)) * 4)
     assert set(found.column("eval_order").to_pylist()) == {10, 11, 12, 13}

@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import xxhash
 
 from helpers import small_config
-from datapipe.core.shards import atomic_write_table, read_manifest
+from datapipe.core.shards import read_manifest
+from datapipe.core.workfiles import write_work_table
 from datapipe.curate.executors import LocalExecutor
 from datapipe.curate.runner import curate
 from datapipe.core.shuffle import read_shuffle
@@ -53,7 +54,7 @@ def _first_line_task(shared: tuple[str, list[str]], p: int) -> int:
             losers.append({"order": r["order"], "reason": "same_first_line", "kept_id": first[r["line"]]})
         else:
             first[r["line"]] = r["id"]
-    atomic_write_table(Path(folder) / f"losers-t{p:03d}.arrow", pa.Table.from_pylist(losers, schema=LOSER_SCHEMA))
+    write_work_table(Path(folder) / f"losers-t{p:03d}.arrow", pa.Table.from_pylist(losers, schema=LOSER_SCHEMA))
     return len(losers)
 
 

@@ -8,6 +8,7 @@ import errno
 import gzip
 import json
 import random
+import shutil
 from pathlib import Path
 
 import orjson
@@ -18,6 +19,7 @@ import zstandard
 from helpers import gzip_member_with_a_flipped_bit, killed_mid_write, small_config, zstd_frame_with_a_flipped_bit
 from datapipe import cli
 from datapipe.core import shards
+from datapipe.core.config import RunStopped
 from datapipe.core.shards import OutputError, open_shard, read_manifest
 from datapipe.curate.executors import LocalExecutor
 from datapipe.curate import runner
@@ -312,3 +314,78 @@ def test_nothing_surviving_is_a_clear_message_with_stats(tmp_path: Path, case: s
     # a rerun says the same, it does not trip over the folder the first run left
     assert cli.main(["curate", str(cfg), "--output", str(out), "--executor", "local", "--no-progress"]) == 1
     assert expected in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- damaged work files
+
+
+class _Killed(Exception):
+    pass
+
+
+class _KillInFilters:
+    """A user stage in the filters' segment that stops the run at its first batch (`kill`) or passes all."""
+
+    name = "kill_switch"
+
+    def __init__(self, kill: bool) -> None:
+        self.kill = kill
+
+    def __call__(self, batch):
+        if self.kill:
+            raise _Killed("killed")
+        from datapipe.core.schema import empty_dropped
+        from stages.base import StageResult
+
+        return StageResult(batch, empty_dropped())
+
+
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "cut":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "emptied":  # what an unsynced rename can leave after a power loss
+        path.write_bytes(b"")
+    else:  # one bit, near the end: the last partition's rows of a shuffle, the footer's side of a table
+        flipped = bytearray(data)
+        flipped[len(data) - 40] ^= 0x01
+        path.write_bytes(bytes(flipped))
+
+
+# What the resumed run reads, written before the kill: a sender's exact-dedup keys (the run killed before their
+# resolve), the exact-dedup losers by unit, a segment's view of a block, a read block's text, a task's record.
+DAMAGED = {
+    "exact keys": "exact_dedup/keys/u000000-b00000.shuffle",
+    "losers by unit": "exact_dedup/losers-by-unit/g00000.shuffle",
+    "view": "seg0/u000000-b00001.arrow",
+    "read block": "read/u000000-b00001.arrow",
+    "record": "seg0/u000000-b00001.json",
+}
+
+
+@pytest.mark.parametrize("how", ["cut", "emptied", "bit"])
+@pytest.mark.parametrize("target", sorted(DAMAGED))
+def test_a_damaged_work_file_is_redone_or_named_never_read_wrong(tmp_path: Path, slice_input, how: str, target: str) -> None:
+    ref = tmp_path / "ref"
+    run(small_config(ref, [slice_input]), extra_stages=[_KillInFilters(False)])
+    out = tmp_path / "out"
+    cfg = small_config(out, [slice_input])
+    with pytest.raises(_Killed):
+        run(cfg, extra_stages=[_KillInFilters(True)])
+    work = out / "work"
+    if target == "exact keys":  # as if killed right after the keys were sent: the resolve has not read them yet
+        for done in work.glob("exact_dedup/losers-t*.arrow"):
+            done.unlink()
+        shutil.rmtree(work / "exact_dedup" / "losers-by-unit")
+    damaged = work / DAMAGED[target]
+    _damage(damaged, how)
+    try:
+        run(cfg, extra_stages=[_KillInFilters(False)])
+    except RunStopped as exc:  # the CLI prints this as one paragraph, exit 1
+        message = str(exc)
+        assert target != "record"  # a damaged record only means its task runs again
+        assert f"work file {damaged} is damaged" in message and f"rm -r {work}" in message
+        shutil.rmtree(work)  # the recovery it names
+        run(cfg, extra_stages=[_KillInFilters(False)])
+    assert checksums(out) == checksums(ref)
+    assert read_manifest(out)["total_tokens"] == read_manifest(ref)["total_tokens"]

@@ -14,6 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from datapipe.core.workfiles import read_work_table
+
 from helpers import ASSETS, STALL_S, small_config
 from datapipe.curate import near_dedup
 from datapipe.curate.executors import LocalExecutor, RayExecutor
@@ -245,7 +247,7 @@ def test_recomputed_shingles_are_cached_per_run_only(tmp_path):
     """A verify task reuses the shingle sets this process computed earlier in the same resolve (`KeySource.run`);
     another run, whose block at the same path may hold other text, computes its own."""
     from datapipe.core.schema import DOC_SCHEMA
-    from datapipe.core.shards import atomic_write_table
+    from datapipe.core.workfiles import write_work_table as atomic_write_table
     from datapipe.curate.near_dedup import KeySource, text_shingle_sets
     from stages.minhash import shingle_sets
 
@@ -281,6 +283,6 @@ def test_without_verification_every_candidate_pair_joins_a_cluster(tmp_path):
     loose = _found_clusters(tmp_path / "unverified")
     for a, b in cluster_pairs(_found_clusters(tmp_path / "verified")):
         assert a in loose and loose[a] == loose.get(b)
-    nodes = pa.concat_tables([pa.ipc.open_file(f).read_all() for f in sorted((tmp_path / "unverified" / "work" / "minhash"
+    nodes = pa.concat_tables([read_work_table(f) for f in sorted((tmp_path / "unverified" / "work" / "minhash"
                                                                             / "nodes-by-group").glob("*.arrow"))])
     assert "signature" not in nodes.column_names

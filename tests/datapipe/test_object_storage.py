@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from datapipe.core.workfiles import read_record, write_record
+
 from helpers import ASSETS, STALL_S, small_config, stop_cluster
 from datapipe.core.schema import empty_dropped
 from datapipe.core.shards import read_manifest
@@ -118,12 +120,12 @@ def test_a_stopped_s3_run_resumes_over_its_work_objects(tmp_path, s3_input):
     records = sorted((work / "read").glob("*.json"))
     assert records and not (location(remote) / "manifest.json").exists()
     # Mark a finished task's record: a resumed run must take it as it is, not run the task again.
-    first = json.loads(records[0].read_text())
-    records[0].open("wb").write(json.dumps({**first, "kept_from_the_first_run": True}).encode())
+    first = read_record(records[0])
+    write_record(records[0], {**first, "kept_from_the_first_run": True})
     left = work / "seg0" / ".u000000-b00000.arrow.tmp-99-0123abcd"  # what a killed writer leaves
     left.open("wb").write(b"half")
     _run(_config(remote, inp, output={"keep_work": True, "shard_bytes": 8192}), LocalExecutor(), extra_stages=[stage])
-    assert json.loads(records[0].read_text())["kept_from_the_first_run"]
+    assert read_record(records[0])["kept_from_the_first_run"]
     assert not left.exists()
     assert read_manifest(remote) == read_manifest(ref)
 

@@ -30,9 +30,10 @@ plan = types.SimpleNamespace(cfg=cfg, out_dir=str(out), out=out, work=out / "wor
 (out / "work" / "read").mkdir(parents=True)
 result = runner._read(plan, 0, InputUnit(0, path, "jsonl"), cfg.inputs[0], out / "work" / "read" / "u000000.json")
 import pyarrow as pa
+from datapipe.core.workfiles import read_work_table
 ids = []
 for f in sorted((out / "work" / "read").glob("*.arrow")):
-    ids += pa.ipc.open_file(str(f)).read_all().column("id").to_pylist()
+    ids += read_work_table(f).column("id").to_pylist()
 quarantine = out / "quarantine" / "u000000.jsonl"
 reasons, lines = {}, []
 if quarantine.exists():

@@ -286,11 +286,11 @@ class _DriverReads(LocalExecutor):
         super().__init__()
         self.in_task = False
         self.driver_reads: list[str] = []
-        import datapipe.core.shards as shards_module
+        import datapipe.core.workfiles as workfiles
         from datapipe.curate import eval_split, near_dedup, runner, selection, unique_ids
         import stages.base, stages.exact_dedup
 
-        real = shards_module.read_table
+        real = workfiles.read_work_table
 
         def spy(path):
             if not self.in_task:
@@ -298,7 +298,7 @@ class _DriverReads(LocalExecutor):
             return real(path)
 
         for module in (runner, selection, eval_split, near_dedup, unique_ids, stages.base, stages.exact_dedup):
-            monkeypatch.setattr(module, "read_table", spy)
+            monkeypatch.setattr(module, "read_work_table", spy)
 
     def run_tasks(self, fn, shared, items, desc, **kwargs):
         self.in_task = True

@@ -90,7 +90,7 @@ def test_diversity_cut_by_block_equals_the_choice_over_the_whole_domain(tmp_path
     `stages.diversity.select` over the whole domain, ties in rank broken by input order."""
     import numpy as np
 
-    from datapipe.core.shards import atomic_write_table
+    from datapipe.core.workfiles import write_work_table as atomic_write_table
     from datapipe.curate import selection
     from stages import diversity
 

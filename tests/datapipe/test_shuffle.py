@@ -10,6 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from datapipe.core.workfiles import DamagedWorkFile
+
 from helpers import small_config
 from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
 from datapipe.curate.executors import LocalExecutor
@@ -47,10 +49,10 @@ def test_a_file_is_deterministic_and_read_checks_its_partition_count(tmp_path):
     write_shuffle(tmp_path / "a.shuffle", table, np.arange(10) % 3, 3)
     write_shuffle(tmp_path / "b.shuffle", table, np.arange(10) % 3, 3)
     assert (tmp_path / "a.shuffle").read_bytes() == (tmp_path / "b.shuffle").read_bytes()  # resume: the same file
-    with pytest.raises(ValueError, match="written for 3 partitions, not 4"):
+    with pytest.raises(DamagedWorkFile, match="says 3 partitions, not the run's 4"):
         read_shuffle([tmp_path / "a.shuffle"], 0, 4)
     (tmp_path / "c.shuffle").write_bytes(b"not a shuffle file at all, but long enough to hold a header" * 10)
-    with pytest.raises(ValueError, match="is not a shuffle file"):
+    with pytest.raises(DamagedWorkFile, match="c.shuffle is damaged: no b'DPSHUF02' header"):
         read_shuffle([tmp_path / "c.shuffle"], 0, 3)
     with pytest.raises(ValueError, match=r"partition numbers must be in \[0, 3\)"):
         write_shuffle(tmp_path / "d.shuffle", table, np.arange(10), 3)
@@ -109,3 +111,40 @@ def test_a_range_of_partitions_is_read_in_one_piece_of_each_file(tmp_path, parti
     expected = [(i, q, n) for i, t in enumerate(written.values()) for q in range(p0, p1)
                 for n, r in zip(t.column("name").to_pylist(), t.column("partition").to_pylist()) if r == q]
     assert list(zip(got.column("sender").to_pylist(), got.column("p").to_pylist(), got.column("name").to_pylist())) == expected
+
+
+def _damaged(data: bytes, how: str, at: int) -> bytes:
+    if how == "cut":
+        return data[: len(data) // 2]
+    if how == "emptied":  # what an unsynced rename can leave after a power loss
+        return b""
+    flipped = bytearray(data)
+    flipped[at] ^= 0x01
+    return bytes(flipped)
+
+
+@pytest.mark.parametrize("partitions", [3, 9000])  # a header read whole, a header read in pieces
+@pytest.mark.parametrize("how", ["cut", "emptied", "bit"])
+def test_a_damaged_file_is_named_never_read_wrong(tmp_path, how, partitions):
+    table = pa.table({"order": np.arange(200, dtype=np.int64), "key": [f"k{i}" for i in range(200)]})
+    path = tmp_path / "s.shuffle"
+    write_shuffle(path, table, np.arange(200) % partitions, partitions)
+    data = path.read_bytes()
+    readers = range(partitions) if partitions < 100 else [0, 1, 2, 199, 5000]  # 199: the last partition with rows
+    intact = {p: read_shuffle([path], p, partitions) for p in readers}
+    # a flipped bit in the last partition's rows, one in the header's offsets (offsets[1], read for partition 0)
+    for at in [len(data) - 5, 40] if how == "bit" else [0]:
+        path.write_bytes(_damaged(data, how, at))
+        errors = 0
+        for p in readers:
+            try:
+                got = read_shuffle([path], p, partitions)
+            except DamagedWorkFile as exc:
+                assert str(path) in str(exc)
+                errors += 1
+                continue
+            assert got.equals(intact[p])  # a partition a reader gets is intact
+        assert errors >= 1
+    path.unlink()
+    with pytest.raises(DamagedWorkFile, match="missing"):
+        read_shuffle([path], 0, partitions)

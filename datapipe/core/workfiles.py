@@ -1,0 +1,103 @@
+"""Checked work files: every table a curation task hands to another carries its length and digest.
+
+Work files are written without fsync (one PUT on an object store, a rename on a disk), so a power loss or
+a full disk can leave one cut, emptied or changed after its task's record says it is done. A reader that
+trusted it would stop with Arrow's traceback, or worse, read a changed row and write different shards.
+So each work table ends with a trailer, and every read checks it before Arrow sees a byte::
+
+    Arrow IPC file  b"DPCHECK1"  uint64 length of the Arrow file  uint64 xxh3_64 of it   (little endian)
+
+A mismatch, a missing trailer or a missing file raises `DamagedWorkFile` naming the file; the run turns it
+into one paragraph with the command that recovers. Shuffle files check themselves the same way, per
+partition (`datapipe.core.shuffle`). xxh3 hashes at memory speed: the check costs no request and little CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pyarrow as pa
+import xxhash
+
+from datapipe.core.config import RunStopped
+from datapipe.core.shards import atomic_write_bytes, table_bytes
+from datapipe.core.storage import Location, RemotePath, location
+
+TRAILER_MAGIC = b"DPCHECK1"
+_TRAILER = struct.Struct("<8sQQ")
+
+
+class DamagedWorkFile(RunStopped):
+    """A work file that is not what its task wrote: cut, emptied, changed or gone."""
+
+    def __init__(self, path: str | Location, problem: str) -> None:
+        super().__init__(f"work file {path} is damaged: {problem}")
+        self.path = str(path)
+        self.problem = problem
+
+
+def digest(data: bytes | memoryview | pa.Buffer) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def checked(data: bytes) -> bytes:
+    """`data` with its trailer."""
+    return data + _TRAILER.pack(TRAILER_MAGIC, len(data), digest(data))
+
+
+def verified(path: str | Location, data: pa.Buffer) -> pa.Buffer:
+    """The payload of a checked file's bytes, or DamagedWorkFile."""
+    if data.size < _TRAILER.size:
+        raise DamagedWorkFile(path, f"{data.size} bytes, shorter than its trailer (emptied or cut)")
+    magic, length, expected = _TRAILER.unpack(data.slice(data.size - _TRAILER.size).to_pybytes())
+    if magic != TRAILER_MAGIC:
+        raise DamagedWorkFile(path, "it does not end with its check trailer (cut, or not written by this version)")
+    if length != data.size - _TRAILER.size:
+        raise DamagedWorkFile(path, f"{data.size - _TRAILER.size} bytes where its task wrote {length}")
+    payload = data.slice(0, length)
+    if digest(memoryview(payload)) != expected:
+        raise DamagedWorkFile(path, "its digest does not match what its task wrote (a changed byte)")
+    return payload
+
+
+def write_work_table(path: str | Path | Location, table: pa.Table, *, compression: str | None = None) -> None:
+    """Write a checked Arrow IPC work file atomically (one request on an object store)."""
+    atomic_write_bytes(path, checked(table_bytes(table, "arrow", compression)))
+
+
+def read_work_bytes(path: str | Path | Location) -> pa.Buffer:
+    """A checked work file's payload (memory-mapped when local), or DamagedWorkFile when it is damaged or gone."""
+    path = location(path)
+    try:
+        if isinstance(path, RemotePath):
+            data = pa.py_buffer(path.read_bytes())
+        else:
+            with pa.memory_map(str(path), "r") as source:
+                data = source.read_buffer()
+    except FileNotFoundError:
+        raise DamagedWorkFile(path, "it is missing (deleted after its task finished)") from None
+    return verified(path, data)
+
+
+def read_work_table(path: str | Path | Location) -> pa.Table:
+    """Read a table written by `write_work_table`, checked first."""
+    return pa.ipc.open_file(read_work_bytes(path)).read_all()
+
+
+def write_record(path: str | Path | Location, result: dict) -> None:
+    """A task's record (written last, after its outputs): JSON with the check trailer."""
+    atomic_write_bytes(path, checked(json.dumps(result, indent=1, sort_keys=True).encode() + b"\n"))
+
+
+def read_record(path: str | Path | Location) -> dict | None:
+    """A finished task's record, or None when the task must (re)run: no record, or one that is damaged (a record is
+    written after its task's outputs, so running the task again rewrites the same files and a sound record)."""
+    path = location(path)
+    try:
+        return json.loads(verified(path, pa.py_buffer(path.read_bytes())).to_pybytes())
+    except FileNotFoundError:
+        return None
+    except (DamagedWorkFile, ValueError):  # cut, emptied or changed (json's errors are ValueErrors)
+        return None
