@@ -263,8 +263,15 @@ def test_config_reference_of_each_command(which, key, capsys):
     assert key in capsys.readouterr().out
 
 
-def test_help_docstring_readme_and_config_reference_agree_on_commands_and_sections(capsys):
-    """One source of truth: the parser's commands and `ROOTS`' sections; the texts that list them must agree."""
+def _docs() -> dict[str, str]:
+    """The user's documentation: the README and the reference pages under docs/, by name."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    return {str(p.relative_to(REPO)): p.read_text() for p in pages}
+
+
+def test_help_docstring_docs_and_config_reference_agree_on_commands_and_sections(capsys):
+    """One source of truth: the parser's commands and `ROOTS`' sections; the texts that list them must agree:
+    `--help`, the cli docstring, the README and every page of docs/."""
     import re
 
     from datapipe import cli
@@ -272,16 +279,23 @@ def test_help_docstring_readme_and_config_reference_agree_on_commands_and_sectio
     commands = set(cli._parser()._subparsers._group_actions[0].choices)
     assert commands == set(cli.HANDLERS)
     assert set(re.findall(r"^    datapipe ([\w-]+)", cli.__doc__, re.M)) == commands  # the module's usage lines
-    readme = (REPO / "README.md").read_text()
-    assert set(re.findall(r"`datapipe ([a-z][\w-]*)", readme)) == commands  # the README names every command, no other
+    docs = _docs()
+    assert len(docs) > 1, "docs/ holds no page"
+    named = {name: set(re.findall(r"`datapipe ([a-z][\w-]*)", text)) for name, text in docs.items()}
+    assert named["README.md"] == commands  # the README's tour names every command
+    assert set().union(*named.values()) == commands, named  # and no page names a command that does not exist
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     sections = set(cli.ROOTS)
-    for where, text in (("--help", help_text), ("cli docstring", cli.__doc__), ("README", " ".join(readme.split()))):
+    texts = [("--help", help_text), ("cli docstring", cli.__doc__)] + [(n, " ".join(t.split())) for n, t in docs.items()]
+    for where, text in texts:
         listed = re.findall(r"config-reference \[([\w|-]+)\]", text)
-        assert listed and all(set(entry.split("|")) == sections for entry in listed), (where, listed, sections)
-    assert set(re.findall(r"config-reference (\w+)", readme)) <= sections
+        assert all(set(entry.split("|")) == sections for entry in listed), (where, listed, sections)
+        if where in docs:  # `datapipe config-reference SECTION` in the docs names a section that exists
+            assert set(re.findall(r"config-reference (\w+)", text)) <= sections, where
+    for where in ("--help", "cli docstring", "README.md", "docs/curation.md"):  # each lists the sections in full
+        assert re.search(r"config-reference \[", dict(texts)[where]), where
     for which in sorted(sections):  # every section prints, in readable types (no module paths, no quoted markers)
         assert main(["config-reference", which]) == 0
         reference = capsys.readouterr().out
@@ -305,7 +319,7 @@ def test_notes_say_what_the_code_does():
     benchmarks = (REPO / "BENCHMARKS.md").read_text()
     assert "7.4x faster with 1 worker" in benchmarks and "about 3.5× faster for the whole stage" in benchmarks
     encoder = curate.split("tokenizer.encoder")[1].splitlines()[0]
-    readme = " ".join((REPO / "README.md").read_text().split())
-    for text in (encoder, readme):  # the measured figures, the same everywhere
+    curation = " ".join((REPO / "docs" / "curation.md").read_text().split())
+    for text in (encoder, curation):  # the measured figures, the same everywhere
         assert "7.4x faster" in text and "3.5x" in text and "~7x" not in text and "~3.5x" not in text
-    assert "curated shards hold one domain each" not in readme
+    assert all("curated shards hold one domain each" not in text for text in _docs().values())

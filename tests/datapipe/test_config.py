@@ -85,7 +85,7 @@ def test_overrides_and_cli_flags(tmp_path):
 
 
 def test_input_flag_reads_the_records_own_domain_with_the_quickstart_recipe(tmp_path):
-    # the README: "If a record has its own `domain` field, that field names the record's domain."
+    # docs/curation.md: "If a record has its own `domain` field, that field names the record's domain."
     records = [{"id": "a", "text": "a first document", "domain": "news"},
                {"id": "b", "text": "a second document", "domain": "forum"},
                {"id": "c", "text": "a third document"}]
@@ -98,7 +98,7 @@ def test_input_flag_reads_the_records_own_domain_with_the_quickstart_recipe(tmp_
     assert domains == ["news", "forum", "default"]
 
 
-def test_input_flag_help_and_readme_name_exactly_the_options_it_inherits(capsys):
+def test_input_flag_help_and_docs_name_exactly_the_options_it_inherits(capsys):
     from datapipe.cli import main
 
     with pytest.raises(SystemExit):
@@ -106,8 +106,8 @@ def test_input_flag_help_and_readme_name_exactly_the_options_it_inherits(capsys)
     help_text = " ".join(capsys.readouterr().out.split())
     options = help_text[help_text.index("options:"):]
     flag = options[options.index("--input PATH"):options.index("--output DIR")]
-    readme = " ".join((REPO / "README.md").read_text().split())
-    bullet = readme[readme.index("- `--input` takes"):].split(" - ")[0]
+    curation = " ".join((REPO / "docs" / "curation.md").read_text().split())
+    bullet = curation[curation.index("- `--input` takes"):].split(" - ")[0]
     inherited = [f for f in InputConfig.__dataclass_fields__ if f not in INPUT_FLAG_OWN]
     for text in (flag, bullet):
         assert all(name in text for name in inherited + list(INPUT_FLAG_OWN)), text
