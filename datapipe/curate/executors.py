@@ -162,6 +162,49 @@ def _without_idle_head_processes() -> Iterator[None]:
             setattr(Node, name, method)
 
 
+# `python [FLAGS] -c _DIE_WITH_THE_RAYLET SCRIPT ARGS...` runs SCRIPT as `python [FLAGS] SCRIPT ARGS` would, in a
+# process that the kernel kills when its parent, the raylet, dies (PR_SET_PDEATHSIG, prctl option 1: the
+# fate-sharing Ray gives the processes the driver starts itself); one whose raylet died already exits.
+_DIE_WITH_THE_RAYLET = "; ".join([
+    "import ctypes, os, runpy, signal, sys",
+    "ctypes.CDLL(None).prctl(1, ctypes.c_ulong(signal.SIGKILL))",
+    "os.getppid() == int(os.environ.get('RAY_RAYLET_PID', os.getppid())) or sys.exit(1)",
+    "sys.argv.pop(0)",
+    # `python -c` imports from the working folder first (''), `python SCRIPT` from SCRIPT's folder
+    "sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.path[0] == '' else sys.path[0]",
+    "runpy.run_path(sys.argv[0], run_name='__main__')",
+])
+
+
+@contextlib.contextmanager
+def _dying_with_the_raylet() -> Iterator[None]:
+    """`ray.init` of an embedded instance whose raylet's children, its agents (DashboardAgent, RuntimeEnvAgent)
+    and its workers, die with it. A killed driver (kill -9, the OOM killer) takes its GCS and raylet with it
+    (Ray's fate-sharing), but not their children: the agents saw the raylet die, then waited 60 s to report
+    it to the dead GCS; a worker that was starting waited ~25 s for it. The agents cannot be left out (the
+    raylet requires them, include_dashboard=False or not) and no Ray setting shortens this, so their command
+    and the workers' run through `_DIE_WITH_THE_RAYLET`: the agents' after Ray's interpreter command, the
+    workers' among the interpreter flags that Ray's worker launcher (setup_worker.py) passes on to the worker.
+    Linux only (prctl); with other internals (another Ray version) they start as usual."""
+    try:
+        from ray._private import services
+
+        interpreter, site_flags = services._build_python_executable_command_memory_profileable, services._site_flags
+    except (ImportError, AttributeError):
+        yield
+        return
+    if not sys.platform.startswith("linux"):
+        yield
+        return
+    services._build_python_executable_command_memory_profileable = (
+        lambda *args, **kwargs: [*interpreter(*args, **kwargs), "-c", _DIE_WITH_THE_RAYLET])
+    services._site_flags = lambda: [*site_flags(), "-c", _DIE_WITH_THE_RAYLET]
+    try:
+        yield
+    finally:
+        services._build_python_executable_command_memory_profileable, services._site_flags = interpreter, site_flags
+
+
 def worker_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment of every task: `_WORKER_ENV` plus the driver's object-storage settings
     (`AWS_*`, `FSSPEC_*`: credentials, endpoint, region), so that workers on nodes that share no folder
@@ -398,7 +441,8 @@ class RayExecutor:
                 notice, auth_log = _DropTokenAuthNotice(), logging.getLogger(_RAY_AUTH_LOGGER)
                 auth_log.addFilter(notice)
                 try:
-                    with _environment(_WORKER_ENV), _without_idle_head_processes():  # (the storage settings are in it already)
+                    # (the storage settings are in _WORKER_ENV already)
+                    with _environment(_WORKER_ENV), _without_idle_head_processes(), _dying_with_the_raylet():
                         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
                 finally:
                     auth_log.removeFilter(notice)

@@ -1,10 +1,15 @@
 """Progress output written to a file or a CI log is plain lines, never carriage-return-joined bar frames."""
 
+import contextlib
+import os
+import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
+from helpers import ASSETS
 from datapipe.curate import executors
 from datapipe.curate.executors import LocalExecutor, PhaseStalled, RayExecutor
 
@@ -159,3 +164,91 @@ def test_an_embedded_ray_starts_without_its_idle_head_processes_and_only_during_
         assert Node.start_monitor(object()) is None and Node.start_api_server(object(), include_dashboard=False) is None
         assert (Node.start_monitor, Node.start_api_server) != originals
     assert (Node.start_monitor, Node.start_api_server) == originals  # a Ray this process starts later is Ray's as usual
+
+
+# ------------------------------------------------------------------------------ an embedded Ray dies with its driver
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux's")
+
+
+@linux_only
+def test_the_raylet_children_launcher_runs_the_script_as_python_would_and_dies_with_its_parent(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import ctypes, signal, sys\n"
+                      "death = ctypes.c_int()\n"
+                      "ctypes.CDLL(None).prctl(2, ctypes.byref(death))\n"  # PR_GET_PDEATHSIG
+                      "print(__name__, sys.argv, sys.path[0], death.value == signal.SIGKILL)\n")
+    launched = [sys.executable, "-u", "-c", executors._DIE_WITH_THE_RAYLET, str(script), "a", "--b"]
+    out = subprocess.run(launched, capture_output=True, text=True, env={**os.environ, "RAY_RAYLET_PID": str(os.getpid())})
+    assert out.stdout.split("\n")[0] == f"__main__ {[str(script), 'a', '--b']} {tmp_path} True", out.stderr
+    # started after its raylet died (its parent is not the raylet): it exits instead of running unwatched
+    orphan = subprocess.run(launched, capture_output=True, text=True, env={**os.environ, "RAY_RAYLET_PID": "1"})
+    assert orphan.returncode == 1 and orphan.stdout == ""
+
+
+def test_the_raylet_children_launcher_is_in_place_only_during_an_embedded_init():
+    from ray._private import services
+
+    originals = (services._build_python_executable_command_memory_profileable, services._site_flags)
+    with executors._dying_with_the_raylet():
+        if sys.platform.startswith("linux"):
+            agent = services._build_python_executable_command_memory_profileable("dashboard_agent", "/tmp")
+            assert agent[:2] == [sys.executable, "-u"] and agent[2:] == ["-c", executors._DIE_WITH_THE_RAYLET]
+            assert services._site_flags()[-2:] == ["-c", executors._DIE_WITH_THE_RAYLET]
+    assert (services._build_python_executable_command_memory_profileable, services._site_flags) == originals
+
+
+def _alive(process) -> bool:
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE  # a zombie is dead, not yet reaped
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _cluster_once_started(driver: subprocess.Popen, deadline: float) -> list:
+    """[(process, command line)] of the driver's descendants, once they include Ray's two agents and a worker."""
+    import psutil
+
+    processes: dict = {}  # pid -> the process as first seen (its is_running() tells a reused pid)
+    names: dict = {}  # pid -> its command line now: Ray renames its agents and workers `ray::...` once started
+    while time.monotonic() < deadline and driver.poll() is None:
+        for process in psutil.Process(driver.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):  # gone meanwhile
+                names[process.pid] = " ".join(process.cmdline()).strip()[:120]
+                processes.setdefault(process.pid, process)
+        agents = {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} & set(names.values())
+        if len(agents) == 2 and any(n.startswith("ray::") and n not in agents for n in names.values()):
+            return [(processes[pid], name) for pid, name in names.items()]
+        time.sleep(0.05)
+    raise AssertionError(f"Ray's agents and a worker did not start: {sorted(names.values())}")
+
+
+@linux_only
+def test_a_killed_driver_leaves_no_process_of_its_embedded_ray(tmp_path):
+    """`datapipe curate` on its embedded Ray, killed with SIGKILL: every process of that Ray (GCS, raylet, agents,
+    workers) is gone seconds later. (Ray's agents used to wait 60 s for the dead GCS, a starting worker ~25 s.)"""
+    pytest.importorskip("ray")
+    import psutil  # Ray's own copy (ray/thirdparty_files), importable once Ray is
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"inputs: [{{path: '{ASSETS / 'corpus_slice.jsonl'}', domain_field: source}}]\n"
+                   "read: {block_bytes: 2048, batch_size: 4}\nfilters: {code: {code: {}}}\n"
+                   "tokenizer: {train: {vocab_size: 600}}\noutput: {shard_bytes: 4096}\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own embedded Ray, never a cluster
+    driver = subprocess.Popen([sys.executable, "-m", "datapipe", "curate", str(cfg), "--output", str(tmp_path / "out"),
+                               "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    cluster: list = []
+    try:
+        cluster = _cluster_once_started(driver, time.monotonic() + 120)
+    finally:
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+    deadline = time.monotonic() + 15
+    while (alive := [(p, name) for p, name in cluster if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for process, _ in alive:  # not left running after a failure
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    assert not alive, f"alive 15 s after the driver was killed: {[name for _, name in alive]}"
