@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--ray-address", default=None, metavar="ADDR", help=RAY_HELP)
     r.add_argument("--executor", choices=["ray", "local"], default="ray", help=EXECUTOR_HELP)
     r.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
+    r.add_argument("--verbose", action="store_true", help="progress of every step of every stage, not one line per stage")
     r.add_argument("--train-steps", type=int, default=150, metavar="N",
                    help="steps of the tiny model trained on the result (0 = curate only; default: 150)")
 
@@ -79,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--ray-address", default=None, metavar="ADDR", help=RAY_HELP)
     c.add_argument("--executor", choices=["ray", "local"], default="ray", help=EXECUTOR_HELP)
     c.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
+    c.add_argument("--verbose", action="store_true", help="progress of every step of every stage, not one line per stage")
 
     cr = sub.add_parser("config-reference", help="print every config key with its type, default and note",
                         description="Print every key of a config with its type, default and a one-line note.")
@@ -220,20 +222,20 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_curate(args: argparse.Namespace) -> int:
     from datapipe.curate.config import load_config
-    from datapipe.curate.runner import curate
+    from datapipe.curate.run import curate
 
     cfg = load_config(args.config, args.overrides, inputs=args.input, output=args.output, ray_address=args.ray_address)
-    _report(curate(cfg, executor=_executor(args), progress=not args.no_progress))
+    _report(curate(cfg, executor=_executor(args), progress=not args.no_progress, verbose=args.verbose))
     return 0
 
 
 def _executor(args: argparse.Namespace):
-    """None lets the runner start Ray from the config; 'local' runs in this process."""
+    """None lets the run start Ray from the config; 'local' runs in this process."""
     if args.executor != "local":
         return None
     from datapipe.curate.executors import make_executor
 
-    return make_executor("local", None, num_cpus=None, max_retries=0, progress=not args.no_progress)
+    return make_executor("local", None, num_cpus=None, max_retries=0, progress=args.verbose and not args.no_progress)
 
 
 def _report(result) -> None:
@@ -264,9 +266,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "which must be a local folder; give a local --output, or --train-steps 0 to only curate")
     run_config({"code": Path("code.jsonl")})  # --set checked before the corpus is built (minutes, the first time)
     cfg = run_config(embedded.prepare(args.man_pages))
-    from datapipe.curate.runner import curate
+    from datapipe.curate.run import curate
 
-    result = curate(cfg, executor=_executor(args), progress=not args.no_progress)
+    result = curate(cfg, executor=_executor(args), progress=not args.no_progress, verbose=args.verbose)
     if args.train_steps <= 0:
         _report(result)
     else:  # train the tiny model on what was just curated, then show the full stats

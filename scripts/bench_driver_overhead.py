@@ -32,7 +32,7 @@ from typing import Any
 from datapipe.core.config import from_dict
 from datapipe.curate.config import CurateConfig
 from datapipe.curate.executors import RayExecutor
-from datapipe.curate.runner import curate
+from datapipe.curate.run import curate
 from scripts.bench_driver_memory import TreeSampler, write_corpus
 
 

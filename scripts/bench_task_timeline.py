@@ -23,7 +23,7 @@ from typing import Any
 
 from datapipe.curate import executors
 from datapipe.curate.config import load_config
-from datapipe.curate.runner import curate
+from datapipe.curate.run import curate
 
 REPO = Path(__file__).parents[1]
 

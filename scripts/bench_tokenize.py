@@ -11,7 +11,7 @@ In one run, on the same documents and the same tokenizer:
   documents, started together): `tokenizers` `encode_batch`, `encode_batch_fast` (what the
   `tokenizers` path of datapipe calls), and the fast encoder alone; ids of every document are
   compared between `encode_batch` and the fast encoder;
-- datapipe's whole tokenize-and-write stage: `datapipe.curate.runner.curate` on an embedded Ray with N CPUs,
+- datapipe's whole tokenize-and-write stage: `datapipe.curate.run.curate` on an embedded Ray with N CPUs,
   filters off, exact dedup on, `tokenizer.encoder` 'tokenizers' and 'fast'; the `tokenize` + `shards`
   phase seconds, and whether every run wrote shards with the same checksums;
 - the regex engines' character classes over all 1,112,064 code points (`fast_bpe.regex_disagreements`).

@@ -42,7 +42,7 @@ def requests(blocks: int, p_exact: int, p_near: int, shards: int, units: int | N
     reads its input objects and writes its output and its record (3); a shuffle read costs 2 per sender
     and receiver. `rounds` of connected components are counted as one (one task up to `one_task_edges`)."""
     m, pe, pn = blocks, p_exact, p_near
-    groups = min(units or m, 256)  # the losers are gathered by group of input units (runner.gather_losers_task)
+    groups = min(units or m, 256)  # the losers are gathered by group of input units (exchange.gather_losers_task)
     return {
         "read": 3 * m + 2 * m,  # the input range, the block, the ids' keys, the record
         "unique_ids": 2 * m * pe + 3 * pe,

@@ -50,7 +50,10 @@ class Stage(Protocol):
 # the document kept in their place.
 LOSER_SCHEMA = pa.schema([("order", pa.int64()), ("reason", pa.string()), ("kept_id", pa.string())])
 
-RunTasks = Callable[[Callable[..., Any], Any, Sequence[tuple[Any, ...]], str], list[Any]]
+# run_tasks(fn, shared, items, desc, *, record=None, memory=None): fn(shared, *item) for each item, in tasks; with
+# `record` (record(shared, *item) -> where a finished task's record goes), a task whose record is there is skipped
+# and its recorded result returned (the run loop checks records: a stage never does).
+RunTasks = Callable[..., list[Any]]
 """An executor's `run_tasks(fn, shared, items, desc)`: calls `fn(shared, *item)` once per item, as
 independent tasks (so `fn` is a module-level function and `shared` is picklable), and returns the
 results in item order."""
@@ -73,7 +76,8 @@ class GlobalStage(ABC):
       leaves them in `folder/losers-tNNN.arrow`, one file for every resolve task t below
       `tasks(documents)`, empty or not (`LOSER_SCHEMA`; each document at most once over all files). It may write reports into `out_dir` and returns a JSON-able summary, which the runner
       puts in stats.json under `global_stages.<name>`. Each of its tasks writes its outputs
-      atomically and is skipped when they exist, so a killed run resumes to the same result.
+      atomically and returns a JSON-able result; given `record=`, the run loop writes that result as the
+      task's record and skips the task when a resumed run finds it, so a killed run resumes to the same result.
 
     The next segment drops the losers before its own stages, as drops of stage `name` with the
     loser's reason and `kept_id`.

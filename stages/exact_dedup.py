@@ -19,7 +19,7 @@ import pyarrow as pa
 import xxhash
 
 from datapipe.core.config import check, note
-from datapipe.core.workfiles import read_work_table, write_work_table
+from datapipe.core.workfiles import write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.core.shuffle import read_shuffle, shuffle_files
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
@@ -71,7 +71,9 @@ class ExactDedupStage(GlobalStage):
         `folder/keys/<block>.shuffle`."""
         items = [(p,) for p in range(self.config.partitions)]
         files = [str(f) for f in shuffle_files(folder / "keys", [s.rsplit("/", 1)[-1] for s in senders])]
-        return {"removed": sum(run_tasks(partition_task, (str(folder), files, self.config.partitions), items, f"{self.name} resolve"))}
+        done = run_tasks(partition_task, (str(folder), files, self.config.partitions), items, f"{self.name} resolve",
+                         record=partition_record)
+        return {"removed": sum(r["losers"] for r in done)}
 
     @staticmethod
     def partition_losers(keys: pa.Table) -> pa.Table:
@@ -98,14 +100,16 @@ class ExactDedupStage(GlobalStage):
         )
 
 
-def partition_task(shared: tuple[str, list[str], int], partition: int) -> int:
-    """The losers of one partition (its rows of every key file), written once to
-    `folder/losers-tNNN.arrow` (t = the partition); their count."""
+def partition_record(shared: tuple[str, list[str], int], partition: int) -> Location:
+    """Where a partition task's record goes (the run loop checks it): `folder/losers-tNNN.json`."""
+    return location(shared[0]) / f"losers-t{partition:03d}.json"
+
+
+def partition_task(shared: tuple[str, list[str], int], partition: int) -> dict[str, int]:
+    """The losers of one partition (its rows of every key file), written to `folder/losers-tNNN.arrow`
+    (t = the partition); their count."""
     folder, files, partitions = shared
-    out = location(folder) / f"losers-t{partition:03d}.arrow"
-    if out.exists():
-        return read_work_table(out).num_rows
     keys = read_shuffle(files, partition, partitions)
     losers = ExactDedupStage.partition_losers(keys) if keys is not None else LOSER_SCHEMA.empty_table()
-    write_work_table(out, losers)
-    return losers.num_rows
+    write_work_table(location(folder) / f"losers-t{partition:03d}.arrow", losers)
+    return {"losers": losers.num_rows}

@@ -166,7 +166,7 @@ def choose_encoder(tokenizer_json: str, config: TokenizerConfig, where: str = "t
 
 class TokenizeStage:
     """Encodes a batch of documents into (id, domain, tokens, num_tokens). Holds a tokenizer, so the
-    runner keeps one instance per worker process (`runner._tokenize_stage`) rather than rebuilding it per batch.
+    tokenize phase keeps one instance per worker process (`datapipe.curate.phases.tokenize._tokenize_stage`) rather than rebuilding it per batch.
 
     With the fast encoder, the first `config.verify_bytes` of text this instance sees are encoded by
     both encoders; a difference logs a warning naming the document and switches this instance to

@@ -258,3 +258,14 @@ def killed_mid_write(code: str, *args: str) -> str:
         child.stdout.close()
     assert child.returncode == -signal.SIGKILL
     return line
+
+
+def run_tasks_in_process():
+    """The run loop's `run_tasks` (task records checked as in a run) over an in-process executor: for tests that
+    drive a multi-step phase (near copies, diversity cuts) without a whole run."""
+    import time
+
+    from datapipe.curate.executors import LocalExecutor
+    from datapipe.curate.phase import Run
+
+    return Run(LocalExecutor(), progress=False, resumed=False, started=time.perf_counter()).tasks("test")

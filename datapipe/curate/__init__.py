@@ -1,2 +1,3 @@
-"""Raw text → tokenized shards: the runner and its phases, readers, the executors (the only place Ray is imported),
-near-dup resolution, selection (diversity, mixture), the embedded corpus and preference curation."""
+"""Raw text → tokenized shards: the run (its phases and the one run loop), readers, the executors (the only place
+Ray is imported), near-dup resolution, the eval split, selection (diversity, mixture), the embedded corpus and
+preference curation."""

@@ -38,6 +38,7 @@ and is skipped when that output exists, so the split is the same on any number o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
@@ -51,7 +52,7 @@ from datapipe.core import shards
 from datapipe.core.config import ConfigError, check, note
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, order_key
 from datapipe.core.shards import atomic_write_table
-from datapipe.core.workfiles import DamagedWorkFile, read_record, read_work_table, write_record, write_work_table
+from datapipe.core.workfiles import DamagedWorkFile, read_record, read_work_table, write_work_table
 from datapipe.curate.counters import Counters
 from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
 from datapipe.curate import near_dedup
@@ -158,29 +159,33 @@ def choose(meta: dict[str, pa.Table], config: EvalSplitConfig) -> dict[str, np.n
 # ---------------------------------------------------------------- tasks
 
 
-def hash_task(work: str, block: str) -> str:
+def _record_at(step: str) -> Callable[..., Location]:
+    """Where an eval-split task leaves its record (checked by the run loop): work/eval/records/<step>-<item>.json."""
+    return functools.partial(_record, step)
+
+
+def _record(step: str, shared: str | tuple, *item: Any) -> Location:
+    work = shared if isinstance(shared, str) else shared[0]
+    return location(work) / EVAL_DIR / "records" / f"{step}-{item[0]}.json"
+
+
+def hash_task(work: str, block: str) -> dict[str, str]:
     """xxh3-128 of each row's token bytes -> work/eval/hashes/<block>.arrow (one column `hash`)."""
     out = location(work) / EVAL_DIR / "hashes" / f"{block}.arrow"
-    if out.exists():
-        return str(out)
     tokens = read_work_table(location(work) / "tokens" / f"{block}.arrow").column("tokens").combine_chunks()
     values, offsets = tokens.values.to_numpy(), tokens.offsets.to_numpy()
     digests = [xxhash.xxh3_128_digest(values[offsets[i] : offsets[i + 1]].tobytes()) for i in range(len(tokens))]
     write_work_table(out, pa.table({"hash": pa.array(digests, pa.binary(16))}))
-    return str(out)
+    return {"path": str(out)}
 
 
-def bucket_task(shared: tuple[str, str, MinHashConfig], block: str) -> int:
+def bucket_task(shared: tuple[str, str, MinHashConfig], block: str) -> dict[str, int]:
     """Near dedup's map half on a block of the last segment (used when near dedup did not run): its
     keys, laid out as the runner lays out a global stage's, under work/eval/<kind>/<block>.shuffle."""
     work, segment, config = location(shared[0]), shared[1], shared[2]
-    record = work / EVAL_DIR / "records" / f"buckets-{block}.json"
-    if (done := read_record(record)) is not None:
-        return done["rows"]
     table = block_documents(work, segment, block)
     write_keys(MinHashStage(config), table, work / EVAL_DIR, block)
-    write_record(record, {"rows": table.num_rows})
-    return table.num_rows
+    return {"rows": table.num_rows}
 
 
 def match_task(shared: tuple[str, np.ndarray, MinHashConfig, KeySource], g: int) -> dict[str, int]:
@@ -190,9 +195,6 @@ def match_task(shared: tuple[str, np.ndarray, MinHashConfig, KeySource], g: int)
     u, v) to work/eval/pairs-u/gNNN.shuffle, partitioned by the training document, for
     `near_dedup.verify_pairs`; without `verify` every candidate is a match, written to work/eval/edges/ directly."""
     work, eval_orders, config, source = location(shared[0]), shared[1], shared[2], shared[3]
-    record = work / EVAL_DIR / "records" / f"match-g{g:03d}.json"
-    if (done := read_record(record)) is not None:
-        return done
     lo, hi = source.groups.range(g)
     rows = source.read("buckets", lo, config.partitions, through=hi)
     u = v = np.empty(0, np.int64)
@@ -212,9 +214,7 @@ def match_task(shared: tuple[str, np.ndarray, MinHashConfig, KeySource], g: int)
         write_shuffle(work / EVAL_DIR / "pairs-u" / f"g{g:03d}.shuffle", table, partition_of(u, config.partitions), config.partitions)
     else:
         near_dedup.send_edges(work / EVAL_DIR / "edges", u, v, config.partitions, f"g{g:03d}")
-    result = {"candidates": int(len(u))}
-    write_record(record, result)
-    return result
+    return {"candidates": int(len(u))}
 
 
 def near_copies(run_tasks: Callable[..., list[Any]], work: Location, eval_orders: np.ndarray, config: MinHashConfig,
@@ -222,7 +222,8 @@ def near_copies(run_tasks: Callable[..., list[Any]], work: Location, eval_orders
     """(order, eval_order) of every training document that is a near-duplicate of an eval document by near
     dedup's own rule (the signature estimate, then the exact Jaccard near the threshold): `match_task`'s
     candidates, decided by `near_dedup.verify_pairs`."""
-    run_tasks(match_task, (str(work), eval_orders, config, source), source.groups.items(), "eval_split near")
+    run_tasks(match_task, (str(work), eval_orders, config, source), source.groups.items(), "eval_split near",
+              record=_record_at("match"))
     edges_folder = work / EVAL_DIR / "edges"
     if config.verify:
         near_dedup.verify_pairs(run_tasks, work / EVAL_DIR, work / EVAL_DIR, source, config, edges_folder, "eval_split near")
@@ -266,15 +267,12 @@ def check_source_tokenizer(source: str, manifest: dict[str, Any], sha256: str) -
 SOURCE_BLOCK = "source"  # eval.source's documents: work/eval/source.arrow, their keys work/eval/<kind>/source.shuffle
 
 
-def source_bucket_task(shared: tuple[str, str, str, MinHashConfig], part: int) -> int:
+def source_bucket_task(shared: tuple[str, str, str, MinHashConfig], part: int) -> dict[str, int]:
     """The MinHash keys of `eval.source`'s documents (their text decoded from the tokens), laid out like
     bucket_task's, as block `source` of work/eval/, its documents in work/eval/source.arrow."""
     from tokenizers import Tokenizer  # only this task decodes
 
     work, source, tokenizer_path, config = location(shared[0]), shared[1], shared[2], shared[3]
-    record = work / EVAL_DIR / "records" / "buckets-source.json"
-    if (done := read_record(record)) is not None:
-        return done["rows"]
     _, docs = read_source(source)
     tokenizer = Tokenizer.from_str(location(tokenizer_path).read_text())  # the output folder may be a URL
     tokens = docs.column("tokens").chunk(0)
@@ -287,8 +285,7 @@ def source_bucket_task(shared: tuple[str, str, str, MinHashConfig], part: int) -
     }, schema=DOC_SCHEMA)
     write_work_table(work / EVAL_DIR / f"{SOURCE_BLOCK}.arrow", table)  # the text the exact check reads
     write_keys(MinHashStage(config), table, work / EVAL_DIR, SOURCE_BLOCK)
-    write_record(record, {"rows": docs.num_rows})
-    return docs.num_rows
+    return {"rows": docs.num_rows}
 
 
 # ---------------------------------------------------------------- the whole split
@@ -315,9 +312,6 @@ def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, bool, pa.Table,
     work/eval/rows/<block>.arrow; returns the counters' changes and the counts."""
     work, out_dir, segment, eval_hashes, eval_ids, by_id, near, keep_text = (location(shared[0]), location(shared[1]),
                                                                              *shared[2:])
-    record = work / EVAL_DIR / ROWS_DIR / f"{block}.json"
-    if (done := read_record(record)) is not None:
-        return done
     meta = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
     # the text only when it is kept with the dropped records (a view's rows are joined to the read block's text)
     documents = block_documents(work, segment, block, None if keep_text else ["order"])
@@ -359,9 +353,23 @@ def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, bool, pa.Table,
         atomic_write_table(out_dir / "dropped" / f"{STAGE}-{block}.parquet", pa.concat_tables(parts), format="parquet")
     write_work_table(work / EVAL_DIR / ROWS_DIR / f"{block}.arrow",
                        pa.table({"eval": is_eval, "held_out": is_eval | is_exact | is_near}))
-    result = {"counters": counters.to_json(), "removed": removed_counts}
-    write_record(record, result)
-    return result
+    return {"counters": counters.to_json(), "removed": removed_counts}
+
+
+def _finish_record(shared: tuple, block: str, *_: Any) -> Location:
+    return location(shared[0]) / EVAL_DIR / ROWS_DIR / f"{block}.json"
+
+
+@dataclass
+class _Held:
+    """The eval documents: their token hashes, ids and orders; per block, the rows chosen (none for `eval.source`);
+    their metadata tables (domain, num_tokens) for the report."""
+
+    hashes: pa.Array
+    ids: pa.Array
+    orders: np.ndarray
+    chosen: dict[str, np.ndarray]
+    meta: list[pa.Table]
 
 
 def split(
@@ -386,73 +394,89 @@ def split(
     the eval documents (a `fraction` of the corpus: with a token cap, the candidates) and their near copies
     only."""
     names = [b for b, _ in blocks]
-    run_tasks(hash_task, str(work), [(b,) for b in names], "eval_split exact")
-    chosen: dict[str, np.ndarray] = {}
-    domains: dict[str, dict[str, int]] = {}
-    if config.source:  # another run's split: nothing is chosen here
-        source_manifest, source_docs = read_source(config.source)
-        check_source_tokenizer(config.source, source_manifest, tokenizer[1])
-        tokens = source_docs.column("tokens").chunk(0)
-        values, offsets = tokens.values.to_numpy(), tokens.offsets.to_numpy()
-        eval_hashes = pa.array([xxhash.xxh3_128_digest(values[offsets[i]:offsets[i + 1]].tobytes()) for i in range(len(tokens))],
-                               pa.binary(16))
-        eval_ids = source_docs.column("id").chunk(0)
-        eval_orders = np.array([order_key(SOURCE_UNIT, i) for i in range(source_docs.num_rows)], dtype=np.int64)
-        held = [source_docs]
-    else:
-        found = run_tasks(candidate_task, (str(work), segment, config), [(b,) for b in names], "eval_split choose")
-        picked = choose({b: f["meta"] for b, f in zip(names, found)}, config)  # candidates only: the same choice
-        chosen = {b: f["rows"][picked[b]] for b, f in zip(names, found)}
-        keep = [pa.array(picked[b]) for b in names]
-        eval_hashes = pa.concat_arrays([f["hash"].filter(k) for f, k in zip(found, keep)]) if names else pa.array([], pa.binary(16))
-        eval_ids = (pa.concat_arrays([f["meta"].column("id").combine_chunks().filter(k) for f, k in zip(found, keep)])
-                    if names else pa.array([], pa.string()))
-        eval_orders = np.concatenate([f["order"][picked[b]] for b, f in zip(names, found)] + [np.empty(0, np.int64)])
-        held = [f["meta"].filter(k) for f, k in zip(found, keep)]
-        del found
-    for sub in held:
-        for d, k in zip(sub.column("domain").to_pylist(), sub.column("num_tokens").to_pylist()):
-            entry = domains.setdefault(d, {"docs": 0, "tokens": 0})
-            entry["docs"] += 1
-            entry["tokens"] += k
-
-    # near: MinHash-LSH against the eval documents -> (order, eval id) of each near copy
+    run_tasks(hash_task, str(work), [(b,) for b in names], "eval_split exact", record=_record_at("hashes"))
+    held = _from_source(config, tokenizer) if config.source else _chosen(run_tasks, work, names, segment, config)
     near = pa.table({"order": pa.array([], pa.int64()), "eval_id": pa.array([], pa.string())})
     if config.decontaminate == "near" and names:
-        if near_dedup_segment is not None and not config.source:  # its keys are still in work/minhash/
-            # its resolve gathered the nodes by its groups: the same groups here
-            recorded = work / "minhash" / "records" / near_dedup.GROUPS_RECORD
-            if (groups := read_record(recorded)) is None:  # written by the resolve that just finished
-                raise DamagedWorkFile(recorded, "it is missing or does not match its digest")
-            groups = near_dedup.Groups(**groups)
-            source = near_dedup.KeySource(str(work / "minhash"), str(work), tuple(f"{near_dedup_segment}/{b}" for b in names),
-                                          gathered=True, run=uuid.uuid4().hex, groups=groups)
-        else:
-            source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names),
-                                          run=uuid.uuid4().hex)
-            documents = sum(run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names], "eval_split minhash"))
-            if config.source:  # its documents' keys next to this run's, under orders after every input
-                documents += run_tasks(source_bucket_task, (str(work), config.source, tokenizer[0], minhash), [(0,)],
-                                       "eval_split source minhash")[0]
-                source = dataclasses.replace(source, senders=(*source.senders, f"{EVAL_DIR}/{SOURCE_BLOCK}"))
-            source = dataclasses.replace(source, groups=near_dedup.resolve_groups(minhash.partitions, documents))
-        pairs = near_copies(run_tasks, work, eval_orders, minhash, source).sort_by([("order", "ascending"), ("eval_order", "ascending")])
-        if pairs.num_rows:
-            order_col = pairs.column("order").to_numpy()
-            first = np.r_[True, order_col[1:] != order_col[:-1]]  # one eval document named per copy: the first in input order
-            pairs = pairs.filter(pa.array(first)).combine_chunks()
-            eval_name = eval_ids.take(pc.index_in(pairs.column("eval_order").chunk(0), value_set=pa.array(eval_orders)))
-            near = pa.table({"order": pairs.column("order").chunk(0), "eval_id": eval_name})
-
-    shared = (str(work), str(out_dir), segment, eval_hashes, eval_ids, bool(config.source), near, keep_text)
-    items = [(b, input_index, chosen.get(b, np.empty(0, np.int64))) for b, input_index in blocks]
+        source = _near_source(run_tasks, work, names, segment, config, minhash, near_dedup_segment, tokenizer)
+        near = _first_near_copies(near_copies(run_tasks, work, held.orders, minhash, source), held)
+    shared = (str(work), str(out_dir), segment, held.hashes, held.ids, bool(config.source), near, keep_text)
+    items = [(b, input_index, held.chosen.get(b, np.empty(0, np.int64))) for b, input_index in blocks]
     removed_counts: dict[str, int] = {"eval_duplicate": 0, "eval_near_duplicate": 0}
-    for r in run_tasks(finish_task, shared, items, "eval_split remove"):
+    for r in run_tasks(finish_task, shared, items, "eval_split remove", record=_finish_record):
         counters.merge(Counters.from_json(r["counters"]))
         for reason, n in r["removed"].items():
             removed_counts[reason] += n
     report = {"path": EVAL_DIR, "fraction": config.fraction, "max_tokens_per_domain": config.max_tokens_per_domain,
-              "seed": config.seed, "source": config.source, "decontaminate": config.decontaminate, "domains": dict(sorted(domains.items())),
-              "removed_from_train": removed_counts}
-    eval_docs = 0 if config.source else len(eval_orders)
-    return Split(str(work / EVAL_DIR / ROWS_DIR), eval_docs, report)
+              "seed": config.seed, "source": config.source, "decontaminate": config.decontaminate,
+              "domains": _domains(held.meta), "removed_from_train": removed_counts}
+    return Split(str(work / EVAL_DIR / ROWS_DIR), 0 if config.source else len(held.orders), report)
+
+
+def _from_source(config: EvalSplitConfig, tokenizer: tuple[str, str]) -> _Held:
+    """Another run's split: nothing is chosen here; its documents are held out as they are."""
+    source_manifest, source_docs = read_source(config.source)
+    check_source_tokenizer(config.source, source_manifest, tokenizer[1])
+    tokens = source_docs.column("tokens").chunk(0)
+    values, offsets = tokens.values.to_numpy(), tokens.offsets.to_numpy()
+    hashes = pa.array([xxhash.xxh3_128_digest(values[offsets[i]:offsets[i + 1]].tobytes()) for i in range(len(tokens))],
+                      pa.binary(16))
+    orders = np.array([order_key(SOURCE_UNIT, i) for i in range(source_docs.num_rows)], dtype=np.int64)
+    return _Held(hashes, source_docs.column("id").chunk(0), orders, {}, [source_docs])
+
+
+def _chosen(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], segment: str,
+            config: EvalSplitConfig) -> _Held:
+    """The documents chosen by the seeded hash of their id (`choose`), from each block's candidates."""
+    found = run_tasks(candidate_task, (str(work), segment, config), [(b,) for b in names], "eval_split choose")
+    picked = choose({b: f["meta"] for b, f in zip(names, found)}, config)  # candidates only: the same choice
+    keep = [pa.array(picked[b]) for b in names]
+    hashes = pa.concat_arrays([f["hash"].filter(k) for f, k in zip(found, keep)]) if names else pa.array([], pa.binary(16))
+    ids = (pa.concat_arrays([f["meta"].column("id").combine_chunks().filter(k) for f, k in zip(found, keep)])
+           if names else pa.array([], pa.string()))
+    orders = np.concatenate([f["order"][picked[b]] for b, f in zip(names, found)] + [np.empty(0, np.int64)])
+    chosen = {b: f["rows"][picked[b]] for b, f in zip(names, found)}
+    return _Held(hashes, ids, orders, chosen, [f["meta"].filter(k) for f, k in zip(found, keep)])
+
+
+def _domains(meta: list[pa.Table]) -> dict[str, dict[str, int]]:
+    domains: dict[str, dict[str, int]] = {}
+    for sub in meta:
+        for d, k in zip(sub.column("domain").to_pylist(), sub.column("num_tokens").to_pylist()):
+            entry = domains.setdefault(d, {"docs": 0, "tokens": 0})
+            entry["docs"] += 1
+            entry["tokens"] += k
+    return dict(sorted(domains.items()))
+
+
+def _near_source(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], segment: str,
+                 config: EvalSplitConfig, minhash: MinHashConfig, near_dedup_segment: str | None,
+                 tokenizer: tuple[str, str]) -> KeySource:
+    """The MinHash keys to match the eval documents against: near dedup's own (still in work/minhash/, its nodes
+    gathered by its groups), or, when near dedup did not run (or the split is another run's), keys made here."""
+    if near_dedup_segment is not None and not config.source:
+        recorded = work / "minhash" / "records" / near_dedup.GROUPS_RECORD
+        if (groups := read_record(recorded)) is None:  # written by the resolve that just finished
+            raise DamagedWorkFile(recorded, "it is missing or does not match its digest")
+        return near_dedup.KeySource(str(work / "minhash"), str(work), tuple(f"{near_dedup_segment}/{b}" for b in names),
+                                    gathered=True, run=uuid.uuid4().hex, groups=near_dedup.Groups(**groups))
+    source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names), run=uuid.uuid4().hex)
+    documents = sum(r["rows"] for r in run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names],
+                                                 "eval_split minhash", record=_record_at("buckets")))
+    if config.source:  # its documents' keys next to this run's, under orders after every input
+        documents += run_tasks(source_bucket_task, (str(work), config.source, tokenizer[0], minhash), [(0,)],
+                               "eval_split source minhash", record=_record_at("buckets-source"))[0]["rows"]
+        source = dataclasses.replace(source, senders=(*source.senders, f"{EVAL_DIR}/{SOURCE_BLOCK}"))
+    return dataclasses.replace(source, groups=near_dedup.resolve_groups(minhash.partitions, documents))
+
+
+def _first_near_copies(pairs: pa.Table, held: _Held) -> pa.Table:
+    """(order, eval id) of each training document near an eval document: one eval document named per copy, the
+    first in input order."""
+    pairs = pairs.sort_by([("order", "ascending"), ("eval_order", "ascending")])
+    if not pairs.num_rows:
+        return pa.table({"order": pa.array([], pa.int64()), "eval_id": pa.array([], pa.string())})
+    order_col = pairs.column("order").to_numpy()
+    pairs = pairs.filter(pa.array(np.r_[True, order_col[1:] != order_col[:-1]])).combine_chunks()
+    eval_name = held.ids.take(pc.index_in(pairs.column("eval_order").chunk(0), value_set=pa.array(held.orders)))
+    return pa.table({"order": pairs.column("order").chunk(0), "eval_id": eval_name})

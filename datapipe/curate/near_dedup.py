@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -156,16 +157,13 @@ def resolve_groups(partitions: int, documents: int) -> Groups:
 GATHERED = "nodes-by-group"  # keys/nodes-by-group/gNNN.arrow: every sender's nodes of group g
 
 
-def gather_nodes_task(shared: tuple[str, KeySource], g: int) -> int:
+def gather_nodes_task(shared: tuple[str, KeySource], g: int) -> dict[str, int]:
     """Group g's nodes of every sender, read once (one range of each of M files) into one file, so that
     the three steps that look nodes up (attach, verify, members) read one file each instead of M ranges each."""
     folder, source = shared
-    out = location(source.keys) / GATHERED / f"g{g:03d}.arrow"
-    if out.exists():  # written whole (one PUT, or a rename): its existence is its record
-        return -1
     nodes = source.nodes(g)
-    write_work_table(out, nodes)
-    return nodes.num_rows
+    write_work_table(location(source.keys) / GATHERED / f"g{g:03d}.arrow", nodes)
+    return {"nodes": nodes.num_rows}
 
 
 def send_edges(folder: Location, a: np.ndarray, b: np.ndarray, partitions: int, sender: str) -> None:
@@ -191,12 +189,14 @@ def _checksum(src: np.ndarray, dst: np.ndarray) -> int:
         return int(np.add.reduce(mixed, dtype=np.uint64))
 
 
-def _once(record: Location, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    if (done := read_record(record)) is not None:
-        return done
-    result = work()
-    write_record(record, result)
-    return result
+def step_record(step: str) -> Callable[..., Location]:
+    """Where a resolve step's task leaves its record (checked by the run loop): `<folder>/records/<step>-<item>.json`,
+    the folder being the first of the task's shared values."""
+    return functools.partial(_step_record, step)
+
+
+def _step_record(step: str, shared: tuple, *item: Any) -> Location:
+    return location(shared[0]) / "records" / ("-".join([step, *(str(x) for x in item)]) + ".json")
 
 
 def _lookup(nodes: pa.Table, orders: np.ndarray, columns: Sequence[str]) -> pa.Table:
@@ -294,14 +294,14 @@ def pairs_task(shared: tuple[str, KeySource, MinHashConfig], g: int) -> dict[str
                       partition_of(u, config.partitions), config.partitions)
         return {"edges": 0, "candidates": int(len(u))}
 
-    return _once(root / "records" / f"pairs-g{g:03d}.json", work)
+    return work()
 
 
 def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) -> dict[str, Any]:
     """The pairs of `pairs_folder/pairs-u/` whose first document is in group g, joined with that
     document's signature and sender -> `pairs-v/gNNN` by their second document."""
-    folder, pairs_folder, source, config, _ = shared
-    root, pairs_root, groups = location(folder), location(pairs_folder), source.groups
+    _, pairs_folder, source, config, _ = shared
+    pairs_root, groups = location(pairs_folder), source.groups
 
     def work() -> dict[str, Any]:
         pairs = groups.read(pairs_root / "pairs-u", g, PAIR_SCHEMA)
@@ -316,7 +316,7 @@ def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         write_shuffle(pairs_root / "pairs-v" / f"g{g:03d}.shuffle", table, partition_of(v, config.partitions), config.partitions)
         return {"pairs": pairs.num_rows}
 
-    return _once(root / "records" / f"attach-g{g:03d}.json", work)
+    return work()
 
 
 def _not_yet_connected(edge_u: np.ndarray, edge_v: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -344,8 +344,8 @@ def _not_yet_connected(edge_u: np.ndarray, edge_v: np.ndarray, u: np.ndarray, v:
 def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) -> dict[str, Any]:
     """The pairs whose second document is in group g, decided: by the signatures, then the ones too near
     the threshold by the exact Jaccard of their text's shingles. Edges -> `edges_folder/gNNN`."""
-    folder, pairs_folder, source, config, edges_folder = shared
-    root, pairs_root, edges_root, groups = location(folder), location(pairs_folder), location(edges_folder), source.groups
+    _, pairs_folder, source, config, edges_folder = shared
+    pairs_root, edges_root, groups = location(pairs_folder), location(edges_folder), source.groups
 
     def work() -> dict[str, Any]:
         pairs = groups.read(pairs_root / "pairs-v", g)
@@ -370,7 +370,7 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         send_edges(edges_root, a, b, config.partitions, f"g{g:03d}")
         return {"edges": int(len(a)), "checked": int(len(rows)), "near": int(len(near_u)), "near_connected": int(near.sum() - len(rows))}
 
-    return _once(root / "records" / f"verify-g{g:03d}.json", work)
+    return work()
 
 
 def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, source: KeySource, config: MinHashConfig,
@@ -381,9 +381,9 @@ def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, 
     source). Returns the counts."""
     shared = (str(folder), str(pairs_folder), source, config, str(edges_folder))
     parts = source.groups.items()
-    run_tasks(attach_task, shared, parts, f"{desc} attach")
+    run_tasks(attach_task, shared, parts, f"{desc} attach", record=step_record("attach"))
     remove_tree(location(pairs_folder) / "pairs-u")  # consumed: every attach task's record is written
-    checked = run_tasks(verify_task, shared, parts, f"{desc} verify")
+    checked = run_tasks(verify_task, shared, parts, f"{desc} verify", record=step_record("verify"))
     remove_tree(location(pairs_folder) / "pairs-v")  # consumed (its signatures are the resolve's largest files)
     return {"edges": sum(x["edges"] for x in checked), "exact_checked": sum(x["checked"] for x in checked)}
 
@@ -405,7 +405,7 @@ def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
             send_edges(root / "cc" / "one-task", np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, name)
         return {"rounds": rounds}
 
-    return _once(root / "records" / "components.json", work)
+    return work()
 
 
 def round_task(shared: tuple[str, Any, Groups], r: int, g: int) -> dict[str, Any]:
@@ -419,7 +419,7 @@ def round_task(shared: tuple[str, Any, Groups], r: int, g: int) -> dict[str, Any
         send_edges(root / "cc" / f"r{r + 1:03d}", a, b, config.partitions, f"g{g:03d}")
         return {"input_edges": int(len(src)), "checksum": _checksum(src, dst)}
 
-    return _once(root / "records" / f"round{r:03d}-g{g:03d}.json", work)
+    return work()
 
 
 MEMBER_SCHEMA = pa.schema([("order", pa.int64()), ("label", pa.int64()), ("id", pa.string()), ("length", pa.int64())])
@@ -444,7 +444,7 @@ def members_task(shared: tuple[str, Any, KeySource], converged: str, g: int) -> 
                       partition_of(members.column("label").to_numpy(), config.partitions), config.partitions)
         return {"members": members.num_rows}
 
-    return _once(root / "records" / f"members-g{g:03d}.json", work)
+    return work()
 
 
 def winners_task(shared: tuple[str, Any, Groups], g: int) -> dict[str, Any]:
@@ -465,7 +465,7 @@ def winners_task(shared: tuple[str, Any, Groups], g: int) -> dict[str, Any]:
         n_clusters = len(pc.unique(clusters.column("cluster_id"))) if clusters.num_rows else 0
         return {"losers": losers.num_rows, "clusters": n_clusters}
 
-    return _once(root / "records" / f"winners-g{g:03d}.json", work)
+    return work()
 
 
 MERGE_ROWS = 1 << 16  # rows taken from each partition's file per step of `clusters_task`'s merge
@@ -502,7 +502,7 @@ def clusters_task(shared: tuple[str, str], _: int = 0) -> dict[str, Any]:
                 writer.write_table(schema.empty_table())
         return {"rows": rows}
 
-    return _once(folder / "records" / "clusters.json", work)
+    return work()
 
 
 class NearDedupStage(MinHashStage, GlobalStage):
@@ -528,13 +528,15 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     summary for the stats."""
     config = stage.config
     groups = resolve_groups(config.partitions, documents)
-    recorded = _once(folder / "records" / GROUPS_RECORD, lambda: dataclasses.asdict(groups))
-    groups = Groups(**recorded)
+    recorded = folder / "records" / GROUPS_RECORD  # fixed by the first run: a resume keeps its grouping
+    if (first := read_record(recorded)) is None:
+        write_record(recorded, first := dataclasses.asdict(groups))
+    groups = Groups(**first)
     parts = groups.items()
     source = KeySource(str(folder), str(folder.parent), tuple(senders), run=uuid.uuid4().hex, groups=groups)
-    found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs")
+    found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs", record=step_record("pairs"))
     # the nodes, read by three later steps, are gathered once by group; the senders' files then go
-    run_tasks(gather_nodes_task, (str(folder), source), parts, f"{stage.name} gather")
+    run_tasks(gather_nodes_task, (str(folder), source), parts, f"{stage.name} gather", record=step_record("gather"))
     remove_tree(folder / "nodes")
     source = dataclasses.replace(source, gathered=True)
     verified = {"edges": sum(x["edges"] for x in found), "exact_checked": 0}
@@ -548,17 +550,18 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     else:
         # (one task or rounds: `one_task_edges` may change on a resume, so cc/r000 stays until the end)
         if edges <= config.one_task_edges:
-            rounds = run_tasks(components_task, shared, [()], f"{stage.name} components")[0]["rounds"]
+            rounds = run_tasks(components_task, shared, [()], f"{stage.name} components", record=step_record("components"))[0]["rounds"]
             converged = "one-task"
         else:
             rounds = _component_rounds(run_tasks, shared, config)
             converged = f"r{rounds - 1:03d}"  # the input of the last round
-        run_tasks(members_task, (str(folder), config, source), [(converged, g) for (g,) in parts], f"{stage.name} members")
+        run_tasks(members_task, (str(folder), config, source), [(converged, g) for (g,) in parts], f"{stage.name} members",
+                  record=step_record("members"))
         write_record(labelled, {"rounds": rounds})
         remove_tree(folder / "cc")  # consumed: the members carry the labels on
-    kept = run_tasks(winners_task, shared, parts, f"{stage.name} keep")
+    kept = run_tasks(winners_task, shared, parts, f"{stage.name} keep", record=step_record("winners"))
     remove_tree(folder / "members")  # consumed
-    run_tasks(clusters_task, (str(folder), str(out_dir)), [(0,)], f"{stage.name} clusters")
+    run_tasks(clusters_task, (str(folder), str(out_dir)), [(0,)], f"{stage.name} clusters", record=step_record("clusters"))
     losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)
     return {
         "candidate_pairs": sum(x["candidates"] for x in found),  # distinct within each bucket partition
@@ -577,7 +580,8 @@ def _component_rounds(run_tasks: RunTasks, shared: tuple[str, Any, Groups], conf
     checksums: list[tuple[int, int]] = []
     r = 0
     while True:
-        results = run_tasks(round_task, shared, [(r, g) for (g,) in shared[2].items()], f"minhash components round {r}")
+        results = run_tasks(round_task, shared, [(r, g) for (g,) in shared[2].items()], f"minhash components round {r}",
+                            record=step_record("round"))
         checksums.append((sum(x["input_edges"] for x in results), sum(x["checksum"] for x in results) % 2**64))
         # A large-star round whose input equals the previous large-star round's input: converged.
         if r % 2 == 0 and r >= 2 and checksums[r] == checksums[r - 2]:

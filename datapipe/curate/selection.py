@@ -27,6 +27,7 @@ copies, and neither step sees them.
 
 from __future__ import annotations
 
+import functools
 import io
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -38,7 +39,7 @@ import pyarrow.compute as pc
 from datapipe.curate.counters import Counters
 from datapipe.core.schema import DROPPED_SCHEMA
 from datapipe.core.shards import atomic_write_bytes, atomic_write_table
-from datapipe.core.workfiles import read_record, read_work_table, write_record, write_work_table
+from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from stages import diversity, mixture
 
@@ -133,12 +134,19 @@ def fit_centroids(run_tasks: Callable[..., list[Any]], work: Location, blocks: l
     return centroids
 
 
-def assign_task(shared: tuple[str, diversity.DiversityConfig, dict[str, np.ndarray]], block: str) -> str:
+def _record_in(folder: str) -> Callable[..., Location]:
+    """Where a selection task over a block leaves its record (checked by the run loop): work/<folder>/<block>.json."""
+    return functools.partial(_record, folder)
+
+
+def _record(folder: str, shared: tuple, block: str, *_: Any) -> Location:
+    return location(shared[0]) / folder / f"{block}.json"
+
+
+def assign_task(shared: tuple[str, diversity.DiversityConfig, dict[str, np.ndarray]], block: str) -> dict[str, str]:
     """Cluster of every row of a sampled domain in one block -> work/diversity/<block>.arrow."""
     work, config, centroids = location(shared[0]), shared[1], shared[2]
     out = work / "diversity" / f"{block}.arrow"
-    if out.exists():
-        return str(out)
     table = read_work_table(_token_file(work, block)).select(["id", "domain", "tokens", "num_tokens"])
     domains = np.array(table.column("domain").to_pylist(), dtype=object)
     parts = []
@@ -155,7 +163,7 @@ def assign_task(shared: tuple[str, diversity.DiversityConfig, dict[str, np.ndarr
             "num_tokens": sub.column("num_tokens"),
         }, schema=ASSIGN_SCHEMA))
     write_work_table(out, pa.concat_tables(parts) if parts else ASSIGN_SCHEMA.empty_table())
-    return str(out)
+    return {"path": str(out)}
 
 
 def _assigned(work: Location, block: str, held_out: RowCopies | None) -> pa.Table:
@@ -170,20 +178,19 @@ def _bucket(rank: np.ndarray) -> np.ndarray:
     return (rank >> np.uint64(64 - BUCKET_BITS)).astype(np.int64)
 
 
-def hist_task(shared: tuple[str, RowCopies | None], block: str) -> str:
+def hist_task(shared: tuple[str, RowCopies | None], block: str) -> dict[str, str]:
     """Documents and tokens of the block's training rows per (domain, cluster, rank bucket) ->
     work/diversity/hist/<block>.arrow (`key` = cluster * BUCKETS + bucket)."""
     work, held_out = location(shared[0]), shared[1]
     out = work / "diversity" / "hist" / f"{block}.arrow"
-    if not out.exists():
-        part = _assigned(work, block, held_out)
-        key = part.column("cluster").to_numpy().astype(np.int64) * BUCKETS + _bucket(part.column("rank").to_numpy())
-        table = pa.table({"domain": part.column("domain"), "key": key, "docs": np.ones(len(key), np.int64),
-                          "tokens": part.column("num_tokens").to_numpy().astype(np.int64)})
-        table = table.group_by(["domain", "key"], use_threads=False).aggregate([("docs", "sum"), ("tokens", "sum")])
-        table = table.select(["domain", "key", "docs_sum", "tokens_sum"]).rename_columns(HIST_SCHEMA.names).cast(HIST_SCHEMA)
-        write_work_table(out, table)
-    return str(out)
+    part = _assigned(work, block, held_out)
+    key = part.column("cluster").to_numpy().astype(np.int64) * BUCKETS + _bucket(part.column("rank").to_numpy())
+    table = pa.table({"domain": part.column("domain"), "key": key, "docs": np.ones(len(key), np.int64),
+                      "tokens": part.column("num_tokens").to_numpy().astype(np.int64)})
+    table = table.group_by(["domain", "key"], use_threads=False).aggregate([("docs", "sum"), ("tokens", "sum")])
+    table = table.select(["domain", "key", "docs_sum", "tokens_sum"]).rename_columns(HIST_SCHEMA.names).cast(HIST_SCHEMA)
+    write_work_table(out, table)
+    return {"path": str(out)}
 
 
 MERGE_GROUP = 256  # histogram files summed per task
@@ -236,7 +243,8 @@ def boundary_task(shared: tuple[str, RowCopies | None, dict[str, np.ndarray]], b
 def _diversity_cuts(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], div_config: diversity.DiversityConfig,
                     centroids: dict[str, np.ndarray], held_out: RowCopies | None) -> tuple[dict[str, _Cut], dict[str, Any], dict[str, int]]:
     """Each sampled domain's cut, its report entry, and the tokens its kept rows hold."""
-    files = run_tasks(hist_task, (str(work), held_out), [(b,) for b in names], "diversity histogram")
+    files = [r["path"] for r in run_tasks(hist_task, (str(work), held_out), [(b,) for b in names], "diversity histogram",
+                                          record=_record_in("diversity/hist"))]
     # the blocks' histograms summed by tasks, a group of files each: the driver opens no file
     groups = [(files[i : i + MERGE_GROUP],) for i in range(0, len(files), MERGE_GROUP)]
     merged = run_tasks(hist_merge_task, None, groups, "diversity histogram merge")
@@ -298,9 +306,6 @@ def select_task(shared: tuple[str, str, RowCopies | None, dict[str, _Cut], dict[
     dropped documents' records; returns the counters' changes, the tokens written per domain and the
     block's largest copy count."""
     work, out_dir, held_out, cuts, mix_plan, seed = location(shared[0]), location(shared[1]), *shared[2:]
-    record = work / COPIES_DIR / f"{block}.json"
-    if (done := read_record(record)) is not None:
-        return done
     t = read_work_table(_token_file(work, block)).select(["id", "domain", "num_tokens"])
     copies = np.ones(t.num_rows, dtype=np.int64)
     copies[_held(held_out, block, t.num_rows)] = 0
@@ -349,9 +354,7 @@ def select_task(shared: tuple[str, str, RowCopies | None, dict[str, _Cut], dict[
     if parts:
         atomic_write_table(out_dir / "dropped" / f"select-{block}.parquet", pa.concat_tables(parts), format="parquet")
     write_work_table(work / COPIES_DIR / f"{block}.arrow", pa.table({"copies": copies}))
-    result = {"counters": counters.to_json(), "written": written, "max_copies": int(copies.max()) if len(copies) else 0}
-    write_record(record, result)
-    return result
+    return {"counters": counters.to_json(), "written": written, "max_copies": int(copies.max()) if len(copies) else 0}
 
 
 def select(
@@ -384,12 +387,13 @@ def select(
     if div_config.enabled and div_config.domains:
         doc_counts = {d: n for d, (n, _) in totals.items() if n}
         centroids = fit_centroids(run_tasks, work, names, div_config, doc_counts, held_out)
-        run_tasks(assign_task, (str(work), div_config, centroids), [(b,) for b in names], "diversity")
+        run_tasks(assign_task, (str(work), div_config, centroids), [(b,) for b in names], "diversity", record=_record_in("diversity"))
         cuts, report["diversity"], kept_tokens = _diversity_cuts(run_tasks, work, names, div_config, centroids, held_out)
         natural.update(kept_tokens)
     mix_plan = mixture.plan(natural, mix_config) if mix_config.enabled else None
     items = [(b, i, input_index) for i, (b, input_index) in enumerate(blocks)]
-    results = run_tasks(select_task, (str(work), str(out_dir), held_out, cuts, mix_plan, mix_config.seed), items, "select")
+    results = run_tasks(select_task, (str(work), str(out_dir), held_out, cuts, mix_plan, mix_config.seed), items, "select",
+                        record=_record_in(COPIES_DIR))
     written: dict[str, int] = {}
     for r in results:
         counters.merge(Counters.from_json(r["counters"]))

@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 import xxhash
 
 from datapipe.core.schema import ROW_BITS
-from datapipe.core.workfiles import read_record, read_work_table, write_record, write_work_table
+from datapipe.core.workfiles import read_work_table, write_work_table
+from datapipe.curate.phase import Phase
 from datapipe.core.shuffle import SUFFIX, read_shuffle, shuffle_files, write_shuffle
 from datapipe.core.storage import Location
 
@@ -57,9 +58,6 @@ def resolve(shared: tuple[Location, list[str]], partition: int, partitions: int)
     is the work folder and the block names): write them per input unit and return
     {"renamed": n, "examples": [[id, new_id, order], ...] (the first few by order)}."""
     work, blocks = shared
-    record = work / FOLDER / f"resolved-p{partition:03d}-of-{partitions:03d}.json"
-    if (done := read_record(record)) is not None:
-        return done
     keys = read_shuffle(shuffle_files(work / FOLDER / "keys", blocks), partition, partitions, KEY_SCHEMA)
     renames = _renames(keys)
     units = pc.shift_right(renames.column("order"), ROW_BITS) if renames.num_rows else pa.array([], pa.int64())
@@ -68,9 +66,17 @@ def resolve(shared: tuple[Location, list[str]], partition: int, partitions: int)
         part = renames.filter(pc.equal(units, u))
         write_work_table(work / FOLDER / "renames" / f"u{u:06d}" / f"p{partition:03d}-of-{partitions:03d}.arrow", part)
     examples = [[r["id"], r["new_id"], r["order"]] for r in renames.slice(0, 10).to_pylist()]
-    result = {"renamed": renames.num_rows, "examples": examples}
-    write_record(record, result)
-    return result
+    return {"renamed": renames.num_rows, "examples": examples}
+
+
+def resolve_phase(work: Location, blocks: list[str], partitions: int, memory: int) -> Phase:
+    """One task per hash partition of the ids, part of reading (the renames are applied as segment 0 reads)."""
+    return Phase("read", "unique_ids", resolve, (work, blocks), [(p, partitions) for p in range(partitions)], resolved_record_at,
+                 memory)
+
+
+def resolved_record_at(shared: tuple[Location, list[str]], partition: int, partitions: int) -> Location:
+    return shared[0] / FOLDER / f"resolved-p{partition:03d}-of-{partitions:03d}.json"
 
 
 def _renames(keys: pa.Table) -> pa.Table:

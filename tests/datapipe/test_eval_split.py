@@ -19,11 +19,12 @@ import pytest
 from datapipe.core.workfiles import read_record
 from tokenizers import Tokenizer
 
-from helpers import ASSETS, small_config
+from helpers import ASSETS, run_tasks_in_process, small_config
 from datapipe.core.shards import open_shard, read_manifest, split_source
-from datapipe.curate import eval_split, near_dedup, runner
+from datapipe.curate import eval_split, near_dedup
+from datapipe.curate import run as run_module
 from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.runner import curate
+from datapipe.curate.run import curate
 from datapipe.inspect import stats
 from datapipe.testing.synthetic import exact_jaccard, mutate
 from datapipe.curate.near_dedup import Groups, KeySource
@@ -210,7 +211,7 @@ def test_the_near_check_compares_every_bucket_member_with_the_eval_documents(tmp
     assert sorted(zip(u.tolist(), v.tolist())) == [(1, 2), (2, 3)]  # near dedup: A-H and H-B, never A-B
     assert len(decide_pairs(u, v, sig[u - 1].astype(np.uint16), sig[v - 1].astype(np.uint16), config).edge_u) == 0
     source = _keys_of_one_bucket(tmp_path, sig, [1, 2, 3], 8)
-    found = eval_split.near_copies(LocalExecutor().run_tasks, tmp_path, np.array([1]), config, source)
+    found = eval_split.near_copies(run_tasks_in_process(), tmp_path, np.array([1]), config, source)
     assert found.to_pylist() == [{"order": 3, "eval_order": 1}]
 
 
@@ -222,8 +223,8 @@ def test_the_near_check_is_bounded_by_the_window_in_a_crowded_bucket(tmp_path):
     sig = np.tile(np.arange(8, dtype=np.uint32), (50, 1))  # all alike
     source = _keys_of_one_bucket(tmp_path, sig, orders, 8)
     eval_orders = np.arange(10, 50)
-    found = eval_split.near_copies(LocalExecutor().run_tasks, tmp_path, eval_orders, config, source)
-    record = read_record(tmp_path / "eval" / "records" / "match-g000.json")
+    found = eval_split.near_copies(run_tasks_in_process(), tmp_path, eval_orders, config, source)
+    record = read_record(tmp_path / "eval" / "records" / "match-0.json")
     assert record["candidates"] == 40
     assert sorted(found.column("order").to_pylist()) == sorted(list(range(10)) * 4)
     assert set(found.column("eval_order").to_pylist()) == {10, 11, 12, 13}
@@ -265,7 +266,7 @@ def test_the_split_is_deterministic_and_a_killed_run_resumes_to_the_same_split(t
     monkeypatch.setattr(eval_split, "match_task", match)
     out = tmp_path / "out"
     for module, task in ((eval_split, "hash_task"), (eval_split, "bucket_task"), (eval_split, "match_task"),
-                         (runner, "eval_shard_task")):  # killed in each eval phase in turn, resumed each time
+                         (run_module, "eval_shard_task")):  # killed in each eval phase in turn, resumed each time
         with monkeypatch.context() as patch:
             patch.setattr(module, task, _dies_after(getattr(module, task), 1))
             with pytest.raises(_Killed):

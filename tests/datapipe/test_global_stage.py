@@ -17,7 +17,7 @@ from helpers import small_config
 from datapipe.core.shards import read_manifest
 from datapipe.core.workfiles import write_work_table
 from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.runner import curate
+from datapipe.curate.run import curate
 from datapipe.core.shuffle import read_shuffle
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 

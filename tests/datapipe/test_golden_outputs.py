@@ -12,7 +12,7 @@ import json
 from datapipe.core.config import from_dict
 from datapipe.curate.config import CurateConfig
 from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.runner import curate
+from datapipe.curate.run import curate
 from helpers import ASSETS
 
 EVERY_SWITCH = {

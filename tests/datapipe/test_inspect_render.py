@@ -198,7 +198,7 @@ def test_the_eval_holdout_is_its_own_funnel_row_and_drop_reason(repeated_dir):
 def test_stats_on_a_run_where_nothing_survived_shows_the_funnel(tmp_path, capsys):
     out = tmp_path / "empty-run"
     out.mkdir()
-    # what runner._nothing_survived writes: stats.json, no manifest, no shards
+    # what report.nothing_survived writes: stats.json, no manifest, no shards
     atomic_write_json(out / "stats.json", {
         "funnel": _funnel(("read", {"web": (10, 10)}), ("filters", {"web": (10, 0)})),
         "dropped": {"filters": {"web": {"gopher_quality:word_count": 7, "c4:lines": 3}}},

@@ -22,8 +22,8 @@ from datapipe.core import shards
 from datapipe.core.config import RunStopped
 from datapipe.core.shards import OutputError, open_shard, read_manifest
 from datapipe.curate.executors import LocalExecutor
-from datapipe.curate import runner
-from datapipe.curate.runner import curate
+from datapipe.curate import run as run_module
+from datapipe.curate.run import curate
 from datapipe.inspect import stats as inspect_stats
 
 
@@ -217,14 +217,14 @@ def test_a_writer_killed_during_the_run_leaves_no_temporary_in_the_finished_outp
     data = write_jsonl(tmp_path / "data.jsonl", docs("d", 200))
     out = tmp_path / "out"
     killed: list[Path] = []
-    real = runner.shard_task
+    real = run_module.shard_task
 
     def shard_task(plan, index, *args):
         if index == 0 and not killed:  # a Ray worker writing shard 0 is SIGKILLed; the retried task writes it
             killed.append(Path(killed_mid_write(WRITER, str(out / "shards" / "shard-00000.arrow"))))
         return real(plan, index, *args)
 
-    monkeypatch.setattr(runner, "shard_task", shard_task)
+    monkeypatch.setattr(run_module, "shard_task", shard_task)
     run(small_config(out, [{"path": str(data)}]))
     assert killed and killed[0].name.startswith(".shard-00000.arrow.tmp-")  # what the kill left, during the run
     assert leftovers(out) == []  # gone before the manifest: a successful run leaves only its outputs
@@ -374,7 +374,7 @@ def test_a_damaged_work_file_is_redone_or_named_never_read_wrong(tmp_path: Path,
         run(cfg, extra_stages=[_KillInFilters(True)])
     work = out / "work"
     if target == "exact keys":  # as if killed right after the keys were sent: the resolve has not read them yet
-        for done in work.glob("exact_dedup/losers-t*.arrow"):
+        for done in work.glob("exact_dedup/losers-t*"):
             done.unlink()
         shutil.rmtree(work / "exact_dedup" / "losers-by-unit")
     damaged = work / DAMAGED[target]

@@ -19,7 +19,7 @@ from datapipe.core.workfiles import read_work_table
 from helpers import ASSETS, STALL_S, small_config
 from datapipe.curate import near_dedup
 from datapipe.curate.executors import LocalExecutor, RayExecutor
-from datapipe.curate.runner import curate
+from datapipe.curate.run import curate
 from datapipe.core.shards import read_manifest
 from datapipe.testing.synthetic import (
     EDITS,

@@ -22,7 +22,7 @@ from datapipe.core.schema import empty_dropped
 from datapipe.core.shards import read_manifest
 from datapipe.core.storage import location
 from datapipe.curate.executors import LocalExecutor, RayExecutor
-from datapipe.curate.runner import curate
+from datapipe.curate.run import curate
 from datapipe.inspect import stats
 from datapipe.loader import PackedLoader
 from stages.base import StageResult

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import ASSETS, STALL_S, small_config, stop_cluster
 from datapipe.curate.executors import LocalExecutor, RayExecutor
-from datapipe.curate.runner import curate
+from datapipe.curate.run import curate
 from datapipe.core.schema import empty_dropped
 from datapipe.core.shards import read_manifest
 from stages.base import StageResult

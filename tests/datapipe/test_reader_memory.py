@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-# A child that reads one JSONL file as the read phase does (runner._read: read_unit + quarantine file)
+# A child that reads one JSONL file as the read phase does (phases.read._read: read_unit + quarantine file)
 # and prints what it kept, what it quarantined and its own peak RSS (KiB, Linux /proc).
 CHILD = r"""
 import json, sys, types
@@ -21,14 +21,14 @@ import orjson
 from datapipe.core.config import from_dict
 from datapipe.curate.config import CurateConfig
 from datapipe.curate.readers import InputUnit
-from datapipe.curate import runner
+from datapipe.curate.phases import read
 path, out, max_bytes = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 cfg = from_dict(CurateConfig, {"inputs": [{"path": path}], "output": {"dir": str(out)},
                                "read": {"max_bytes_per_doc": max_bytes, "block_bytes": 1 << 20},
-                               "dedup": {"exact": {"partitions": 4}}})  # (the runner resolves auto ones)
+                               "dedup": {"exact": {"partitions": 4}}})  # (the run resolves auto ones)
 plan = types.SimpleNamespace(cfg=cfg, out_dir=str(out), out=out, work=out / "work", read_stages=[])
 (out / "work" / "read").mkdir(parents=True)
-result = runner._read(plan, 0, InputUnit(0, path, "jsonl"), cfg.inputs[0], out / "work" / "read" / "u000000.json")
+result = read._read(plan, 0, InputUnit(0, path, "jsonl"), cfg.inputs[0])
 import pyarrow as pa
 from datapipe.core.workfiles import read_work_table
 ids = []

@@ -20,7 +20,8 @@ from datapipe.core.shards import read_manifest
 from datapipe.curate import config as curate_config
 from datapipe.curate.config import CurateConfig
 from datapipe.curate.executors import _RAY_AUTH_LOGGER, LocalExecutor, _DropTokenAuthNotice, ray_address
-from datapipe.curate.runner import RunConflict, curate
+from datapipe.curate.identity import RunConflict
+from datapipe.curate.run import curate
 
 
 class _Interrupt(Exception):

@@ -22,7 +22,8 @@ import pytest
 from helpers import ASSETS, small_config
 from datapipe.core.config import ConfigError
 from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.runner import RunConflict, curate
+from datapipe.curate.identity import RunConflict
+from datapipe.curate.run import curate
 from datapipe.core.shards import open_shard, read_manifest, verify_shard
 from stages.base import StageResult
 
@@ -287,8 +288,9 @@ class _DriverReads(LocalExecutor):
         self.in_task = False
         self.driver_reads: list[str] = []
         import datapipe.core.workfiles as workfiles
-        from datapipe.curate import eval_split, near_dedup, runner, selection, unique_ids
-        import stages.base, stages.exact_dedup
+        from datapipe.curate import eval_split, exchange, near_dedup, selection, unique_ids
+        from datapipe.curate.phases import shards
+        import stages.base
 
         real = workfiles.read_work_table
 
@@ -297,7 +299,7 @@ class _DriverReads(LocalExecutor):
                 self.driver_reads.append(str(path))
             return real(path)
 
-        for module in (runner, selection, eval_split, near_dedup, unique_ids, stages.base, stages.exact_dedup):
+        for module in (exchange, shards, selection, eval_split, near_dedup, unique_ids, stages.base):
             monkeypatch.setattr(module, "read_work_table", spy)
 
     def run_tasks(self, fn, shared, items, desc, **kwargs):
@@ -330,7 +332,7 @@ def test_the_driver_reads_no_document_table(tmp_path, slice_input, monkeypatch):
 
 
 def test_ray_stall_timeout_is_a_checked_key_that_reaches_the_executor(tmp_path, slice_input, monkeypatch):
-    from datapipe.curate import runner
+    from datapipe.curate import run as runner
 
     assert small_config(tmp_path / "o", [slice_input]).ray.stall_timeout_s == 600
     with pytest.raises(ConfigError, match=r"stall_timeout_s must be >= 0 \(0 = no limit\), got -1"):
@@ -358,9 +360,12 @@ def test_a_resumed_run_says_how_much_work_it_reused(tmp_path, slice_input):
     lines: list[str] = []
     result = curate(cfg, executor=LocalExecutor(), progress=False, log=lines.append, extra_stages=[PassThrough()])
     (line,) = [x for x in lines if x.startswith("resumed: ")]
-    assert re.fullmatch(rf"resumed: {1 + seg0 + seg1} of \d+ tasks were already done \(read 1/1, exact_dedup "
-                        rf"{seg0}/{seg0}, filters\+crash {seg1}/{seg0}, tokenize 0/{seg0}, shards 0/\d+\)", line), line
-    assert result.resumed_tasks == 1 + seg0 + seg1
+    # by user-level stage: read (its units and the id partitions), exact dedup (its blocks, resolve and routing), ...
+    found = re.fullmatch(r"resumed: (\d+) of \d+ tasks were already done \(read (\d+)/\2, exact dedup (\d+)/\3, "
+                         rf"filters \+ crash {seg1}/{seg0}, tokenize 0/{seg0}, shards 0/\d+\)", line)
+    assert found, line
+    assert int(found[2]) == 1 + 3 and int(found[3]) > seg0  # one unit and 3 id partitions; the blocks and the resolve
+    assert result.resumed_tasks == int(found[1]) == int(found[2]) + int(found[3]) + seg1
     fresh: list[str] = []
     curate(small_config(tmp_path / "fresh", [slice_input]), executor=LocalExecutor(), progress=False, log=fresh.append)
     assert not any(x.startswith("resumed") for x in fresh)  # a fresh run lists nothing and says nothing
@@ -391,7 +396,7 @@ def test_keep_dropped_text_keeps_the_text_of_language_id_and_eval_split_drops(tm
 def test_losers_gathered_by_unit_group_are_the_same_whatever_the_grouping(tmp_path, monkeypatch):
     """Five input files with copies across them: each block reads its unit's losers from its group's one
     file (`gather_losers_task`); groups of 2 units and one unit each drop exactly the same documents."""
-    from datapipe.curate import runner
+    from datapipe.curate import exchange
 
     texts = [f"document {i} " + " ".join(f"w{(i * 7 + j) % 97}" for j in range(60)) for i in range(12)]
     for f in range(5):
@@ -399,7 +404,7 @@ def test_losers_gathered_by_unit_group_are_the_same_whatever_the_grouping(tmp_pa
         (tmp_path / f"part-{f}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     outputs = {}
     for groups in (2, 256):
-        monkeypatch.setattr(runner, "UNIT_GROUPS", groups)
+        monkeypatch.setattr(exchange, "UNIT_GROUPS", groups)
         cfg = small_config(tmp_path / f"g{groups}", [{"path": str(tmp_path / "part-*.jsonl"), "domain": "web"}], filters={},
                            dedup={"exact": {"enabled": True}, "minhash": {"enabled": True}})
         outputs[groups] = curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
@@ -413,7 +418,7 @@ def test_the_driver_reads_while_ray_starts_and_the_output_is_the_same(tmp_path, 
     outlives the run."""
     import threading
 
-    from datapipe.curate import runner
+    from datapipe.curate import run as runner
 
     lines = (ASSETS / "corpus_slice.jsonl").read_text().splitlines(keepends=True)
     folder = tmp_path / "in"
@@ -449,12 +454,13 @@ def test_the_driver_reads_while_ray_starts_and_the_output_is_the_same(tmp_path, 
 
 
 def test_a_read_error_in_the_driver_is_the_runs_error(tmp_path, slice_input, monkeypatch):
-    from datapipe.curate import runner
+    from datapipe.curate import run as runner
+    from datapipe.curate.phases import read
 
     def read_task(plan, unit):
         raise ConfigError("inputs[0].path: cannot be read now")
 
-    monkeypatch.setattr(runner, "read_task", read_task)
+    monkeypatch.setattr(read, "read_task", read_task)
     monkeypatch.setattr(runner, "make_executor", lambda kind, address, **kw: (time.sleep(0.2), LocalExecutor())[1])
     monkeypatch.setattr(runner, "ray_is_running", lambda: False)
     with pytest.raises(ConfigError, match="cannot be read now"):
@@ -464,16 +470,16 @@ def test_a_read_error_in_the_driver_is_the_runs_error(tmp_path, slice_input, mon
 def test_a_block_write_that_fails_on_the_writer_thread_fails_the_read(tmp_path, monkeypatch):
     """The read task writes block k on a second thread while it parses block k+1: a write that fails there (a
     full disk) is the task's error, and the unit is not marked done."""
-    from datapipe.curate import runner
+    from datapipe.curate.phases import read
 
-    written = runner._write_block
+    written = read._write_block
 
     def fail_on_the_second(plan, name, table, input_index):
         if name.endswith("b00001"):
             raise ConfigError("output.dir: the disk is full")
         return written(plan, name, table, input_index)
 
-    monkeypatch.setattr(runner, "_write_block", fail_on_the_second)
+    monkeypatch.setattr(read, "_write_block", fail_on_the_second)
     with pytest.raises(ConfigError, match="the disk is full"):
         run(small_config(tmp_path / "out", [{"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}]))
     assert (tmp_path / "out" / "work" / "read" / "u000000-b00000.arrow").exists()  # the block before it was written
@@ -483,10 +489,11 @@ def test_a_block_write_that_fails_on_the_writer_thread_fails_the_read(tmp_path, 
 def test_an_interrupt_while_ray_starts_does_not_wait_for_the_drivers_read(tmp_path, slice_input, monkeypatch):
     import threading
 
-    from datapipe.curate import runner
+    from datapipe.curate import run as runner
+    from datapipe.curate.phases import read
 
     release = threading.Event()
-    monkeypatch.setattr(runner, "read_task", lambda plan, unit: release.wait(60))  # a unit that takes a minute
+    monkeypatch.setattr(read, "read_task", lambda plan, unit: release.wait(60))  # a unit that takes a minute
 
     def interrupted_while_starting(kind, address, **kwargs):
         time.sleep(0.2)

@@ -6,9 +6,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from helpers import ASSETS, small_config
+from helpers import ASSETS, run_tasks_in_process, small_config
 from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.runner import curate
+from datapipe.curate.run import curate
 from datapipe.core.shards import open_shard, read_manifest
 
 
@@ -116,7 +116,7 @@ def test_diversity_cut_by_block_equals_the_choice_over_the_whole_domain(tmp_path
         atomic_write_table(work / "diversity" / f"b{i}.arrow", pa.concat_tables(parts))
     config = diversity.DiversityConfig(enabled=True, domains=budgets)
     centroids = {d: np.zeros((k[d], 2)) for d in budgets}
-    cuts, report, _ = selection._diversity_cuts(LocalExecutor().run_tasks, work, names, config, centroids, None)
+    cuts, report, _ = selection._diversity_cuts(run_tasks_in_process(), work, names, config, centroids, None)
     for d, budget in budgets.items():
         table = pa.concat_tables(whole[d])
         expected = diversity.select(table.column("cluster").to_numpy(), table.column("rank").to_numpy(),

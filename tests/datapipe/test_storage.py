@@ -107,7 +107,7 @@ def test_storage_that_cannot_be_reached_is_a_config_error_naming_the_url(s3_fold
     import s3fs
 
     from datapipe.curate.executors import LocalExecutor
-    from datapipe.curate.runner import curate
+    from datapipe.curate.run import curate
     from datapipe.inspect import stats
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):

@@ -1,4 +1,4 @@
-"""The user's path without a traceback (issue 16): progress lines named by the stages, a dead Ray worker
+"""The user's path without a traceback: progress as one line per stage, a dead Ray worker
 as one line, `datapipe run` on a finished folder, and the README's own curate command writing only
 under its output folder."""
 
@@ -18,29 +18,46 @@ from helpers import ASSETS, small_config
 from datapipe.cli import main
 from datapipe.curate import embedded
 from datapipe.curate.executors import LocalExecutor, WorkerDeathFilter
-from datapipe.curate.runner import curate
+from datapipe.curate.run import curate
 
 REPO = Path(__file__).resolve().parents[2]
-PROGRESS = re.compile(r"^(?P<name>[^:]+): [\d,]+(/[\d,]+)? tasks")
 
 
-def test_progress_lines_are_named_by_the_stages(tmp_path, capsys):
-    cfg = small_config(tmp_path / "out", [{"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}],
-                       dedup={"exact": {"partitions": 3}, "minhash": {"enabled": True}}, langid={"enabled": True},
-                       eval={"enabled": True, "fraction": 0.2})
-    result = curate(cfg, executor=LocalExecutor(progress=True), log=lambda _: None)
+STAGE_LINE = re.compile(r"^(?P<name>[^:]+): [\d,]+ tasks? in [\d.]+ s$")
+
+
+def _every_switch(out):
+    return small_config(out, [{"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}],
+                        dedup={"exact": {"partitions": 3}, "minhash": {"enabled": True}}, langid={"enabled": True},
+                        eval={"enabled": True, "fraction": 0.2})
+
+
+def test_progress_is_one_line_per_stage_of_the_funnel(tmp_path, capsys):
+    curate(_every_switch(tmp_path / "out"), executor=LocalExecutor(), log=lambda _: None)
     lines = capsys.readouterr().err.splitlines()  # not a terminal: plain lines
-    names = [m["name"] for line in lines if (m := PROGRESS.match(line))]
-    assert len(names) == len(lines) > 10
-    # each name's stages ("langid+filters+minhash components round 2" -> langid, filters, minhash) are stats.json's
-    # funnel stages or its phases
-    known = {f["stage"] for f in result.stats["funnel"]} | {p.split()[0] for p in result.stats["phase_seconds"]}
-    for name in names:
-        assert not name.startswith("seg")
-        assert set(name.split(" ")[0].split("+")) <= known, name
-    # a segment is named by its stages, a global stage's resolve by the stage and its step
-    assert {"exact_dedup", "exact_dedup resolve", "langid+filters+minhash", "minhash pairs", "minhash verify", "minhash drop",
-            "tokenize", "eval_split exact", "shards"} <= set(names)
+    names = [m["name"] for line in lines if (m := STAGE_LINE.match(line))]
+    assert len(names) == len(lines)  # nothing but the stage lines
+    # the stages a user thinks in, each once, in the funnel's order: no sub-step, no segment folder
+    # (selection runs whenever rows are held out for eval: they get no copies)
+    assert names == ["read", "exact dedup", "language id + filters", "near dedup", "tokenize", "eval split", "selection",
+                     "shards", "clean up"]
+
+
+def test_verbose_progress_shows_the_steps_of_each_stage(tmp_path, capsys):
+    curate(_every_switch(tmp_path / "out"), executor=LocalExecutor(progress=True), verbose=True, log=lambda _: None)
+    lines = capsys.readouterr().err.splitlines()
+    steps = {line.split(":")[0] for line in lines if not STAGE_LINE.match(line)}
+    assert {"exact_dedup resolve", "minhash pairs", "minhash verify", "minhash drop", "eval_split exact"} <= steps
+    assert len(lines) > 30
+
+
+def test_the_cli_logs_curation_in_a_few_lines(tmp_path):
+    """`datapipe curate` on the quickstart slice, in a log: one line per stage, then the summary tables on stdout."""
+    done = subprocess.run(["datapipe", "curate", "configs/quickstart.yaml", "--executor", "local", "--output",
+                           str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert 5 <= len(done.stderr.splitlines()) <= 15, done.stderr
+    assert "shards," in done.stdout.splitlines()[-1]  # the summary: shards, documents, tokens, seconds
 
 
 def _batch(pid, *lines, is_err=True):

@@ -12,7 +12,8 @@ from datapipe.core.config import ConfigError, from_dict
 from datapipe.curate.config import CurateConfig, auto_block_bytes, auto_shard_bytes, load_config
 from datapipe.curate.executors import LocalExecutor
 from datapipe.curate.readers import estimated_text_bytes
-from datapipe.curate.runner import curate, remove_work
+from datapipe.curate.plan import remove_work
+from datapipe.curate.run import curate
 
 MiB = 2**20
 REPO = Path(__file__).parents[2]
@@ -96,7 +97,7 @@ def test_auto_on_a_tiny_input_gives_several_blocks_and_shards_and_counts_every_s
     # every second of the run is in a phase, from planning and starting the executor to the work/ clean-up
     stats = json.loads((out / "stats.json").read_text())
     phases = stats["phase_seconds"]
-    assert {"start", "read", "tokenize", "shards", "write", "clean_up"} <= set(phases)
+    assert {"start", "read", "tokenize", "shards", "write", "clean up"} <= set(phases)
     assert sum(phases.values()) == pytest.approx(stats["seconds"], abs=0.02)
 
 
@@ -126,7 +127,7 @@ def test_clean_up_of_work_is_in_stats(tmp_path):
     result = curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
     assert not (out / "work").exists()
     stats = json.loads((out / "stats.json").read_text())
-    assert "clean_up" in stats["phase_seconds"] and stats == result.stats
+    assert "clean up" in stats["phase_seconds"] and stats == result.stats
     assert sum(stats["phase_seconds"].values()) == pytest.approx(stats["seconds"], abs=0.02)
 
 
@@ -153,7 +154,7 @@ def test_auto_partitions_keep_each_task_under_the_budget(input_bytes, shuffle, p
 
 def test_auto_partitions_come_from_the_input_and_do_not_change_the_output(tmp_path, slice_input):
     from datapipe.curate.readers import plan_units
-    from datapipe.curate.runner import resolve_block_bytes
+    from datapipe.curate.plan import resolve_block_bytes
 
     dedup = {"exact": {"enabled": True}, "minhash": {"enabled": True}}
     auto = small_config(tmp_path / "auto", [slice_input], dedup=dedup)

@@ -1,0 +1,98 @@
+"""The run's identity, `OUT/run.json`: claim an output folder, refuse one that holds another run, reuse a finished one.
+
+`run.json` keeps what decides the output (the config, the input units, each input file's fingerprint, a loaded
+tokenizer's sha256) and the work layout the run was started with. A rerun that is not the same run is refused
+and told which keys or files differ; an unfinished run resumed with another work layout is refused too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from datapipe.core.config import ConfigError
+from datapipe.core.shards import atomic_write_json
+from datapipe.curate.config import config_hash, diff_configs, layout_conflict, result_affecting, work_layout
+from datapipe.curate.plan import Plan
+from datapipe.curate.readers import input_fingerprints
+
+
+RUN_RECORD = "run.json"
+
+
+class RunConflict(ConfigError):
+    """The output folder holds a run made with a different config or different inputs."""
+
+
+def run_record(plan: Plan, tokenizer_text: str | None) -> dict[str, Any]:
+    """The run's identity, kept in OUT/run.json: what decides the output (the config, the input units,
+    each input file's fingerprint, the loaded tokenizer's sha256) and the work layout it was started with."""
+    record = {
+        "config": result_affecting(plan.cfg),
+        "config_hash": config_hash(plan.cfg),
+        "units": [dataclasses.asdict(u) for u in plan.units],
+        "input_files": input_fingerprints(plan.units, list(plan.cfg.inputs)),
+        "work_layout": work_layout(plan.cfg),
+    }
+    if tokenizer_text is not None:
+        record["tokenizer_sha256"] = hashlib.sha256(tokenizer_text.encode()).hexdigest()
+    return json.loads(json.dumps(record))  # as it reads back from the file (tuples are lists)
+
+
+def _unit_paths(units: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(f for u in units for f in (u["files"] or [u["path"]])))
+
+
+def _identity_conflict(plan: Plan, old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """Why the run recorded in `old` is not the run `new` describes, or None when it is."""
+    out = plan.out_dir
+    if old["config_hash"] != new["config_hash"] or old["units"] != new["units"]:
+        diffs = diff_configs(old["config"], new["config"])
+        if old["units"] != new["units"]:
+            before, now = _unit_paths(old["units"]), _unit_paths(new["units"])
+            gone, added = [p for p in before if p not in now], [p for p in now if p not in before]
+            detail = "; ".join(
+                part for part in (f"no longer found: {gone[:3]}" if gone else "", f"new: {added[:3]}" if added else "") if part
+            ) or "the same files, cut into other units (a dataset's row count changed?)"
+            diffs.append(f"inputs: the input files differ ({detail})")
+        return (f"output folder {out} holds a run made with a different config: " + "; ".join(diffs[:10])
+                + ". Use another --output, or delete the folder.")
+    old_files = old.get("input_files", {})  # absent in a record written before fingerprints were kept
+    for path, fingerprint in new["input_files"].items():
+        if path in old_files and old_files[path] != fingerprint:
+            was, now = old_files[path], fingerprint
+            change = (f"size {was['size']:,} -> {now['size']:,} bytes" if was.get("size") != now.get("size")
+                      else "same size, modified since")
+            return (f"input file {path!r} changed since the run in output folder {out} started ({change}); "
+                    "the work already done there read the old version. Restore the file as it was, or curate "
+                    "the new version into another --output (or delete the folder).")
+    if "tokenizer_sha256" in old and old["tokenizer_sha256"] != new.get("tokenizer_sha256"):
+        return (f"tokenizer.path {plan.cfg.tokenizer.path!r} changed since the run in output folder {out} started "
+                f"(sha256 {old['tokenizer_sha256'][:12]}... -> {str(new.get('tokenizer_sha256'))[:12]}...); documents "
+                "already tokenized there used the old tokenizer. Restore the file as it was, or use another "
+                "--output (or delete the folder).")
+    return None
+
+
+def check_output(plan: Plan, tokenizer_text: str | None = None) -> dict[str, Any] | None:
+    """Refuse an output folder holding another run (another config, other or edited inputs, another
+    tokenizer, or, unfinished, another work layout); return its manifest if already complete."""
+    out = plan.out
+    record = run_record(plan, tokenizer_text)
+    existing = out / RUN_RECORD
+    if not existing.exists():
+        if out.exists() and any(p.name != "work" for p in out.iterdir()):
+            raise RunConflict(f"output folder {plan.out_dir} is not empty and holds no {RUN_RECORD}; use an empty folder")
+        atomic_write_json(existing, record)
+        return None
+    old = json.loads(existing.read_text())
+    if (conflict := _identity_conflict(plan, old, record)) is not None:
+        raise RunConflict(conflict)
+    manifest = out / "manifest.json"
+    if manifest.exists():
+        return json.loads(manifest.read_text())
+    if (conflict := layout_conflict(plan.out_dir, old.get("work_layout", {}), record["work_layout"])) is not None:
+        raise RunConflict(conflict)
+    return None

@@ -1,0 +1,132 @@
+"""Segments: the map stages of a block, run back to back up to a global stage, and that stage's resolve.
+
+One task per block and segment (`segment_task`) drops the previous global stage's losers, runs the segment's
+map stages (language id, filters, a user's stages) and sends the next global stage's keys. The global stage's
+resolve half then decides over all keys with its own tasks (`GlobalStage.resolve`, given the run loop's
+`run_tasks`), and its losers are routed back to the blocks (`datapipe.curate.exchange`). So exact and near dedup
+are global across every file, worker and node, and a winner is the first document in input order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
+from datapipe.core.shards import atomic_write_table
+from datapipe.core.storage import Location
+from datapipe.curate import unique_ids
+from datapipe.curate.blocks import READ, block_documents, write_view
+from datapipe.curate.counters import Counters
+from datapipe.curate.exchange import route_losers, unit_losers
+from datapipe.curate.phase import Phase, Run
+from datapipe.curate.plan import Plan, block_name, stage_title, task_memory, text_bytes
+from stages.base import Stage, write_keys
+
+
+def run_segments(run: Run, plan: Plan, blocks: list[tuple[int, int]], total: Counters) -> tuple[dict[str, Any], int, int]:
+    """Every segment over every block, each global stage resolved after its segment: (the global stages'
+    summaries, the kept documents, their text bytes). Stops early when no document is left."""
+    summaries: dict[str, Any] = {}
+    kept_docs = kept_bytes = 0
+    for s, seg in enumerate(plan.segments):
+        results = run.execute(Phase(seg.stage, seg.title, segment_task, plan, [(s, u, b) for u, b in blocks],
+                                    segment_record_at, task_memory(plan, "segment")))
+        for r in results:
+            total.merge(Counters.from_json(r["counters"]))
+        kept_bytes, kept_docs = sum(r["bytes"] for r in results), sum(r["rows"] for r in results)
+        if kept_docs == 0:  # no block or no document left: a global stage has nothing to resolve, later segments nothing to read
+            break
+        if (stage := seg.global_stage) is not None:  # its resolve half, the same way for every global stage
+            senders = [f"{seg.name}/{block_name(u, b)}" for u, b in blocks]  # the map half's blocks
+            tasks = stage.tasks(kept_docs)
+            run_tasks = run.tasks(stage_title(stage.name), memory=task_memory(plan, "resolve", kept_bytes, tasks))
+            summaries[stage.name] = stage.resolve(run_tasks, plan.work / stage.name, plan.out, senders, kept_docs)
+            route_losers(run_tasks, plan.work / stage.name, tasks, len(plan.units), stage.name)
+    return summaries, kept_docs, kept_bytes
+
+
+def write_dropped(plan: Plan, stage_name: str, block: str, parts: list[pa.RecordBatch]) -> None:
+    parts = [p for p in parts if p.num_rows]
+    if parts:
+        table = pa.Table.from_batches(parts, schema=DROPPED_SCHEMA)
+        atomic_write_table(plan.out / "dropped" / f"{stage_name}-{block}.parquet", table, format="parquet")
+
+
+def run_stages(plan: Plan, stages: list[Stage], table: pa.Table, counters: Counters, dropped_parts: list[pa.RecordBatch]) -> pa.Table:
+    """Map stages back to back over `table`'s batches: the documents they keep; their drops are counted
+    and added to `dropped_parts`."""
+    out_batches = []
+    for batch in table.to_batches(max_chunksize=plan.cfg.read.batch_size):
+        for stage in stages:
+            result = stage(batch)
+            counters.count_stage(stage.name, batch, result.kept)
+            dropped_parts.append(result.dropped)
+            batch = result.kept
+        out_batches.append(batch)
+    return pa.Table.from_batches(out_batches, schema=DOC_SCHEMA)
+
+
+def _apply_losers(table: pa.Table, losers: pa.Table, stage: str, keep_text: bool) -> tuple[pa.Table, pa.RecordBatch | None]:
+    """Drop the rows a global stage decided against (matched by global order)."""
+    if losers.num_rows == 0 or table.num_rows == 0:
+        return table, None
+    lose = pc.is_in(table.column("order"), value_set=losers.column("order"))
+    if not pc.any(lose).as_py():
+        return table, None
+    gone = table.filter(lose)
+    kept = table.filter(pc.invert(lose))
+    where = pc.index_in(gone.column("order"), value_set=losers.column("order"))
+    n = gone.num_rows
+    dropped = pa.RecordBatch.from_arrays(
+        [
+            gone.column("id").combine_chunks(),
+            gone.column("domain").combine_chunks(),
+            gone.column("order").combine_chunks(),
+            pa.array([stage] * n, pa.string()),
+            losers.column("reason").take(where).combine_chunks(),
+            losers.column("kept_id").take(where).combine_chunks(),
+            gone.column("text").combine_chunks() if keep_text else pa.nulls(n, pa.large_string()),
+        ],
+        schema=DROPPED_SCHEMA,
+    )
+    return kept, dropped
+
+
+def segment_record_at(plan: Plan, seg_index: int, unit_index: int, block: int) -> Location:
+    return plan.work / plan.segments[seg_index].name / f"{block_name(unit_index, block)}.json"
+
+
+def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int) -> dict[str, Any]:
+    """One block through a segment: the previous global stage's losers dropped, the map stages, the next global
+    stage's keys sent; the view of what it kept written (`work/<segment>/<block>.arrow`)."""
+    seg = plan.segments[seg_index]
+    name = block_name(unit_index, block)
+    previous = plan.segments[seg_index - 1].global_stage if seg_index > 0 else None
+    losers = unit_losers(plan.work / previous.name, unit_index, len(plan.units)) if previous is not None else None
+    input_index = plan.units[unit_index].input_index
+    table = block_documents(plan.work, READ if seg_index == 0 else plan.segments[seg_index - 1].name, name)
+    if seg_index == 0:  # ids made unique before any stage sees them (datapipe/curate/unique_ids.py)
+        table = unique_ids.apply(plan.work, unit_index, table)
+    counters = Counters()
+    dropped_parts: list[pa.RecordBatch] = []
+    keep_text = plan.cfg.output.keep_dropped_text
+
+    if losers is not None:
+        prev = plan.segments[seg_index - 1].global_stage.name
+        before = table
+        table, dropped = _apply_losers(table, losers, prev, keep_text)
+        counters.count_stage(prev, before, table)
+        if dropped is not None:
+            dropped_parts.append(dropped)
+
+    out = run_stages(plan, seg.stages, table, counters, dropped_parts)
+    for part in dropped_parts:
+        counters.count_dropped(input_index, part)
+    write_dropped(plan, seg.name, name, dropped_parts)
+    if seg.global_stage is not None:  # its map half: keys into one shuffle file per kind, work/<stage>/<kind>/<block>
+        write_keys(seg.global_stage, out, plan.work / seg.global_stage.name, name)
+    write_view(plan.work, seg.name, name, out)  # what it kept, not the text again
+    return {"rows": out.num_rows, "bytes": text_bytes(out), "counters": counters.to_json()}

@@ -1,0 +1,98 @@
+"""The tokenizer and the tokenize phase.
+
+The tokenizer is loaded (`tokenizer.path`) or trained once on a deterministic sample of the kept text, taken by
+one task per block (`sample_task`: the documents whose id hashes below a rate). Then one task per block encodes
+its kept documents into `work/tokens/<block>.arrow` (and their lengths, for shard planning); each worker process
+builds the tokenizer once (`_tokenize_stage`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import xxhash
+
+from datapipe.core.shards import atomic_write_bytes, shard_schema
+from datapipe.core.storage import Location, is_url, location
+from datapipe.core.workfiles import write_work_table
+from datapipe.curate.blocks import block_documents
+from datapipe.curate.counters import Counters
+from datapipe.curate.phase import Phase
+from datapipe.curate.plan import WORK_COMPRESSION, Plan, block_name, task_memory
+from stages.tokenize import TokenizeStage, TokenizerConfig, train_tokenizer
+
+
+def sample_task(plan: Plan, unit: int, block: int, rate: float) -> list[str]:
+    """The block's part of the tokenizer's training sample: the kept documents whose id hashes below `rate`."""
+    threshold = int(rate * 2**64)
+    table = block_documents(plan.work, plan.segments[-1].name, block_name(unit, block), ["id", "text"])
+    return [text for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist())
+            if rate >= 1.0 or xxhash.xxh64_intdigest(doc_id.encode()) < threshold]
+
+
+def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int, run_tasks: Callable[..., list[Any]]) -> tuple[str, str]:
+    """(absolute path of the tokenizer.json, the path the manifest records). Trains one when the
+    config names none, on a deterministic sample of the kept text (about `sample_bytes`), taken by
+    one task per block (`sample_task`)."""
+    tcfg = plan.cfg.tokenizer
+    if tcfg.path is not None:
+        return (tcfg.path if is_url(tcfg.path) else os.path.join(plan.cwd, tcfg.path)), tcfg.path
+    saved = plan.out / "tokenizer.json"
+    if not saved.exists():
+        if kept_bytes == 0:
+            raise RuntimeError("no document survived curation: there is no text to train a tokenizer on")
+        rate = min(1.0, tcfg.train.sample_bytes / kept_bytes)
+        parts = run_tasks(sample_task, plan, [(u, b, rate) for u, b in blocks], "tokenizer sample")
+        tokenizer = train_tokenizer((text for part in parts for text in part), tcfg)
+        atomic_write_bytes(saved, tokenizer.to_str().encode(), durable=True)
+    if tcfg.train.save_dir:
+        text = saved.read_text()
+        target = Path(plan.cwd) / tcfg.train.save_dir / "tokenizer.json"
+        if not target.exists() or target.read_text() != text:
+            atomic_write_bytes(target, text.encode())
+    return str(saved), "tokenizer.json"
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenize_stage(tokenizer_text: str, cfg: TokenizerConfig, tokenizer_path: str) -> TokenizeStage:
+    """One tokenizer per worker process, built by its first tokenize task and reused by the next ones (Ray
+    reuses a worker for the tasks of a phase: no actor processes to start, each of which would build it again)."""
+    return TokenizeStage(tokenizer_text, cfg, tokenizer_path)
+
+
+def tokenize_phase(plan: Plan, blocks: list[tuple[int, int]], tokenizer_path: str) -> Phase:
+    return Phase("tokenize", "tokenize", tokenize_task, (plan, tokenizer_path), blocks, tokenize_record_at,
+                 task_memory(plan, "tokenize"))
+
+
+def tokenize_record_at(shared: tuple[Plan, str], unit_index: int, block: int) -> Location:
+    return shared[0].work / "tokens" / f"{block_name(unit_index, block)}.json"
+
+
+def tokenize_task(shared: tuple[Plan, str], unit_index: int, block: int) -> dict[str, Any]:
+    """Encode one block's kept documents into its token file (and its lengths file, for shard planning)."""
+    plan, tokenizer_path = shared
+    name = block_name(unit_index, block)
+    stage = _tokenize_stage(location(tokenizer_path).read_text(), plan.cfg.tokenizer, tokenizer_path)
+    table = block_documents(plan.work, plan.segments[-1].name, name)
+    batches = [
+        stage(b).append_column("lang", b.column("lang"))
+        for b in table.to_batches(max_chunksize=plan.cfg.read.batch_size)
+        if b.num_rows
+    ]
+    schema = shard_schema(stage.dtype)
+    tokens = pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
+    write_work_table(plan.work / "tokens" / f"{name}.arrow", tokens, compression=WORK_COMPRESSION)
+    # the row lengths alone, for shard planning (`plan_shards`'s tasks): 8 bytes a row
+    write_work_table(plan.work / "lengths" / f"{name}.arrow", tokens.select(["num_tokens"]))
+    counters = Counters()
+    input_index = plan.units[unit_index].input_index
+    if tokens.num_rows:
+        grouped = tokens.group_by("domain").aggregate([("num_tokens", "sum"), ("num_tokens", "count")])
+        for row in grouped.to_pylist():
+            counters.kept[(input_index, row["domain"])] = [row["num_tokens_count"], row["num_tokens_sum"]]
+    return {"rows": tokens.num_rows, "counters": counters.to_json(), "encoder": stage.encoder}
