@@ -45,7 +45,7 @@ import math
 import os
 import secrets
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -310,6 +310,56 @@ def _params_sha256(model: torch.nn.Module) -> str:
 # --------------------------------------------------------------------------------------------- loop
 
 
+@dataclass
+class _Run:
+    """One process's share of a training run once it is set up: what its steps, logs and checkpoints work on."""
+
+    cfg: TrainConfig  # model.vocab_size is the data's
+    rank: int
+    world: int
+    device: torch.device
+    say: Callable[..., None]
+    objective: Objective
+    raw_model: GPT  # what is checkpointed, evaluated and clipped
+    model: torch.nn.Module  # raw_model, compiled and wrapped in DDP when asked: what the backward passes run
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    start: int = 0  # the first step to train (a resumed run: its checkpoint's step)
+    skipped: int = 0  # updates skipped in the whole run (checkpointed)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.train.output)
+
+    @property
+    def ckpt_path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+
+@dataclass
+class _Interval:
+    """The steps since the last log record: when they began (perf_counter), how many, how many updates skipped."""
+
+    t: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    skipped: int = 0
+
+
+@dataclass
+class _Progress:
+    """The loop's running state."""
+
+    in_a_row: int = 0  # non-finite steps in a row (train.max_nonfinite stops the run)
+    losses: list[float] = field(default_factory=list)  # every step's loss
+    record: dict[str, Any] = field(default_factory=dict)  # the last log record (the summary's)
+    interval: _Interval = field(default_factory=_Interval)
+    last_ckpt: float = field(default_factory=time.monotonic)  # when the last checkpoint was written (train.ckpt_minutes)
+
+
 def train(cfg: TrainConfig, *, resume: bool = False, default_preferences: Callable | None = None) -> dict[str, Any]:
     """Train `cfg.model` with `cfg.train.objective` for `cfg.train.steps` steps; returns a summary (rank 0's view).
 
@@ -317,13 +367,34 @@ def train(cfg: TrainConfig, *, resume: bool = False, default_preferences: Callab
     `datapipe.curate.preferences.default_preference_set`; the training wing does not import curation)."""
     t_start = time.perf_counter()
     rank, world, device = _dist_setup(cfg.train.device)
-    main = rank == 0
-    say = print if main else (lambda *a, **k: None)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    ckpt = _open_run_folder(cfg, resume=resume, rank=rank, world=world, say=say)
+    run = _set_up(cfg, ckpt, rank=rank, world=world, device=device, say=say, default_preferences=default_preferences)
+    metrics = MetricsLog(run.cfg, run.run_dir, start=run.start, resume=resume) if run.main else None
+    run.objective.start(run.raw_model)
+    stop = min(cfg.train.stop_at or cfg.train.steps, cfg.train.steps)
+    try:
+        progress = _train_steps(run, stop, metrics)
+    finally:
+        run.objective.close()
+        if metrics is not None:
+            metrics.close()
+    seconds = time.perf_counter() - t_start
+    losses = progress.losses
+    summary = {"params_sha256": _params_sha256(run.raw_model), "run_dir": str(run.run_dir), "objective": run.objective.name,
+               "steps": stop, "start_step": run.start, "losses": losses, "final_loss": losses[-1] if losses else None,
+               "skipped": run.skipped, "seconds": seconds, "world_size": world, **run.objective.summary(progress.record)}
+    say(f"done: {stop - run.start} steps in {seconds:.1f} s; checkpoint {run.ckpt_path}; "
+        f"metrics {run.run_dir / 'metrics.jsonl'}")
+    return summary
+
+
+def _open_run_folder(cfg: TrainConfig, *, resume: bool, rank: int, world: int,
+                     say: Callable[..., None]) -> dict[str, Any] | None:
+    """Before any work: the data folders fit the objective; a fresh run needs a run folder without a run, --resume a
+    checkpoint of the same run. Then the folder is made. Returns the checkpoint to resume from, or None."""
     run_dir = Path(cfg.train.output)
     ckpt_path = run_dir / "checkpoint.pt"
-
-    # -- before any work: the data folders fit the objective; a fresh run needs a run folder without a run,
-    #    --resume a checkpoint of the same run
     check_sources(cfg)
     check_trackers(cfg)
     ckpt: dict[str, Any] | None = None
@@ -331,144 +402,179 @@ def train(cfg: TrainConfig, *, resume: bool = False, default_preferences: Callab
                  and (run_dir / "config.yaml").is_file())
     if from_zero:  # stopped before its first checkpoint: the same run again from step 0, with the run's settings
         _raise_on_all_ranks(resume_problem(_recorded(run_dir), cfg, f"the run's {run_dir / 'config.yaml'}")
-                            if main else None, rank, world)
+                            if rank == 0 else None, rank, world)
         say(f"--resume: {run_dir} stopped before its first checkpoint: starting it again from step 0 with its config")
     elif resume:
         ckpt = load_checkpoint(ckpt_path)  # a ConfigError naming the file when it is missing or damaged
-        problem = resume_problem(ckpt.get("config", {}), cfg)
-        if problem is None and objective_key(cfg) not in ckpt:
-            problem = (f"--resume: {ckpt_path} holds no {objective_key(cfg)!r} (written by an older datapipe that could "
-                       "not resume this objective); start a new run with another --output")
-        if problem is None and len(ckpt[objective_key(cfg)]) != world:
-            problem = (f"--resume: the checkpoint was written by {len(ckpt[objective_key(cfg)])} ranks, this run has "
-                       f"world_size={world}; resume with the same number of processes")
-        _raise_on_all_ranks(problem, rank, world)
+        _raise_on_all_ranks(_checkpoint_problem(ckpt, cfg, ckpt_path, world), rank, world)
     else:
-        _raise_on_all_ranks(fresh_run_problem(run_dir) if main else None, rank, world)
+        _raise_on_all_ranks(fresh_run_problem(run_dir) if rank == 0 else None, rank, world)
     make_local_folder(run_dir, "train.output")  # a file in the way, a folder that cannot be made: said as such
-    if main:  # nothing writes in the run folder yet: a temporary file there is a killed save's (or write's) leftover
+    if rank == 0:  # nothing writes in the run folder yet: a temporary file there is a killed save's (or write's) leftover
         clear_temporaries(ckpt_path)
+    return ckpt
 
-    # -- set up: the objective's data, model, optimizer, schedule (same seed on every rank: identical initial weights)
-    objective = build_objective(cfg, run_dir, rank=rank, world=world, device=device, say=say,
+
+def _checkpoint_problem(ckpt: dict[str, Any], cfg: TrainConfig, ckpt_path: Path, world: int) -> str | None:
+    """Why --resume cannot continue from `ckpt` (another run's settings, no data position for this objective, another
+    world size), or None."""
+    problem = resume_problem(ckpt.get("config", {}), cfg)
+    if problem is None and objective_key(cfg) not in ckpt:
+        problem = (f"--resume: {ckpt_path} holds no {objective_key(cfg)!r} (written by an older datapipe that could "
+                   "not resume this objective); start a new run with another --output")
+    if problem is None and len(ckpt[objective_key(cfg)]) != world:
+        problem = (f"--resume: the checkpoint was written by {len(ckpt[objective_key(cfg)])} ranks, this run has "
+                   f"world_size={world}; resume with the same number of processes")
+    return problem
+
+
+def _set_up(cfg: TrainConfig, ckpt: dict[str, Any] | None, *, rank: int, world: int, device: torch.device,
+            say: Callable[..., None], default_preferences: Callable | None) -> _Run:
+    """The objective's data, the model, AdamW (fused on CUDA) and the schedule, restored from `ckpt` when resuming;
+    then the run's config.yaml (with the data's vocab_size) is written."""
+    objective = build_objective(cfg, Path(cfg.train.output), rank=rank, world=world, device=device, say=say,
                                 default_preferences=default_preferences)
     cfg = replace(cfg, model=replace(cfg.model, vocab_size=objective.vocab_size))
-    torch.manual_seed(cfg.train.seed)
+    torch.manual_seed(cfg.train.seed)  # the same seed on every rank: identical initial weights
     model = GPT(cfg.model).to(device)
     objective.init_model(model)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
                                   betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
                                   fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
-    start, skipped = 0, 0
+    run = _Run(cfg, rank, world, device, say, objective, raw_model=model, model=model, optimizer=optimizer,
+               scheduler=scheduler)
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        try:
-            objective.load_rank_state(ckpt[objective.state_key][rank])
-        except ValueError as exc:  # the data changed under the run
-            raise ConfigError(f"--resume: {ckpt_path}: {exc}") from None
-        objective.totals.update({k: int(v) for k, v in ckpt.get("totals", {}).items()})
-        torch.set_rng_state(ckpt["rng"][rank]["cpu"])
-        if device.type == "cuda" and ckpt["rng"][rank]["cuda"] is not None:
-            torch.cuda.set_rng_state(ckpt["rng"][rank]["cuda"], device)
-        start, skipped = int(ckpt["step"]), int(ckpt["skipped"])
-        say(f"resumed from {ckpt_path} at step {start}")
-    raw_model = model
+        _restore(run, ckpt)
     if cfg.train.compile:
-        model = torch.compile(model)
+        run.model = torch.compile(run.model)
     if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if main:
-        atomic_write_bytes(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False).encode())
-    say(f"model: {raw_model.num_params(non_embedding=False) / 1e6:.2f} M parameters "
+        run.model = torch.nn.parallel.DistributedDataParallel(
+            run.model, device_ids=[device.index] if device.type == "cuda" else None)
+    if run.main:
+        atomic_write_bytes(run.run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False).encode())
+    say(f"model: {model.num_params(non_embedding=False) / 1e6:.2f} M parameters "
         f"({cfg.model.n_layer} layers, d_model {cfg.model.d_model}, vocab {cfg.model.vocab_size}); device {device}, "
         f"world {world}\n{objective.describe()}")
+    return run
 
-    def checkpoint(done: int) -> None:
-        rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-        states, rngs = _gather(objective.rank_state(), world), _gather(rng, world)
-        if main:
-            save_checkpoint(ckpt_path, {
-                "step": done, "skipped": skipped, "objective": objective.name, "model": raw_model.state_dict(),
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), objective.state_key: states,
-                "rng": rngs, "totals": dict(objective.totals), "config": to_dict(cfg)})
-        if world > 1:
-            dist.barrier()
 
-    metrics = MetricsLog(cfg, run_dir, start=start, resume=resume) if main else None
-    objective.start(raw_model)
-    stop = min(cfg.train.stop_at or cfg.train.steps, cfg.train.steps)
-    in_a_row, losses, record = 0, [], {}
-    interval = {"t": time.perf_counter(), "steps": 0, "skipped": 0}
-    last_ckpt = time.monotonic()
+def _restore(run: _Run, ckpt: dict[str, Any]) -> None:
+    """The model, optimizer, schedule, data position, totals, RNG states and counters of a checkpoint."""
+    run.raw_model.load_state_dict(ckpt["model"])
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    run.scheduler.load_state_dict(ckpt["scheduler"])
     try:
-        for step in range(start, stop):
-            lr = scheduler.get_last_lr()[0]
-            micro = objective.next_step()
-            sums = objective.backward(model, micro)
-            # one all-reduce: the objective's sums, and whether any rank's wall-clock checkpoint is due
-            time_due = bool(cfg.train.ckpt_minutes) and time.monotonic() - last_ckpt >= 60 * cfg.train.ckpt_minutes
-            sums = torch.cat([sums, torch.tensor([float(time_due)], dtype=torch.float64, device=sums.device)])
-            if world > 1:
-                dist.all_reduce(sums)
-            sums, time_due = sums[:-1], bool(sums[-1] > 0)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.optim.grad_clip or float("inf")))
-            step_loss = objective.step_loss(sums)
-            ok = math.isfinite(step_loss) and math.isfinite(grad_norm)
-            if ok:
-                optimizer.step()
-                in_a_row = 0
-            else:  # skip the update; the data is consumed and the schedule moves on
-                skipped += 1
-                in_a_row += 1
-                interval["skipped"] += 1
-                say(f"step {step + 1}: non-finite loss {step_loss} or grad norm {grad_norm}: update skipped "
-                    f"({in_a_row} in a row, {skipped} in all)")
-                if in_a_row >= cfg.train.max_nonfinite:
-                    raise RunStopped(f"stopping at step {step + 1}: {in_a_row} non-finite losses or gradients in a row "
-                                     f"(train.max_nonfinite={cfg.train.max_nonfinite}); lower optim.lr or check the data")
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            objective.add(sums, ok)
-            losses.append(step_loss)
-            interval["steps"] += 1
-            done = step + 1
-            last = done == stop
+        run.objective.load_rank_state(ckpt[run.objective.state_key][run.rank])
+    except ValueError as exc:  # the data changed under the run
+        raise ConfigError(f"--resume: {run.ckpt_path}: {exc}") from None
+    run.objective.totals.update({k: int(v) for k, v in ckpt.get("totals", {}).items()})
+    rng = ckpt["rng"][run.rank]
+    torch.set_rng_state(rng["cpu"])
+    if run.device.type == "cuda" and rng["cuda"] is not None:
+        torch.cuda.set_rng_state(rng["cuda"], run.device)
+    run.start, run.skipped = int(ckpt["step"]), int(ckpt["skipped"])
+    run.say(f"resumed from {run.ckpt_path} at step {run.start}")
 
-            evaluated = objective.can_evaluate and ((cfg.train.eval_every and done % cfg.train.eval_every == 0) or last)
-            if done % cfg.train.log_every == 0 or last:
-                seconds = max(time.perf_counter() - interval["t"], 1e-9)
-                fields = objective.log_fields(seconds)
-                record = {"step": done, "loss": fields.pop("loss"), "lr": lr, "grad_norm": grad_norm,
-                          "step_time_s": seconds / interval["steps"], "skipped": interval["skipped"], **fields}
-                if evaluated:
-                    record.update(objective.evaluate(raw_model))
-                say(f"step {done}/{cfg.train.steps} | {objective.log_text(record)} | lr {lr:.2e} | gnorm {grad_norm:.2f} | "
-                    f"step {1000 * record['step_time_s']:.0f} ms" + (f" | {objective.eval_text(record)}" if evaluated else ""))
-                if metrics is not None:
-                    metrics.write(record)
-                interval = {"t": time.perf_counter(), "steps": 0, "skipped": 0}
-            elif evaluated:
-                t_eval = time.perf_counter()
-                extra = objective.evaluate(raw_model)
-                interval["t"] += time.perf_counter() - t_eval  # evaluation time is not step time
-                say(f"step {done}: {objective.eval_text(extra)}")
-                if metrics is not None:
-                    metrics.write({"step": done, **extra})
 
-            if (cfg.train.ckpt_every and done % cfg.train.ckpt_every == 0) or last or time_due:
-                checkpoint(done)
-                last_ckpt = time.monotonic()
-    finally:
-        objective.close()
+def _save_checkpoint(run: _Run, done: int) -> None:
+    """Every rank's data position and RNG states, gathered; rank 0 writes the checkpoint, and every rank waits."""
+    device = run.device
+    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+    states, rngs = _gather(run.objective.rank_state(), run.world), _gather(rng, run.world)
+    if run.main:
+        save_checkpoint(run.ckpt_path, {
+            "step": done, "skipped": run.skipped, "objective": run.objective.name, "model": run.raw_model.state_dict(),
+            "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+            run.objective.state_key: states, "rng": rngs, "totals": dict(run.objective.totals), "config": to_dict(run.cfg)})
+    if run.world > 1:
+        dist.barrier()
+
+
+def _train_steps(run: _Run, stop: int, metrics: MetricsLog | None) -> _Progress:
+    """Steps run.start + 1 to `stop`: each trains, then logs, evaluates and checkpoints on their intervals."""
+    train_cfg = run.cfg.train
+    progress = _Progress()
+    for step in range(run.start, stop):
+        lr = run.scheduler.get_last_lr()[0]
+        grad_norm, time_due = _train_step(run, progress, step)
+        done = step + 1
+        _log_and_evaluate(run, progress, metrics, done=done, last=done == stop, lr=lr, grad_norm=grad_norm)
+        if (train_cfg.ckpt_every and done % train_cfg.ckpt_every == 0) or done == stop or time_due:
+            _save_checkpoint(run, done)
+            progress.last_ckpt = time.monotonic()
+    return progress
+
+
+def _train_step(run: _Run, progress: _Progress, step: int) -> tuple[float, bool]:
+    """The objective's micro-batches and backward passes, the clipped global gradient norm, and the update, skipped
+    when the loss or the norm is non-finite. Returns the norm and whether any rank's wall-clock checkpoint is due."""
+    objective = run.objective
+    micro = objective.next_step()
+    sums = objective.backward(run.model, micro)
+    sums, time_due = _all_reduce(run, sums, progress.last_ckpt)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), run.cfg.optim.grad_clip or float("inf")))
+    step_loss = objective.step_loss(sums)
+    ok = math.isfinite(step_loss) and math.isfinite(grad_norm)
+    if ok:
+        run.optimizer.step()
+        progress.in_a_row = 0
+    else:  # skip the update; the data is consumed and the schedule moves on
+        _skip_update(run, progress, step, step_loss, grad_norm)
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    objective.add(sums, ok)
+    progress.losses.append(step_loss)
+    progress.interval.steps += 1
+    return grad_norm, time_due
+
+
+def _all_reduce(run: _Run, sums: torch.Tensor, last_ckpt: float) -> tuple[torch.Tensor, bool]:
+    """One all-reduce per step: the objective's sums, and whether any rank's wall-clock checkpoint is due."""
+    minutes = run.cfg.train.ckpt_minutes
+    time_due = bool(minutes) and time.monotonic() - last_ckpt >= 60 * minutes
+    sums = torch.cat([sums, torch.tensor([float(time_due)], dtype=torch.float64, device=sums.device)])
+    if run.world > 1:
+        dist.all_reduce(sums)
+    return sums[:-1], bool(sums[-1] > 0)
+
+
+def _skip_update(run: _Run, progress: _Progress, step: int, step_loss: float, grad_norm: float) -> None:
+    """Count a skipped update and say so; train.max_nonfinite of them in a row stop the run."""
+    run.skipped += 1
+    progress.in_a_row += 1
+    progress.interval.skipped += 1
+    run.say(f"step {step + 1}: non-finite loss {step_loss} or grad norm {grad_norm}: update skipped "
+            f"({progress.in_a_row} in a row, {run.skipped} in all)")
+    max_nonfinite = run.cfg.train.max_nonfinite
+    if progress.in_a_row >= max_nonfinite:
+        raise RunStopped(f"stopping at step {step + 1}: {progress.in_a_row} non-finite losses or gradients in a row "
+                         f"(train.max_nonfinite={max_nonfinite}); lower optim.lr or check the data")
+
+
+def _log_and_evaluate(run: _Run, progress: _Progress, metrics: MetricsLog | None, *, done: int, last: bool,
+                      lr: float, grad_norm: float) -> None:
+    """On a log step, the interval's record (with the evaluation when one is due); an evaluation due between log
+    steps is logged on its own."""
+    train_cfg, objective = run.cfg.train, run.objective
+    evaluated = objective.can_evaluate and ((train_cfg.eval_every and done % train_cfg.eval_every == 0) or last)
+    if done % train_cfg.log_every == 0 or last:
+        interval = progress.interval
+        seconds = max(time.perf_counter() - interval.t, 1e-9)
+        fields = objective.log_fields(seconds)
+        record = progress.record = {"step": done, "loss": fields.pop("loss"), "lr": lr, "grad_norm": grad_norm,
+                                    "step_time_s": seconds / interval.steps, "skipped": interval.skipped, **fields}
+        if evaluated:
+            record.update(objective.evaluate(run.raw_model))
+        run.say(f"step {done}/{train_cfg.steps} | {objective.log_text(record)} | lr {lr:.2e} | gnorm {grad_norm:.2f} | "
+                f"step {1000 * record['step_time_s']:.0f} ms" + (f" | {objective.eval_text(record)}" if evaluated else ""))
         if metrics is not None:
-            metrics.close()
-    seconds = time.perf_counter() - t_start
-    summary = {"params_sha256": _params_sha256(raw_model), "run_dir": str(run_dir), "objective": objective.name,
-               "steps": stop, "start_step": start, "losses": losses, "final_loss": losses[-1] if losses else None,
-               "skipped": skipped, "seconds": seconds, "world_size": world, **objective.summary(record)}
-    say(f"done: {stop - start} steps in {seconds:.1f} s; checkpoint {ckpt_path}; metrics {run_dir / 'metrics.jsonl'}")
-    return summary
-
+            metrics.write(record)
+        progress.interval = _Interval()
+    elif evaluated:
+        t_eval = time.perf_counter()
+        extra = objective.evaluate(run.raw_model)
+        progress.interval.t += time.perf_counter() - t_eval  # evaluation time is not step time
+        run.say(f"step {done}: {objective.eval_text(extra)}")
+        if metrics is not None:
+            metrics.write({"step": done, **extra})
