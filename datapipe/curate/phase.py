@@ -50,6 +50,16 @@ def recorded_task(parts: tuple[Callable[..., Any], Callable[..., Location], Any]
     return result, False
 
 
+def _named_after(task: Callable[..., Any]) -> Callable[..., tuple[Any, bool]]:
+    """`recorded_task` under the task's own name, which Ray shows (`ray::segment_task`) and a stall error names."""
+
+    def recorded(parts: tuple[Callable[..., Any], Callable[..., Location], Any], *item: Any) -> tuple[Any, bool]:
+        return recorded_task(parts, *item)
+
+    recorded.__name__ = recorded.__qualname__ = getattr(task, "__name__", "task")
+    return recorded
+
+
 class StageLines:
     """One progress line per user-level stage, printed when the stage ends: its tasks and seconds."""
 
@@ -88,7 +98,7 @@ class Run:
         if phase.record is None:
             results = self.executor.run_tasks(phase.task, phase.shared, phase.items, phase.step, memory=phase.memory)
         else:
-            pairs = self.executor.run_tasks(recorded_task, (phase.task, phase.record, phase.shared), phase.items,
+            pairs = self.executor.run_tasks(_named_after(phase.task), (phase.task, phase.record, phase.shared), phase.items,
                                             phase.step, memory=phase.memory)
             results = [result for result, _ in pairs]
             self.count_resumed(phase.stage, sum(done for _, done in pairs), len(pairs))
