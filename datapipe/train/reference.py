@@ -245,16 +245,7 @@ def _derived_manifest(source: Path, out: Path, manifest: dict[str, Any], infos: 
 
 def score(cfg: TrainConfig, output: str | os.PathLike[str], *, say: Callable[..., None] = print) -> dict[str, Any]:
     """Score `cfg.data.source` into the new curated folder `output` (see the module docstring); returns its manifest."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError("`datapipe score` runs as one process (each reference model is small); run it without torchrun")
-    if "://" in cfg.data.source and not cfg.data.source.startswith("file://"):
-        raise ConfigError(f"data.source must be a local folder for `datapipe score`, got {cfg.data.source!r}")
-    if cfg.train.objective != "lm":
-        raise ConfigError(f"train.objective must be 'lm' for `datapipe score` (it scores text shards), "
-                          f"got {cfg.train.objective!r}")
-    cfg = replace(cfg, data=replace(cfg.data, source=cfg.data.source.removeprefix("file://"), eval_source=None,
-                                    holdout_shards=0))
-    check_sources(cfg)  # a curated folder of text shards with documents, or a ConfigError naming data.source
+    cfg = _scoring_config(cfg)
     source, out = Path(cfg.data.source), Path(output)
     manifest = shards.read_manifest(source)
     ident = identity(manifest, cfg)
@@ -265,16 +256,52 @@ def score(cfg: TrainConfig, output: str | os.PathLike[str], *, say: Callable[...
     shards.remove_temporaries(out)
     shards.atomic_write_json(out / MARKER, {"identity": ident, "format": FORMAT, "source": str(source.resolve())})
 
-    seed, steps = cfg.train.seed, cfg.train.steps
     tables = [shards.open_shard(source, info["path"]) for info in manifest["shards"]]
-    folds = [np.array([fold_of(i, seed) for i in t.column("id").to_pylist()], dtype=np.int64) for t in tables]
+    folds = [np.array([fold_of(i, cfg.train.seed) for i in t.column("id").to_pylist()], dtype=np.int64) for t in tables]
+    runs = _train_reference_models(cfg, source, out, manifest, folds, say)
+    device = _device(cfg.train.device)
+    models = [_reference_model(run_dir, device) for run_dir in runs]
+    train_tokens = sum(int(load_checkpoint(r / "checkpoint.pt", what="datapipe score").get("totals", {}).get("tokens", 0))
+                       for r in runs)
+    eos = int(manifest.get("tokenizer", {}).get("eos_id") or 0)
+    infos, totals, forward_tokens = _score_shards(cfg, out, tables, folds, models, device, eos, say)
+
+    scored = _derived_manifest(source, out, manifest, infos)
+    scored["scoring"] = _scoring_entry(cfg, ident, source, out, runs, totals, params=flops_params(models[0]),
+                                       train_tokens=train_tokens, forward_tokens=forward_tokens)
+    shards.write_manifest(out, scored)
+    say(f"wrote {out / shards.MANIFEST_NAME}: {scored['total_docs']:,} documents with {COLUMN} per token and "
+        f"{MEAN_COLUMN} (mean {float(totals[:, 0].sum() / max(totals[:, 1].sum(), 1)):.4f}); "
+        f"{scored['scoring']['flops']:.3g} FLOPs; train on it with --set train.rho.enabled=true")
+    return scored
+
+
+def _scoring_config(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` as the scoring pass runs it: one process, a local folder of text shards, no eval; or a ConfigError."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("`datapipe score` runs as one process (each reference model is small); run it without torchrun")
+    if "://" in cfg.data.source and not cfg.data.source.startswith("file://"):
+        raise ConfigError(f"data.source must be a local folder for `datapipe score`, got {cfg.data.source!r}")
+    if cfg.train.objective != "lm":
+        raise ConfigError(f"train.objective must be 'lm' for `datapipe score` (it scores text shards), "
+                          f"got {cfg.train.objective!r}")
+    cfg = replace(cfg, data=replace(cfg.data, source=cfg.data.source.removeprefix("file://"), eval_source=None,
+                                    holdout_shards=0))
+    check_sources(cfg)  # a curated folder of text shards with documents, or a ConfigError naming data.source
+    return cfg
+
+
+def _train_reference_models(cfg: TrainConfig, source: Path, out: Path, manifest: dict[str, Any],
+                            folds: list[np.ndarray], say: Callable[..., None]) -> list[Path]:
+    """One reference model per half, each trained on its half's documents (kept when finished, resumed from its
+    checkpoint when killed); returns their run folders."""
+    seed, steps = cfg.train.seed, cfg.train.steps
     docs = [int(sum(int((f == k).sum()) for f in folds)) for k in range(FOLDS)]
     if min(docs) < 1:
         raise ConfigError(f"data.source {str(source)!r} has {docs[0]} and {docs[1]} documents in the two halves; "
                           "each half trains a reference model and needs at least one document")
     say(f"score: {sum(docs):,} documents of {source} in two halves ({docs[0]:,} / {docs[1]:,}, seed {seed}); "
         f"one reference model per half, {steps} steps each; the recipe's eval and train.rho settings do not apply")
-
     runs = [out / "reference" / f"fold-{k}" for k in range(FOLDS)]
     for k, run_dir in enumerate(runs):
         if _finished(run_dir, steps):
@@ -292,45 +319,62 @@ def score(cfg: TrainConfig, output: str | os.PathLike[str], *, say: Callable[...
         train(fold_cfg, resume=resume)
     for k in range(FOLDS):
         shutil.rmtree(out / "reference" / f"fold-{k}-data", ignore_errors=True)
+    return runs
 
-    device = _device(cfg.train.device)
-    models = [_reference_model(run_dir, device) for run_dir in runs]
-    train_tokens = sum(int(load_checkpoint(r / "checkpoint.pt", what="datapipe score").get("totals", {}).get("tokens", 0))
-                       for r in runs)
-    eos = int(manifest.get("tokenizer", {}).get("eos_id") or 0)
+
+def _score_shards(cfg: TrainConfig, out: Path, tables: list[pa.Table], folds: list[np.ndarray], models: list[GPT],
+                  device: torch.device, eos: int, say: Callable[..., None]) -> tuple[list[Any], np.ndarray, int]:
+    """Every input shard with its reference losses, written to `out`; returns the shards' infos, per fold the sum of
+    the documents' ref_loss_mean and their number, and the tokens forwarded."""
     infos, totals = [], np.zeros((FOLDS, 2))  # per fold: (sum of ref_loss_mean, documents)
     forward_tokens = 0
     for i, table in enumerate(tables):
-        per_token: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * table.num_rows
-        if table.num_rows:
-            tokens = table.column("tokens").combine_chunks()
-            offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy(zero_copy_only=False)
-            for k in range(FOLDS):
-                rows = np.flatnonzero(folds[i] == k)
-                if len(rows):
-                    docs_k = [values[offsets[r]:offsets[r + 1]].astype(np.int64) for r in rows]
-                    losses = document_token_losses(models[1 - k], docs_k, cfg.data.seq_len, cfg.data.batch_size,
-                                                   device, eos)
-                    for r, v in zip(rows.tolist(), losses):
-                        per_token[r] = v
-                    forward_tokens += sum(len(d) for d in docs_k)
+        per_token, forwarded = _shard_token_losses(cfg, table, folds[i], models, device, eos)
+        forward_tokens += forwarded
         means = np.array([mean_loss(v) for v in per_token], dtype=np.float64)
         for k in range(FOLDS):
             totals[k] += (means[folds[i] == k].sum(), int((folds[i] == k).sum()))
-        table = table.drop_columns([c for c in (COLUMN, MEAN_COLUMN) if c in table.column_names])
-        lengths = np.array([len(v) for v in per_token], dtype=np.int64)
-        column = pa.ListArray.from_arrays(
-            pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)),
-            pa.array(np.concatenate(per_token) if per_token else np.zeros(0, dtype=np.float32), pa.float32()))
-        table = table.append_column(COLUMN, column).append_column(MEAN_COLUMN, pa.array(means.astype(np.float32)))
-        infos.append(shards.write_shard(out, i, table))
+        infos.append(shards.write_shard(out, i, _with_ref_columns(table, per_token, means)))
         say(f"scored shard {i + 1}/{len(tables)}")
-    params = flops_params(models[0])
+    return infos, totals, forward_tokens
 
-    scored = _derived_manifest(source, out, manifest, infos)
-    scored["scoring"] = {
+
+def _shard_token_losses(cfg: TrainConfig, table: pa.Table, fold: np.ndarray, models: list[GPT], device: torch.device,
+                        eos: int) -> tuple[list[np.ndarray], int]:
+    """Each document's per-token losses under the model of the other half, and the tokens forwarded to get them."""
+    per_token: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * table.num_rows
+    forwarded = 0
+    if not table.num_rows:
+        return per_token, forwarded
+    tokens = table.column("tokens").combine_chunks()
+    offsets, values = tokens.offsets.to_numpy(), tokens.values.to_numpy(zero_copy_only=False)
+    for k in range(FOLDS):
+        rows = np.flatnonzero(fold == k)
+        if len(rows):
+            docs_k = [values[offsets[r]:offsets[r + 1]].astype(np.int64) for r in rows]
+            losses = document_token_losses(models[1 - k], docs_k, cfg.data.seq_len, cfg.data.batch_size, device, eos)
+            for r, v in zip(rows.tolist(), losses):
+                per_token[r] = v
+            forwarded += sum(len(d) for d in docs_k)
+    return per_token, forwarded
+
+
+def _with_ref_columns(table: pa.Table, per_token: list[np.ndarray], means: np.ndarray) -> pa.Table:
+    """`table` with the ref_loss (a float32 list per document) and ref_loss_mean columns, replacing ones it had."""
+    table = table.drop_columns([c for c in (COLUMN, MEAN_COLUMN) if c in table.column_names])
+    lengths = np.array([len(v) for v in per_token], dtype=np.int64)
+    column = pa.ListArray.from_arrays(
+        pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)),
+        pa.array(np.concatenate(per_token) if per_token else np.zeros(0, dtype=np.float32), pa.float32()))
+    return table.append_column(COLUMN, column).append_column(MEAN_COLUMN, pa.array(means.astype(np.float32)))
+
+
+def _scoring_entry(cfg: TrainConfig, ident: str, source: Path, out: Path, runs: list[Path], totals: np.ndarray, *,
+                   params: int, train_tokens: int, forward_tokens: int) -> dict[str, Any]:
+    """The scored manifest's `scoring`: the identity, the rule and settings, each half's figures and the compute."""
+    return {
         "identity": ident, "format": FORMAT, "column": COLUMN, "granularity": "token", "mean_column": MEAN_COLUMN,
-        "source": str(source.resolve()), "rule": FOLD_RULE, "seed": seed, "steps": steps,
+        "source": str(source.resolve()), "rule": FOLD_RULE, "seed": cfg.train.seed, "steps": cfg.train.steps,
         "seq_len": cfg.data.seq_len, "reference_runs": [str(r.relative_to(out)) for r in runs],
         "folds": {str(k): {"docs": int(totals[k, 1]), "mean_ref_loss": float(totals[k, 0] / max(totals[k, 1], 1))}
                   for k in range(FOLDS)},
@@ -339,11 +383,6 @@ def score(cfg: TrainConfig, output: str | os.PathLike[str], *, say: Callable[...
         "params": params, "train_tokens": train_tokens, "forward_tokens": int(forward_tokens),
         "flops": 6 * params * train_tokens + 2 * params * int(forward_tokens),
     }
-    shards.write_manifest(out, scored)
-    say(f"wrote {out / shards.MANIFEST_NAME}: {scored['total_docs']:,} documents with {COLUMN} per token and "
-        f"{MEAN_COLUMN} (mean {float(totals[:, 0].sum() / max(totals[:, 1].sum(), 1)):.4f}); "
-        f"{scored['scoring']['flops']:.3g} FLOPs; train on it with --set train.rho.enabled=true")
-    return scored
 
 
 BAND_RULE = ("per domain (or over the pool), documents sorted by ref_loss_mean (ties: shard order) each span a share of "
