@@ -466,86 +466,14 @@ def summarize(exp: ExperimentConfig, curves: dict[str, dict[int, list[tuple]]],
     target = exp.target if exp.target is not None else statistics.fmean(finals[exp.baseline].values())
     reach = {arm: {seed: tokens_to_target([(t, v) for t, v, _ in c], target) for seed, c in by_seed.items()}
              for arm, by_seed in points.items()}
-    base_reach = reach[exp.baseline]
-
-    def mean_curve(by_seed: dict[int, list[tuple[float, float, float | None]]]) -> dict[str, list]:
-        n_points = min(len(c) for c in by_seed.values())  # the same eval steps in every seed
-        at = [[by_seed[s][i] for s in seeds] for i in range(n_points)]
-        known = all(p[2] is not None for row in at for p in row)
-        return {"tokens": [statistics.fmean(p[0] for p in row) for row in at],
-                "mean": [statistics.fmean(p[1] for p in row) for row in at],
-                "std": [statistics.pstdev([p[1] for p in row]) for row in at],
-                "flops": [statistics.fmean(p[2] for p in row) for row in at] if known else None}
-
-    # the targets: the baseline's mean curve at fractions of its budget, and the configured one
-    base_curve = mean_curve(points[exp.baseline])
-    targets: dict[str, dict[str, Any]] = {}
-    for frac in TARGET_FRACTIONS:
-        at = frac * base_curve["tokens"][-1]
-        targets[f"baseline_{round(100 * frac)}pct"] = {
-            "loss": float(np.interp(at, base_curve["tokens"], base_curve["mean"])), "tokens": at,
-            "from": f"the baseline's mean eval loss at {frac:.0%} of its budget (its mean curve over seeds at "
-                    f"{at:,.0f} tokens, interpolated linearly; clamped to its first evaluation before it)"}
-    if exp.target is not None:
-        targets["config"] = {"loss": float(exp.target), "tokens": None, "from": "the experiment's target"}
+    targets = _targets(exp, _mean_curve(points[exp.baseline], seeds))
     crossings = {name: {arm: {seed: _crossing(c, t["loss"], scoring[arm]) for seed, c in by_seed.items()}
                         for arm, by_seed in points.items()} for name, t in targets.items()}
-
-    arms: dict[str, Any] = {}
-    for arm, by_seed in points.items():
-        paired = [reach[arm][s] / base_reach[s] if reach[arm][s] is not None and base_reach[s] else None
-                  for s in seeds]
-        arm_tt, base_tt = _spread(list(reach[arm].values())), _spread(list(base_reach.values()))
-        cell_compute_of = {seed: dict((compute or {}).get(arm, {}).get(seed) or {}) for seed in by_seed}
-        for seed, cc in cell_compute_of.items():
-            cc.setdefault("flops", by_seed[seed][-1][2])
-            cc["scoring_flops"] = scoring[arm]
-            cc["flops_with_scoring"] = (cc["flops"] + scoring[arm] if cc.get("flops") is not None
-                                        and scoring[arm] is not None else None)
-        per_target = {}
-        for name, t in targets.items():
-            cross = crossings[name]
-            entry: dict[str, Any] = {"loss": t["loss"]}
-            for m in MEASURES:
-                values = {s: cross[arm][s]["at"][m] for s in seeds}
-                entry[m] = {"per_seed": {str(s): v for s, v in values.items()}, "spread": _spread(list(values.values()))}
-            entry["ratio_to_baseline"] = {
-                m: paired_ratio({s: cross[arm][s]["at"][m] for s in seeds}, {s: cross[arm][s]["budget"][m] for s in seeds},
-                                {s: cross[exp.baseline][s]["at"][m] for s in seeds},
-                                {s: cross[exp.baseline][s]["budget"][m] for s in seeds}, seeds, same=arm == exp.baseline)
-                for m in MEASURES}
-            per_target[name] = entry
-        arms[arm] = {
-            "overrides": list(exp.arms[arm].set),
-            "data": cells[arm][seeds[0]].data.source if cells else exp.arms[arm].data,
-            "uses_scoring": bool(scoring[arm] != 0.0), "scoring_flops": scoring[arm],
-            "seeds": {str(seed): {"run_dir": cells[arm][seed].train.output if cells else None,
-                                  "curve": {"tokens": [t for t, _, _ in c], "eval_loss": [v for _, v, _ in c],
-                                            "flops": [f for _, _, f in c]},
-                                  "final_eval_loss": finals[arm][seed], "tokens_to_target": reach[arm][seed],
-                                  "compute": cell_compute_of[seed],
-                                  "to_target": {name: crossings[name][arm][seed]["at"] for name in targets}}
-                      for seed, c in by_seed.items()},
-            "curve": mean_curve(by_seed),
-            "final_eval_loss": _spread(list(finals[arm].values())),
-            "final_by_eval_set": _by_eval_set(finals_by_set[arm]) if finals_by_set else {},
-            "compute": {k: _spread([cell_compute_of[s].get(k) for s in seeds]) for k in (*COMPUTE_KEYS, "flops_with_scoring")},
-            "targets": per_target,
-            "tokens_to_target": arm_tt,
-            "ratio_to_baseline": {
-                "of_means": arm_tt["mean"] / base_tt["mean"] if arm_tt["mean"] is not None and base_tt["mean"] else None,
-                "per_seed": _spread(paired)},
-        }
-    # Mean curve against mean curve: with the default target (the baseline's own final mean) some seeds of the
-    # baseline never reach it, so a ratio over the seeds that do flatters whichever arm loses its slow seeds; the
-    # tokens at which each arm's mean curve (over every seed) reaches the target do not.
-    def crossing(arm: dict[str, Any]) -> float | None:
-        return tokens_to_target(list(zip(arm["curve"]["tokens"], arm["curve"]["mean"])), target)
-
-    base_cross = crossing(arms[exp.baseline])
-    for arm in arms.values():
-        arm["mean_curve_tokens_to_target"] = cross = crossing(arm)
-        arm["ratio_to_baseline"]["of_mean_curve"] = cross / base_cross if cross is not None and base_cross else None
+    arms = {arm: _arm_summary(exp, arm, by_seed, seeds, cells=cells, finals=finals[arm], reach=reach, targets=targets,
+                              crossings=crossings, finals_by_set=finals_by_set,
+                              compute=(compute or {}).get(arm, {}), scoring=scoring[arm])
+            for arm, by_seed in points.items()}
+    base_cross = _add_mean_curve_crossings(arms, exp.baseline, target)
     base_cfg = cells[exp.baseline][seeds[0]] if cells else None
     eval_target = base_cfg.data.eval_target if base_cfg else None
     return {"baseline": exp.baseline, "target": target, "baseline_mean_curve_tokens_to_target": base_cross,
@@ -556,6 +484,115 @@ def summarize(exp: ExperimentConfig, curves: dict[str, dict[int, list[tuple]]],
             "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "level": 0.95,
                           "min_seeds": 2, "not_reached": "censored at the seed's budget"},
             "notes": NOTES, "arms": arms}
+
+
+def _mean_curve(by_seed: dict[int, list[tuple[float, float, float | None]]], seeds: list[int]) -> dict[str, list]:
+    """An arm's curve averaged over its seeds at each evaluation: tokens, eval loss (mean and std) and FLOPs (None
+    unless every point has them)."""
+    n_points = min(len(c) for c in by_seed.values())  # the same eval steps in every seed
+    at = [[by_seed[s][i] for s in seeds] for i in range(n_points)]
+    known = all(p[2] is not None for row in at for p in row)
+    return {"tokens": [statistics.fmean(p[0] for p in row) for row in at],
+            "mean": [statistics.fmean(p[1] for p in row) for row in at],
+            "std": [statistics.pstdev([p[1] for p in row]) for row in at],
+            "flops": [statistics.fmean(p[2] for p in row) for row in at] if known else None}
+
+
+def _targets(exp: ExperimentConfig, base_curve: dict[str, list]) -> dict[str, dict[str, Any]]:
+    """The targets: the baseline's mean curve at fractions of its budget, and the configured one."""
+    targets: dict[str, dict[str, Any]] = {}
+    for frac in TARGET_FRACTIONS:
+        at = frac * base_curve["tokens"][-1]
+        targets[f"baseline_{round(100 * frac)}pct"] = {
+            "loss": float(np.interp(at, base_curve["tokens"], base_curve["mean"])), "tokens": at,
+            "from": f"the baseline's mean eval loss at {frac:.0%} of its budget (its mean curve over seeds at "
+                    f"{at:,.0f} tokens, interpolated linearly; clamped to its first evaluation before it)"}
+    if exp.target is not None:
+        targets["config"] = {"loss": float(exp.target), "tokens": None, "from": "the experiment's target"}
+    return targets
+
+
+def _arm_summary(exp: ExperimentConfig, arm: str, by_seed: dict[int, list[tuple[float, float, float | None]]],
+                 seeds: list[int], *, cells: dict[str, dict[int, TrainConfig]] | None, finals: dict[int, float],
+                 reach: dict[str, dict[int, float | None]], targets: dict[str, dict[str, Any]],
+                 crossings: dict[str, dict[str, dict[int, dict[str, Any]]]],
+                 finals_by_set: dict[str, dict[int, dict[str, dict[str, Any]]]] | None,
+                 compute: dict[int, dict[str, Any]], scoring: float | None) -> dict[str, Any]:
+    """One arm's entry of the results, but its mean curve's crossing (`_add_mean_curve_crossings`). `finals`: each
+    seed's final eval loss; `compute`: seed -> `cell_compute`; `scoring`: the scoring FLOPs of each of its cells."""
+    base_reach = reach[exp.baseline]
+    paired = [reach[arm][s] / base_reach[s] if reach[arm][s] is not None and base_reach[s] else None for s in seeds]
+    arm_tt, base_tt = _spread(list(reach[arm].values())), _spread(list(base_reach.values()))
+    cell_compute_of = _compute_with_scoring(by_seed, compute, scoring)
+    return {
+        "overrides": list(exp.arms[arm].set),
+        "data": cells[arm][seeds[0]].data.source if cells else exp.arms[arm].data,
+        "uses_scoring": bool(scoring != 0.0), "scoring_flops": scoring,
+        "seeds": {str(seed): {"run_dir": cells[arm][seed].train.output if cells else None,
+                              "curve": {"tokens": [t for t, _, _ in c], "eval_loss": [v for _, v, _ in c],
+                                        "flops": [f for _, _, f in c]},
+                              "final_eval_loss": finals[seed], "tokens_to_target": reach[arm][seed],
+                              "compute": cell_compute_of[seed],
+                              "to_target": {name: crossings[name][arm][seed]["at"] for name in targets}}
+                  for seed, c in by_seed.items()},
+        "curve": _mean_curve(by_seed, seeds),
+        "final_eval_loss": _spread(list(finals.values())),
+        "final_by_eval_set": _by_eval_set(finals_by_set[arm]) if finals_by_set else {},
+        "compute": {k: _spread([cell_compute_of[s].get(k) for s in seeds]) for k in (*COMPUTE_KEYS, "flops_with_scoring")},
+        "targets": _per_target(exp, arm, seeds, targets, crossings),
+        "tokens_to_target": arm_tt,
+        "ratio_to_baseline": {
+            "of_means": arm_tt["mean"] / base_tt["mean"] if arm_tt["mean"] is not None and base_tt["mean"] else None,
+            "per_seed": _spread(paired)},
+    }
+
+
+def _compute_with_scoring(by_seed: dict[int, list[tuple[float, float, float | None]]],
+                          compute: dict[int, dict[str, Any]], scoring: float | None) -> dict[int, dict[str, Any]]:
+    """Each cell's compute (its curve's last FLOPs when it records none) with the arm's scoring FLOPs, and FLOPs with
+    scoring (None when either is unknown)."""
+    cell_compute_of = {seed: dict(compute.get(seed) or {}) for seed in by_seed}
+    for seed, cc in cell_compute_of.items():
+        cc.setdefault("flops", by_seed[seed][-1][2])
+        cc["scoring_flops"] = scoring
+        cc["flops_with_scoring"] = (cc["flops"] + scoring if cc.get("flops") is not None
+                                    and scoring is not None else None)
+    return cell_compute_of
+
+
+def _per_target(exp: ExperimentConfig, arm: str, seeds: list[int], targets: dict[str, dict[str, Any]],
+                crossings: dict[str, dict[str, dict[int, dict[str, Any]]]]) -> dict[str, dict[str, Any]]:
+    """Per target and measure: each seed's crossing and their spread, and the ratio to the baseline's (`paired_ratio`)."""
+    per_target = {}
+    for name, t in targets.items():
+        cross = crossings[name]
+        entry: dict[str, Any] = {"loss": t["loss"]}
+        for m in MEASURES:
+            values = {s: cross[arm][s]["at"][m] for s in seeds}
+            entry[m] = {"per_seed": {str(s): v for s, v in values.items()}, "spread": _spread(list(values.values()))}
+        entry["ratio_to_baseline"] = {
+            m: paired_ratio({s: cross[arm][s]["at"][m] for s in seeds}, {s: cross[arm][s]["budget"][m] for s in seeds},
+                            {s: cross[exp.baseline][s]["at"][m] for s in seeds},
+                            {s: cross[exp.baseline][s]["budget"][m] for s in seeds}, seeds, same=arm == exp.baseline)
+            for m in MEASURES}
+        per_target[name] = entry
+    return per_target
+
+
+def _add_mean_curve_crossings(arms: dict[str, dict[str, Any]], baseline: str, target: float) -> float | None:
+    """Each arm's `mean_curve_tokens_to_target` and `ratio_to_baseline.of_mean_curve`; returns the baseline's crossing.
+
+    Mean curve against mean curve: with the default target (the baseline's own final mean) some seeds of the
+    baseline never reach it, so a ratio over the seeds that do flatters whichever arm loses its slow seeds; the
+    tokens at which each arm's mean curve (over every seed) reaches the target do not."""
+    def crossing(arm: dict[str, Any]) -> float | None:
+        return tokens_to_target(list(zip(arm["curve"]["tokens"], arm["curve"]["mean"])), target)
+
+    base_cross = crossing(arms[baseline])
+    for arm in arms.values():
+        arm["mean_curve_tokens_to_target"] = cross = crossing(arm)
+        arm["ratio_to_baseline"]["of_mean_curve"] = cross / base_cross if cross is not None and base_cross else None
+    return base_cross
 
 
 def _by_eval_set(per_seed: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
