@@ -140,6 +140,74 @@ def _check_int(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
+def _check_rank(rank: Any, world_size: Any) -> tuple[int, int]:
+    """This process's (rank, world_size): each one given is checked; one not given is torch.distributed's (0 and 1
+    without it)."""
+    if rank is None or world_size is None:
+        dist_rank, dist_world = _dist_rank_world()
+        rank = dist_rank if rank is None else rank
+        world_size = dist_world if world_size is None else world_size
+    world_size = _check_int("world_size", world_size, 1)
+    rank = _check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ConfigError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
+    return rank, world_size
+
+
+def _check_layout(source: str, manifest: Mapping[str, Any], world_size: int) -> Layout:
+    """The manifest's layout, which must hold documents, at least one per rank."""
+    layout = Layout(manifest)
+    if not layout.domains:
+        raise ConfigError(f"source {source!r} holds no documents (manifest total_docs=0)")
+    if int(manifest.get("total_docs", 0)) < world_size:
+        raise ConfigError(f"world_size must be at most the manifest's total_docs="
+                          f"{manifest.get('total_docs')!r} (every rank needs documents), got {world_size!r}")
+    return layout
+
+
+def _mixture_schedule(mixture: Any, online_mixing: Any, manifest: Mapping[str, Any],
+                      domains: Sequence[str]) -> tuple[MixtureSchedule | None, om.OnlineMixing | None]:
+    """The domain-weight schedule (None: the manifest's natural proportions, one pass per epoch) and the online
+    mixing settings (None: off), checked against each other and the manifest's `domains`."""
+    if mixture is None:
+        schedule = None
+    elif isinstance(mixture, MixtureSchedule):
+        schedule = mixture
+    elif isinstance(mixture, Mapping):
+        schedule = MixtureSchedule.constant(mixture)
+    else:
+        raise ConfigError(f"mixture must be None, a mapping of domain weights or a MixtureSchedule, got {mixture!r}")
+    mixing = om.OnlineMixing.from_value(online_mixing)
+    if mixing is not None:
+        if schedule is not None and len(schedule.phases) > 1:
+            raise ConfigError(f"mixture must be constant (one phase) with online_mixing, which learns the weights "
+                              f"and takes the mixture as its prior; got {len(schedule.phases)} phases")
+        if schedule is None:  # the bandit's weights change: domains restart their passes on their own
+            schedule = MixtureSchedule.natural(manifest)
+    if schedule is not None:
+        unknown = sorted(set(schedule.domains) - set(domains))
+        if unknown:
+            raise ConfigError(f"mixture names domains {unknown!r} that the manifest lacks; "
+                              f"its domains are {list(domains)!r}")
+    return schedule, mixing
+
+
+def _long_doc_policies(long_docs: str | Mapping[str, str], domains: Sequence[str]) -> dict[str, str]:
+    """Each domain's policy for documents longer than seq_len: one for all, or a mapping {domain or '*': policy}."""
+    if isinstance(long_docs, str):
+        check_policy("long_docs", long_docs)
+        return {d: long_docs for d in domains}
+    if isinstance(long_docs, Mapping):
+        for key, value in long_docs.items():
+            if key != "*" and key not in domains:
+                raise ConfigError(f"long_docs key must be '*' or a domain of the manifest "
+                                  f"{list(domains)!r}, got {key!r}")
+            check_policy(f"long_docs[{key!r}]", value)
+        default = long_docs.get("*", "split")
+        return {d: long_docs.get(d, default) for d in domains}
+    raise ConfigError(f"long_docs must be one of {{'split', 'truncate', 'drop'}} or a mapping, got {long_docs!r}")
+
+
 class PackedLoader:
     """Packed, shuffled, rank- and worker-sharded training batches from a curated output folder.
 
@@ -151,37 +219,9 @@ class PackedLoader:
     tensor per named column: each token carries its document's value (0 on padding); with `token_columns`,
     the same for per-token list columns: each token carries its own value (0 on padding).
     Each `iter()` continues from the current state. The design: datapipe/loader/planner.py.
-    """
 
-    def __init__(
-        self,
-        source: str | os.PathLike[str],
-        *,
-        seq_len: int,
-        batch_size: int,
-        seed: int = 0,
-        epochs: int | None = 1,
-        rank: int | None = None,
-        world_size: int | None = None,
-        num_workers: int = 0,
-        mixture: MixtureSchedule | Mapping[str, float] | None = None,
-        curriculum: Curriculum | None = None,
-        long_docs: str | Mapping[str, str] = "split",
-        shuffle: bool = True,
-        shuffle_window: int = 8192,
-        shuffle_shards: int = 16,
-        lookahead: int = 512,
-        max_open_bins: int = 16,
-        loss_memory: int = 100_000,
-        cache_shards: int = 16,
-        prefetch_factor: int = 2,
-        prioritize: prio.Prioritize | Mapping[str, Any] | bool | None = None,
-        online_mixing: om.OnlineMixing | Mapping[str, Any] | bool | None = None,
-        verify: bool | str = True,
-        doc_columns: Sequence[str] = (),
-        token_columns: Sequence[str] = (),
-    ) -> None:
-        """
+    Arguments:
+
         source: a curated output folder (local path or fsspec URL) holding `manifest.json`.
         seq_len, batch_size: row length in tokens and rows per batch.
         seed: the seed of every shuffle (integer ≥ 0).
@@ -223,7 +263,37 @@ class PackedLoader:
             token's reference-model loss, written by `datapipe score`), carried as float32 tensors like `doc_columns`
             but with each token's own value: a piece [start, end) of a document gets the column's values
             [start, end) of that document. A column the first shard lacks, or that is not such a list, is a ConfigError.
-        """
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str],
+        *,
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        epochs: int | None = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
+        num_workers: int = 0,
+        mixture: MixtureSchedule | Mapping[str, float] | None = None,
+        curriculum: Curriculum | None = None,
+        long_docs: str | Mapping[str, str] = "split",
+        shuffle: bool = True,
+        shuffle_window: int = 8192,
+        shuffle_shards: int = 16,
+        lookahead: int = 512,
+        max_open_bins: int = 16,
+        loss_memory: int = 100_000,
+        cache_shards: int = 16,
+        prefetch_factor: int = 2,
+        prioritize: prio.Prioritize | Mapping[str, Any] | bool | None = None,
+        online_mixing: om.OnlineMixing | Mapping[str, Any] | bool | None = None,
+        verify: bool | str = True,
+        doc_columns: Sequence[str] = (),
+        token_columns: Sequence[str] = (),
+    ) -> None:
+        """Checks every argument in turn, reads the manifest and sets up the parts (see the class docstring)."""
         seq_len = _check_int("seq_len", seq_len, 1)
         batch_size = _check_int("batch_size", batch_size, 1)
         seed = _check_int("seed", seed, 0)
@@ -240,61 +310,15 @@ class PackedLoader:
         if not isinstance(shuffle, bool):
             raise ConfigError(f"shuffle must be a bool, got {shuffle!r}")
         verify = check_verify(verify)
-        if rank is None or world_size is None:
-            dist_rank, dist_world = _dist_rank_world()
-            rank = dist_rank if rank is None else rank
-            world_size = dist_world if world_size is None else world_size
-        world_size = _check_int("world_size", world_size, 1)
-        rank = _check_int("rank", rank, 0)
-        if rank >= world_size:
-            raise ConfigError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
+        rank, world_size = _check_rank(rank, world_size)
         if curriculum is not None and not isinstance(curriculum, Curriculum):
             raise ConfigError(f"curriculum must be a Curriculum or None, got {curriculum!r}")
 
         self.source = os.fspath(source) if isinstance(source, os.PathLike) else str(source)
         self.manifest = shards.read_manifest(self.source)
-        layout = self._layout = Layout(self.manifest)
-        if not layout.domains:
-            raise ConfigError(f"source {self.source!r} holds no documents (manifest total_docs=0)")
-        if int(self.manifest.get("total_docs", 0)) < world_size:
-            raise ConfigError(f"world_size must be at most the manifest's total_docs="
-                              f"{self.manifest.get('total_docs')!r} (every rank needs documents), got {world_size!r}")
-
-        if mixture is None:
-            schedule = None
-        elif isinstance(mixture, MixtureSchedule):
-            schedule = mixture
-        elif isinstance(mixture, Mapping):
-            schedule = MixtureSchedule.constant(mixture)
-        else:
-            raise ConfigError(f"mixture must be None, a mapping of domain weights or a MixtureSchedule, got {mixture!r}")
-        mixing = om.OnlineMixing.from_value(online_mixing)
-        if mixing is not None:
-            if schedule is not None and len(schedule.phases) > 1:
-                raise ConfigError(f"mixture must be constant (one phase) with online_mixing, which learns the weights "
-                                  f"and takes the mixture as its prior; got {len(schedule.phases)} phases")
-            if schedule is None:  # the bandit's weights change: domains restart their passes on their own
-                schedule = MixtureSchedule.natural(self.manifest)
-        if schedule is not None:
-            unknown = sorted(set(schedule.domains) - set(layout.domains))
-            if unknown:
-                raise ConfigError(f"mixture names domains {unknown!r} that the manifest lacks; "
-                                  f"its domains are {list(layout.domains)!r}")
-
-        if isinstance(long_docs, str):
-            check_policy("long_docs", long_docs)
-            policies = {d: long_docs for d in layout.domains}
-        elif isinstance(long_docs, Mapping):
-            for key, value in long_docs.items():
-                if key != "*" and key not in layout.domains:
-                    raise ConfigError(f"long_docs key must be '*' or a domain of the manifest "
-                                      f"{list(layout.domains)!r}, got {key!r}")
-                check_policy(f"long_docs[{key!r}]", value)
-            default = long_docs.get("*", "split")
-            policies = {d: long_docs.get(d, default) for d in layout.domains}
-        else:
-            raise ConfigError(f"long_docs must be one of {{'split', 'truncate', 'drop'}} or a mapping, got {long_docs!r}")
-
+        layout = self._layout = _check_layout(self.source, self.manifest, world_size)
+        schedule, mixing = _mixture_schedule(mixture, online_mixing, self.manifest, layout.domains)
+        policies = _long_doc_policies(long_docs, layout.domains)
         self._cfg = PlanConfig(
             source=self.source, seq_len=seq_len, batch_size=batch_size, seed=seed, epochs=epochs, rank=rank,
             world_size=world_size, shuffle=shuffle, shuffle_window=shuffle_window, shuffle_shards=shuffle_shards,
@@ -305,15 +329,20 @@ class PackedLoader:
         self._reader = Reader(self.source, layout, cache_shards, verify=verify)
         self.doc_columns = self._check_doc_columns(doc_columns)
         self.token_columns = self._check_token_columns(token_columns)
-        # the loss-feedback path: one object, its own lock (see datapipe/loader/feedback.py)
+        self._feedback = self._loss_feedback(schedule, mixing)
+        self._planner_state = Planner(self._cfg, layout, self._reader).state_dict()
+        self._stats = {"batches": 0, "rows": 0, "tokens": 0, "domain_tokens": {d: 0 for d in layout.domains}}
+
+    def _loss_feedback(self, schedule: MixtureSchedule | None, mixing: om.OnlineMixing | None) -> LossFeedback:
+        """The loss-feedback path: one object, its own lock (see datapipe/loader/feedback.py). With online mixing, the
+        schedule's first weights are the bandit's prior."""
+        layout = self._layout
         prior = schedule.weights_at(0) if mixing else None
-        self._feedback = LossFeedback(
+        return LossFeedback(
             self.loss_memory, self._cfg.prioritize,
             (lambda docs: self._reader.features(docs, self._cfg.prioritize)) if self._cfg.prioritize else None,
             online_mixing=mixing, mixing_prior={d: prior.get(d, 0.0) for d in layout.domains} if mixing else None,
             domains=(lambda docs: om.doc_domains(layout, self._reader, docs)) if mixing else None)
-        self._planner_state = Planner(self._cfg, layout, self._reader).state_dict()
-        self._stats = {"batches": 0, "rows": 0, "tokens": 0, "domain_tokens": {d: 0 for d in layout.domains}}
 
     def _check_doc_columns(self, doc_columns: Sequence[str]) -> tuple[str, ...]:
         if isinstance(doc_columns, str) or not isinstance(doc_columns, Sequence) \
