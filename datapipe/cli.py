@@ -42,10 +42,26 @@ RAY_HELP = ("an existing Ray cluster ('auto' after `ray start`, or HOST:PORT); d
 
 
 def _parser() -> argparse.ArgumentParser:
+    """`datapipe`'s arguments: the top level's, and each command's from its `_add_*` function."""
     p = argparse.ArgumentParser(prog="datapipe", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"datapipe {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+    for add_command in (_add_run, _add_curate, _add_config_reference, _add_stats, _add_train, _add_score,
+                        _add_curate_preferences, _add_plot, _add_experiment):  # the order `datapipe --help` lists
+        add_command(sub)
+    return p
 
+
+def _add_execution_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where and how a curation runs, and what it shows: `run` and `curate` take the same."""
+    parser.add_argument("--ray-address", default=None, metavar="ADDR", help=RAY_HELP)
+    parser.add_argument("--executor", choices=["ray", "local"], default="ray", help=EXECUTOR_HELP)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="progress of every step of every stage, not one line per stage")
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="the main job: curate the embedded default corpus (stdlib code, docstrings, "
                                    "man pages), train a tiny GPT on it, print the stats",
                        description="Curate a corpus built from real text on this machine (the Python standard "
@@ -56,14 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--man-pages", type=int, default=1500, metavar="N", help="manual pages to render (default: 1500)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help=SET_HELP.format("tokenizer.train.vocab_size=4096") + " (curation keys)")
-    r.add_argument("--ray-address", default=None, metavar="ADDR", help=RAY_HELP)
-    r.add_argument("--executor", choices=["ray", "local"], default="ray", help=EXECUTOR_HELP)
-    r.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
-    r.add_argument("--verbose", action="store_true", help="progress of every step of every stage, not one line per stage")
+    _add_execution_arguments(r)
     r.add_argument("--train-steps", type=int, default=150, metavar="N",
                    help="steps of the tiny model trained on the result (0 = curate only; default: 150)")
 
 
+def _add_curate(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("curate", help="curate raw documents into tokenized Arrow shards",
                        description="Curate raw documents into tokenized Arrow shards with a manifest and statistics. "
                                    "Rerunning the same command after a crash or Ctrl-C resumes: finished work is kept.")
@@ -77,17 +91,18 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--output", default=None, metavar="DIR", help="output folder (config output.dir)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help=SET_HELP.format("dedup.exact.enabled=false"))
-    c.add_argument("--ray-address", default=None, metavar="ADDR", help=RAY_HELP)
-    c.add_argument("--executor", choices=["ray", "local"], default="ray", help=EXECUTOR_HELP)
-    c.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
-    c.add_argument("--verbose", action="store_true", help="progress of every step of every stage, not one line per stage")
+    _add_execution_arguments(c)
 
+
+def _add_config_reference(sub: argparse._SubParsersAction) -> None:
     cr = sub.add_parser("config-reference", help="print every config key with its type, default and note",
                         description="Print every key of a config with its type, default and a one-line note.")
     cr.add_argument("which", nargs="?", choices=sorted(ROOTS), default="curate",
                     help="whose config: curate (default; also `datapipe run`), train, preferences (curate-preferences) "
                          "or experiment")
 
+
+def _add_stats(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("stats", help="inspect a finished run: funnel, drop reasons, mixture, lengths; or why one document went")
     s.add_argument("output", metavar="OUTPUT_DIR", help="a curated output folder (holds stats.json and manifest.json)")
     s.add_argument("--plot", default=None, metavar="DIR", help="write funnel.png, token_share.png and lengths.png into DIR")
@@ -95,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the figures as one JSON object instead of tables")
     s.add_argument("--why", default=None, metavar="ID", help="say why document ID was dropped (exit 1 when the id is unknown)")
 
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("train", help="train the bundled GPT on curated shards (torchrun for DDP)",
                        description="Train the bundled GPT on curated shards (train.objective lm) or preference shards "
                                    "(dpo). After a crash or Ctrl-C, the same command with --resume continues from the "
@@ -109,6 +126,8 @@ def _parser() -> argparse.ArgumentParser:
                         "--set need not be repeated; one given again must agree); a run stopped before its first "
                         "checkpoint starts again from step 0")
 
+
+def _add_score(sub: argparse._SubParsersAction) -> None:
     sc = sub.add_parser("score", help="RHO-LOSS scoring pass: copy a curated folder, adding each token's "
                                       "reference-model loss (ref_loss) for `train.rho`",
                         description="Train two small reference models, one on each half of the documents (split by a "
@@ -130,6 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                     help=SET_HELP.format("model.n_layer=1") + " (training keys)")
 
+
+def _add_curate_preferences(sub: argparse._SubParsersAction) -> None:
     cp = sub.add_parser("curate-preferences", help="tokenize prompt/chosen/rejected records into preference shards",
                         description="Tokenize prompt/chosen/rejected records (JSONL, Parquet, Hugging Face datasets) "
                                     "into preference shards for DPO.")
@@ -141,9 +162,13 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                     help=SET_HELP.format("max_prompt_tokens=128"))
 
+
+def _add_plot(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser("plot", help="draw loss (train and eval), lr, tokens/s and data-wait of a run to PNG")
     pl.add_argument("run_dir", metavar="RUN_DIR", help="a training run folder (holds metrics.jsonl); writes RUN_DIR/training.png")
 
+
+def _add_experiment(sub: argparse._SubParsersAction) -> None:
     ex = sub.add_parser("experiment", help="run arms x seeds of the trainer at the same compute; compare eval loss and "
                                            "tokens to a target",
                         description="Train every arm of an experiment once per seed with the same steps, batch and "
@@ -155,7 +180,6 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--output", default=None, metavar="DIR", help="output folder (config output)")
     ex.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                     help=SET_HELP.format("budget.steps=500") + " (experiment keys)")
-    return p
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
