@@ -82,7 +82,10 @@ except ImportError:  # an older checkout (the baseline of a side-by-side run)
     pass
 from datapipe.curate.executors import LocalExecutor
 from stages.minhash import MinHashConfig, MinHashStage
-import datapipe.curate.near_dedup as nd
+try:
+    import datapipe.curate.phases.near_dedup as nd
+except ImportError:  # an older checkout (the baseline of a side-by-side run)
+    import datapipe.curate.near_dedup as nd
 docs = [orjson.loads(line) for line in open(sys.argv[2], "rb")]
 work, config = Path(sys.argv[3]), from_dict(MinHashConfig, json.loads(sys.argv[4]))
 table = pa.table({"id": [d["id"] for d in docs], "domain": [d["domain"] for d in docs],

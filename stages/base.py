@@ -2,11 +2,11 @@
 
 A **map stage** (`Stage`) is a small class with a frozen, typed config and a pure function over a
 batch of documents (`datapipe.core.schema.DOC_SCHEMA` in, `StageResult` out). Stages never import
-Ray, torch, the loader or the trainer: the runner in `datapipe.curate.runner` maps them onto Ray (or
+Ray, torch, the loader or the trainer: the curation run (`datapipe.curate.run`) maps them onto Ray (or
 a plain loop in tests).
 
 A **global stage** (`GlobalStage`: exact dedup, near dedup) decides over every document at once, in
-two halves the runner drives the same way for every such stage: a map half (`keys`) that emits
+two halves the run drives the same way for every such stage: a map half (`keys`) that emits
 hash-partitioned keys per document inside the block tasks, and a resolve half (`resolve`) that runs
 after all blocks, with the executor's `run_tasks`, and names the losing documents. The next segment
 drops them (see `GlobalStage`).
@@ -64,7 +64,7 @@ class GlobalStage(ABC):
 
     - **map half**, `keys(batch)`: for each document of a batch, rows of keys, as tables by kind
       (`{"keys": ...}`, `{"buckets": ..., "nodes": ...}`). Every table has a `partition` column
-      (uint32 in `[0, partitions)`). The runner calls it in each block task after the segment's map
+      (uint32 in `[0, partitions)`). The run calls it in each block task after the segment's map
       stages, and writes the rows of kind k from block b as one shuffle file `folder/k/b.shuffle`
       (`datapipe.core.shuffle`: partitioned by that column, which is not stored), `folder` being
       `work/<name>/`.
@@ -74,7 +74,7 @@ class GlobalStage(ABC):
       are `folder/<kind>/<last part of the sender>.shuffle`). It decides which documents lose, running
       its own tasks through `run_tasks` (partition p of a kind: `datapipe.core.shuffle.read_shuffle`), and
       leaves them in `folder/losers-tNNN.arrow`, one file for every resolve task t below
-      `tasks(documents)`, empty or not (`LOSER_SCHEMA`; each document at most once over all files). It may write reports into `out_dir` and returns a JSON-able summary, which the runner
+      `tasks(documents)`, empty or not (`LOSER_SCHEMA`; each document at most once over all files). It may write reports into `out_dir` and returns a JSON-able summary, which the run
       puts in stats.json under `global_stages.<name>`. Each of its tasks writes its outputs
       atomically and returns a JSON-able result; given `record=`, the run loop writes that result as the
       task's record and skips the task when a resumed run finds it, so a killed run resumes to the same result.

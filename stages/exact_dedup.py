@@ -3,7 +3,7 @@
 A global stage (`stages.base.GlobalStage`). Its map half, `keys(batch)`, computes each document's
 hash and hash partition. Its resolve half runs one task per partition: `partition_losers(keys)`
 decides, for the keys of one partition (gathered from every input file, worker and node by the
-runner's shuffle), which documents lose: within each hash, the first document by global input
+run's shuffle), which documents lose: within each hash, the first document by global input
 `order` is kept and every other one is dropped with reason `exact_duplicate` and the kept id. The
 winner does not depend on how many workers or partitions were used.
 """
@@ -46,7 +46,7 @@ class ExactDedupStage(GlobalStage):
     name = "exact_dedup"
 
     def __init__(self, config: ExactDedupConfig) -> None:
-        if config.partitions == "auto":  # the runner sizes it from the input; used on its own, the floor
+        if config.partitions == "auto":  # the run sizes it from the input; used on its own, the floor
             config = dataclasses.replace(config, partitions=MIN_PARTITIONS)
         self.config = config
 

@@ -1,4 +1,4 @@
-r"""Near-duplicate removal with MinHash-LSH: the pure parts (the runner distributes them).
+r"""Near-duplicate removal with MinHash-LSH: the pure parts (the curation phases distribute them).
 
 1. **Signatures**, vectorised per batch. Each document's shingles (word n-grams of the lowercased
    text, or character n-grams; words are `\w+` runs, or with `words: whitespace` those of
@@ -28,7 +28,7 @@ r"""Near-duplicate removal with MinHash-LSH: the pure parts (the runner distribu
    its bucket keys and its signature once, at `SIGNATURE_BITS` a value (`MinHashStage.keys`).
 4. **Connected components** over the edges by alternating *large-star* and *small-star*
    rounds (Kiveris et al., "Connected Components in MapReduce and Beyond", 2014). Each round is a
-   pure function of the edges of one hash partition of nodes, so the runner runs a round as one task
+   pure function of the edges of one hash partition of nodes, so the run runs a round as one task
    per partition with memory bounded by the partition count, not by the corpus. At convergence each
    node is linked to the smallest node of its component — the first document by input order.
 5. **One document kept per cluster** (`first` by input order, or `longest` with ties to the first);
@@ -575,7 +575,7 @@ class MinHashStage:
     name = "minhash"
 
     def __init__(self, config: MinHashConfig) -> None:
-        if config.partitions == "auto":  # the runner sizes it from the input; used on its own, the floor
+        if config.partitions == "auto":  # the run sizes it from the input; used on its own, the floor
             config = dataclasses.replace(config, partitions=MIN_PARTITIONS)
         self.config = config
         self.bands, self.rows = config.lsh_params()

@@ -150,7 +150,7 @@ TOKENS_COLUMNS = ("id", "domain", "tokens", "num_tokens")
 
 def choose_encoder(tokenizer_json: str, config: TokenizerConfig, where: str = "tokenizer.json") -> tuple[FastEncoder | None, str]:
     """(the fast encoder or None, why). With `encoder: fast`, a tokenizer that is not provably
-    equivalent is a config error; the runner can call this before any work starts."""
+    equivalent is a config error; the run can call this before any work starts."""
     if config.encoder == "tokenizers":
         return None, "tokenizer.encoder is 'tokenizers'"
     compiled, why = try_compile(tokenizer_json)

@@ -266,6 +266,6 @@ def run_tasks_in_process():
     import time
 
     from datapipe.curate.executors import LocalExecutor
-    from datapipe.curate.phase import Run
+    from datapipe.curate.run_loop import Run
 
     return Run(LocalExecutor(), progress=False, resumed=False, started=time.perf_counter()).tasks("test")

@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 from datapipe.core.config import ConfigError, check, load, note, to_dict
 from datapipe.core.storage import check_url, is_url
-from datapipe.curate.eval_split import EvalSplitConfig
 from stages.diversity import DiversityConfig
 from stages.exact_dedup import ExactDedupConfig
 from stages.langid import LangIdConfig
@@ -136,6 +135,38 @@ def auto_shard_bytes(token_bytes: int) -> int:
     SHARD_TARGET_BYTES for a large output, at least MIN_SHARDS for a small one (documents are never cut,
     so an output of fewer documents gets as many shards as documents)."""
     return max(1, min(SHARD_TARGET_BYTES, -(-token_bytes // MIN_SHARDS)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSplitConfig:
+    enabled: bool = note(
+        False,
+        help="write a held-out eval split to OUT/eval/, chosen before diversity sampling and the mixture (never "
+        "sampled or repeated); copies of its documents are removed from training; the trainer evaluates on it",
+    )
+    fraction: float = note(0.01, help="share of each domain's documents held out: those whose seeded hash of the id falls below it")
+    max_tokens_per_domain: int | None = note(
+        None, help="at most this many eval tokens per domain (documents taken lowest hash first, one that would overflow is skipped); null = no cap"
+    )
+    seed: int = note(0, help="seed of the id hash that chooses the eval documents")
+    source: str | None = note(
+        None,
+        help="another run's eval split (a curated folder such as RUN/eval) held out here instead of choosing one, so "
+        "that every arm of an ablation evaluates on the same documents: its shards are copied to OUT/eval/ and every "
+        "training copy of its documents (same id, identical tokens, or near with decontaminate: near) is removed. "
+        "Needs the same tokenizer; fraction, max_tokens_per_domain and seed are then unused",
+    )
+    decontaminate: Literal["exact", "near"] = note(
+        "near",
+        help="drop from training the copies of eval documents: 'exact' (identical tokens) or 'near' (also MinHash-LSH "
+        "near-duplicates, with dedup.minhash's settings and threshold, whether or not dedup.minhash is enabled)",
+    )
+
+    def __post_init__(self) -> None:
+        check(self.enabled or self.source is None, f"source {self.source!r} is set but enabled is false; set eval.enabled: true to use it")
+        check(0.0 < self.fraction < 1.0, f"fraction must be in (0, 1), got {self.fraction!r}")
+        if self.max_tokens_per_domain is not None:
+            check(self.max_tokens_per_domain > 0, f"max_tokens_per_domain must be > 0 or null, got {self.max_tokens_per_domain!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

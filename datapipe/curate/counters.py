@@ -1,4 +1,4 @@
-"""Counters that every task returns and the runner adds up into `stats.json`.
+"""Counters that every task returns and the run adds up into `stats.json`.
 
 Kept as plain dicts keyed by tuples so they pickle cheaply across Ray and serialise to JSON as lists.
 """

@@ -1,7 +1,7 @@
 """The plan of a curation run: its units, its segments of stages, the blocks' names, and what a task needs.
 
 A segment is the map stages run back to back on a block up to a global stage, whose map half emits keys
-(`stages.base.GlobalStage`); `build_segments` cuts the stage list there. Memory is bounded by blocks and
+(`stages.base.GlobalStage`); `phases.segment.build_segments` cuts the stage list there. Memory is bounded by blocks and
 partitions, not by the corpus: `task_memory` is what one task of a phase declares to Ray, from its input.
 """
 
@@ -19,12 +19,8 @@ from datapipe.core.storage import Location, RemotePath, location, remove_tree
 from datapipe.curate.config import (
     SHARD_TARGET_BYTES, TASK_BYTES_PER_TEXT_BYTE, CurateConfig, auto_block_bytes, auto_partitions,
 )
-from datapipe.curate.near_dedup import NearDedupStage
 from datapipe.curate.readers import InputUnit, estimated_text_bytes, input_fingerprints
-from stages.base import FilterStage, GlobalStage, Stage
-from stages.exact_dedup import ExactDedupStage
-from stages.langid import LangIdStage
-from stages.quality import build_filters
+from stages.base import GlobalStage, Stage
 
 
 WORK_COMPRESSION = "zstd"  # text and token blocks in work/: ~4x smaller text for ~0.3 CPU-s per 100 MB written
@@ -69,35 +65,6 @@ class CurateResult:
     seconds: float
     resumed_tasks: int = 0
     reused: bool = False  # the folder already held this run, finished: nothing was done
-
-
-def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage] = ()) -> list[Segment]:
-    """The stage list in pipeline order, cut after each global stage. Later stages (language id,
-    sampling, mixture) slot in here."""
-    per_domain, default = build_filters(cfg.filters)
-    pipeline: list[Any] = []  # normalize runs in the read task (`Plan.read_stages`): it rewrites the text
-    if cfg.dedup.exact.enabled:
-        pipeline.append(ExactDedupStage(cfg.dedup.exact))
-    if cfg.langid.enabled:
-        pipeline.append(LangIdStage(cfg.langid, keep_text=cfg.output.keep_dropped_text))
-    pipeline += [FilterStage(per_domain, default, keep_text=cfg.output.keep_dropped_text), *extra_stages]
-    if cfg.dedup.minhash.enabled:
-        pipeline.append(NearDedupStage(cfg.dedup.minhash))
-    segments = [Segment("seg0", [])]
-    for stage in pipeline:
-        if isinstance(stage, GlobalStage):  # a global stage closes its segment
-            segments[-1].global_stage = stage
-            segments.append(Segment(f"seg{len(segments)}", []))
-        else:
-            segments[-1].stages.append(stage)
-    for previous, seg in zip([None, *segments], segments):
-        # By the stages' own names, as in stats.json's funnel: "filters+minhash" (its global stage's
-        # keys are computed here), or "minhash drop" for a segment that only drops a global stage's losers.
-        names = [s.name for s in seg.stages] + ([seg.global_stage.name] if seg.global_stage else [])
-        seg.title = "+".join(names) if names else f"{previous.global_stage.name} drop" if previous else "copy"
-        shown = [stage_title(s.name) for s in seg.stages] or [stage_title(names[0])] if names else []
-        seg.stage = " + ".join(shown) if shown else stage_title(previous.global_stage.name) if previous else "copy"
-    return segments
 
 
 # What a user calls the stages whose names (in stats.json, the funnel, dropped/) are short identifiers.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -28,19 +29,21 @@ from datapipe.core.config import ConfigError, RunStopped
 from datapipe.core.shards import ShardInfo, atomic_write_json, build_manifest, make_folder, remove_temporaries, write_manifest
 from datapipe.core.storage import absolute, check_reachable, location, make_local_folder, reachable, remove_tree
 from datapipe.core.workfiles import DamagedWorkFile
-from datapipe.curate import eval_split, selection, unique_ids
+from datapipe.curate.phases import eval_split, selection, unique_ids
 from datapipe.curate.config import CurateConfig, config_hash, result_affecting
 from datapipe.curate.counters import Counters
 from datapipe.curate.executors import Executor, make_executor, ray_address, ray_is_running
 from datapipe.curate.identity import check_output
-from datapipe.curate.phase import Run
-from datapipe.curate.phases.read import _EarlyReader, read_phase
-from datapipe.curate.phases.segment import run_segments
+from datapipe.curate.exchange import route_losers
+from datapipe.curate.phase import recorded_task
+from datapipe.curate.run_loop import Run
+from datapipe.curate.phases.read import EarlyReader, read_phase, read_record_at, read_task
+from datapipe.curate.phases.segment import build_segments, segment_phase
 from datapipe.curate.phases.shards import (
     eval_shard_record_at, eval_shard_task, plan_shards, shard_record_at, shard_task, write_eval_manifest,
 )
 from datapipe.curate.phases.tokenize import prepare_tokenizer, tokenize_phase
-from datapipe.curate.plan import CurateResult, Plan, block_name, build_segments, remove_work, resolve_block_bytes, task_memory
+from datapipe.curate.plan import CurateResult, Plan, block_name, remove_work, resolve_block_bytes, stage_title, task_memory
 from datapipe.curate.readers import plan_units
 from datapipe.curate.report import build_stats, nothing_survived, recovery
 from stages.base import GlobalStage, Stage
@@ -67,7 +70,7 @@ def curate(cfg: CurateConfig, *, executor: Executor | None = None, extra_stages:
             ids = run.execute(unique_ids.resolve_phase(plan.work, [block_name(u, b) for u, b in blocks], plan.cfg.dedup.exact.partitions,
                                                        _read_bytes(plan, total)))
             report = {"damaged_inputs": damaged, "duplicate_ids": unique_ids.summary(ids)}
-            report["global_stages"], kept_docs, kept_bytes = run_segments(run, plan, blocks, total)
+            report["global_stages"], kept_docs, kept_bytes = _segments(run, plan, blocks, total)
             if kept_docs == 0:
                 raise nothing_survived(plan, total, t0, report)
             tokenizer_path, info = _tokenize(run, plan, blocks, kept_bytes, total, report)
@@ -128,15 +131,15 @@ def _finished(plan: Plan, tokenizer_text: str | None, log: Callable[[str], None]
 
 
 @contextlib.contextmanager
-def _executor(plan: Plan, executor: Executor | None, progress: bool) -> Iterator[tuple[Executor, _EarlyReader | None]]:
+def _executor(plan: Plan, executor: Executor | None, progress: bool) -> Iterator[tuple[Executor, EarlyReader | None]]:
     """The given executor, or an embedded or connected Ray one, shut down at the end; while an embedded Ray starts,
-    the driver reads the first input units itself (`_EarlyReader`)."""
+    the driver reads the first input units itself (`EarlyReader`)."""
     if executor is not None:
         yield executor, None
         return
     cfg, early = plan.cfg, None
     if ray_address(cfg.ray.address) is None and not ray_is_running():  # an embedded Ray: this machine's cores
-        early = _EarlyReader(plan)
+        early = EarlyReader(plan, functools.partial(recorded_task, (read_task, read_record_at, plan)))
         early.start()
     interrupted = False
     try:
@@ -155,7 +158,7 @@ def _executor(plan: Plan, executor: Executor | None, progress: bool) -> Iterator
             executor.shutdown()
 
 
-def _read(run: Run, plan: Plan, early: _EarlyReader | None, total: Counters) -> tuple[list[tuple[int, int]], list[Any]]:
+def _read(run: Run, plan: Plan, early: EarlyReader | None, total: Counters) -> tuple[list[tuple[int, int]], list[Any]]:
     """The read phase (the units the driver read while Ray started first); the blocks and the damaged inputs."""
     taken = early.stop() if early is not None else 0
     results = run.execute(read_phase(plan, taken))
@@ -168,6 +171,27 @@ def _read(run: Run, plan: Plan, early: _EarlyReader | None, total: Counters) -> 
     for r in results:
         total.merge(Counters.from_json(r["counters"]))
     return [(u, b) for u, r in enumerate(results) for b in range(r["blocks"])], [d for r in results for d in r.get("damaged", [])]
+
+
+def _segments(run: Run, plan: Plan, blocks: list[tuple[int, int]], total: Counters) -> tuple[dict[str, Any], int, int]:
+    """Every segment over every block, each global stage resolved after its segment: (the global stages'
+    summaries, the kept documents, their text bytes). Stops early when no document is left."""
+    summaries: dict[str, Any] = {}
+    kept_docs = kept_bytes = 0
+    for s, seg in enumerate(plan.segments):
+        results = run.execute(segment_phase(plan, s, blocks))
+        for r in results:
+            total.merge(Counters.from_json(r["counters"]))
+        kept_bytes, kept_docs = sum(r["bytes"] for r in results), sum(r["rows"] for r in results)
+        if kept_docs == 0:  # no block or no document left: a global stage has nothing to resolve, later segments nothing to read
+            break
+        if (stage := seg.global_stage) is not None:  # its resolve half, the same way for every global stage
+            senders = [f"{seg.name}/{block_name(u, b)}" for u, b in blocks]  # the map half's blocks
+            tasks = stage.tasks(kept_docs)
+            run_tasks = run.tasks(stage_title(stage.name), memory=task_memory(plan, "resolve", kept_bytes, tasks))
+            summaries[stage.name] = stage.resolve(run_tasks, plan.work / stage.name, plan.out, senders, kept_docs)
+            route_losers(run_tasks, plan.work / stage.name, tasks, len(plan.units), stage.name)
+    return summaries, kept_docs, kept_bytes
 
 
 def _tokenize(run: Run, plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int, total: Counters,

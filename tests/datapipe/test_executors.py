@@ -252,3 +252,17 @@ def test_a_killed_driver_leaves_no_process_of_its_embedded_ray(tmp_path):
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
     assert not alive, f"alive 15 s after the driver was killed: {[name for _, name in alive]}"
+
+
+def test_without_rays_private_internals_an_embedded_init_is_left_as_ray_makes_it(monkeypatch):
+    """Ray is pinned to the versions CI runs; on another whose internals lack these names, both patches step
+    aside: nothing is replaced and nothing raises (Ray starts its monitor, dashboard head and agents as usual)."""
+    import types
+
+    import ray._private
+
+    monkeypatch.setitem(sys.modules, "ray._private.node", types.ModuleType("ray._private.node"))  # no Node
+    monkeypatch.setattr(ray._private, "services", types.ModuleType("ray._private.services"))  # no launchers
+    with executors._without_idle_head_processes(), executors._dying_with_the_raylet():
+        assert not hasattr(sys.modules["ray._private.node"], "Node")
+        assert not hasattr(ray._private.services, "_site_flags")

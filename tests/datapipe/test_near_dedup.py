@@ -17,7 +17,7 @@ import pytest
 from datapipe.core.workfiles import read_work_table
 
 from helpers import ASSETS, STALL_S, small_config
-from datapipe.curate import near_dedup
+from datapipe.curate.phases import near_dedup
 from datapipe.curate.executors import LocalExecutor, RayExecutor
 from datapipe.curate.run import curate
 from datapipe.core.shards import read_manifest
@@ -230,7 +230,7 @@ def test_same_result_in_one_process_and_on_ray(tmp_path, ray_local):
 def test_clusters_merged_a_few_rows_at_a_time_equal_one_sort(tmp_path, monkeypatch):
     """clusters.parquet is merged by order from the partitions' files in bounded steps (not sorted whole
     in the driver): steps of 2 rows per partition give the same table as one step, in input order."""
-    from datapipe.curate import near_dedup
+    from datapipe.curate.phases import near_dedup
 
     path, _ = _corpus(tmp_path)
     ref = _minhash_run(tmp_path / "ref", path, LocalExecutor())
@@ -248,7 +248,7 @@ def test_recomputed_shingles_are_cached_per_run_only(tmp_path):
     another run, whose block at the same path may hold other text, computes its own."""
     from datapipe.core.schema import DOC_SCHEMA
     from datapipe.core.workfiles import write_work_table as atomic_write_table
-    from datapipe.curate.near_dedup import KeySource, text_shingle_sets
+    from datapipe.curate.phases.near_dedup import KeySource, text_shingle_sets
     from stages.minhash import shingle_sets
 
     config = MinHashConfig()

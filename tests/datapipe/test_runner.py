@@ -288,7 +288,8 @@ class _DriverReads(LocalExecutor):
         self.in_task = False
         self.driver_reads: list[str] = []
         import datapipe.core.workfiles as workfiles
-        from datapipe.curate import eval_split, exchange, near_dedup, selection, unique_ids
+        from datapipe.curate import exchange
+        from datapipe.curate.phases import eval_split, near_dedup, selection, unique_ids
         from datapipe.curate.phases import shards
         import stages.base
 
@@ -413,7 +414,7 @@ def test_losers_gathered_by_unit_group_are_the_same_whatever_the_grouping(tmp_pa
 
 
 def test_the_driver_reads_while_ray_starts_and_the_output_is_the_same(tmp_path, monkeypatch):
-    """While an embedded Ray starts, the driver reads the first input units itself (`_EarlyReader`); Ray's tasks
+    """While an embedded Ray starts, the driver reads the first input units itself (`EarlyReader`); Ray's tasks
     read the rest. The output is the one an executor that read every unit gives, and no reading thread
     outlives the run."""
     import threading
@@ -455,12 +456,11 @@ def test_the_driver_reads_while_ray_starts_and_the_output_is_the_same(tmp_path, 
 
 def test_a_read_error_in_the_driver_is_the_runs_error(tmp_path, slice_input, monkeypatch):
     from datapipe.curate import run as runner
-    from datapipe.curate.phases import read
 
     def read_task(plan, unit):
         raise ConfigError("inputs[0].path: cannot be read now")
 
-    monkeypatch.setattr(read, "read_task", read_task)
+    monkeypatch.setattr(runner, "read_task", read_task)  # the driver's early read
     monkeypatch.setattr(runner, "make_executor", lambda kind, address, **kw: (time.sleep(0.2), LocalExecutor())[1])
     monkeypatch.setattr(runner, "ray_is_running", lambda: False)
     with pytest.raises(ConfigError, match="cannot be read now"):
@@ -490,10 +490,9 @@ def test_an_interrupt_while_ray_starts_does_not_wait_for_the_drivers_read(tmp_pa
     import threading
 
     from datapipe.curate import run as runner
-    from datapipe.curate.phases import read
 
     release = threading.Event()
-    monkeypatch.setattr(read, "read_task", lambda plan, unit: release.wait(60))  # a unit that takes a minute
+    monkeypatch.setattr(runner, "read_task", lambda plan, unit: release.wait(60))  # the driver's early read: a minute
 
     def interrupted_while_starting(kind, address, **kwargs):
         time.sleep(0.2)

@@ -91,7 +91,7 @@ def test_diversity_cut_by_block_equals_the_choice_over_the_whole_domain(tmp_path
     import numpy as np
 
     from datapipe.core.workfiles import write_work_table as atomic_write_table
-    from datapipe.curate import selection
+    from datapipe.curate.phases import selection
     from stages import diversity
 
     monkeypatch.setattr(selection, "BUCKET_BITS", 2)  # 4 buckets: big boundary buckets, many rows to resolve

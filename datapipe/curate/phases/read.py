@@ -2,7 +2,7 @@
 blocks of `read.block_bytes` of text, normalizes them and writes each block once (`datapipe.curate.blocks`:
 later phases write views, not the text). Each parsed block also sends its ids to the unique-ids exchange.
 
-While an embedded Ray starts, the driver reads the first units itself (`_EarlyReader`): on a single-file corpus
+While an embedded Ray starts, the driver reads the first units itself (`EarlyReader`): on a single-file corpus
 the read then costs no wall time.
 """
 
@@ -14,7 +14,7 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 import pyarrow as pa
@@ -24,10 +24,10 @@ from datapipe.core.schema import DOC_SCHEMA
 from datapipe.core.shards import replacing
 from datapipe.core.storage import Location, RemotePath, is_url
 from datapipe.core.workfiles import write_work_table
-from datapipe.curate import unique_ids
+from datapipe.curate.phases import unique_ids
 from datapipe.curate.blocks import READ
 from datapipe.curate.counters import Counters
-from datapipe.curate.phase import Phase, recorded_task
+from datapipe.curate.phase import Phase
 from datapipe.curate.phases.segment import run_stages, write_dropped
 from datapipe.curate.plan import WORK_COMPRESSION, Plan, block_name, task_memory
 from datapipe.curate.readers import InputUnit, read_unit
@@ -54,7 +54,7 @@ def read_task(plan: Plan, unit_index: int) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _working_dir(path: str) -> Iterator[None]:
-    # Safe in a worker: a Ray worker process runs one task at a time. The driver (`_EarlyReader`) is there already.
+    # Safe in a worker: a Ray worker process runs one task at a time. The driver (`EarlyReader`) is there already.
     before = os.getcwd()
     if before == path:
         yield
@@ -186,16 +186,18 @@ def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any) -> dict[str, A
     return {"blocks": blocks, "counters": counters.to_json(), "damaged": list(damaged.values())}
 
 
-class _EarlyReader(threading.Thread):
+class EarlyReader(threading.Thread):
     """Reads input units in this process, in order, while an embedded Ray starts in the main thread (most of
     `ray.init` is waiting for its daemons): the read, a single task on a single-file corpus, then costs no
     wall time. `stop()` returns how many units it took; it finishes the one it is in, and Ray's tasks read the
-    rest. Output does not depend on which process read a unit (`read_task` is deterministic and resumable)."""
+    rest. Output does not depend on which process read a unit (`read_task` is deterministic and resumable).
+    `read(unit)` is the run loop's: the unit's (result, found done), its record checked and written."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, read: Callable[[int], tuple[dict[str, Any], bool]]) -> None:
         super().__init__(name="datapipe-early-read", daemon=True)
         self.plan = plan
-        self.results: list[dict[str, Any]] = []
+        self.read = read
+        self.results: list[tuple[dict[str, Any], bool]] = []
         self.error: BaseException | None = None
         self._stopping = threading.Event()
         self._claimed = 0
@@ -209,7 +211,7 @@ class _EarlyReader(threading.Thread):
                 unit = self._claimed
                 self._claimed += 1
             try:
-                self.results.append(recorded_task((read_task, read_record_at, self.plan), unit))
+                self.results.append(self.read(unit))
             except BaseException as exc:  # noqa: BLE001 - raised in the main thread by `finish`
                 self.error = exc
                 return

@@ -3,7 +3,8 @@
 One task per block and segment (`segment_task`) drops the previous global stage's losers, runs the segment's
 map stages (language id, filters, a user's stages) and sends the next global stage's keys. The global stage's
 resolve half then decides over all keys with its own tasks (`GlobalStage.resolve`, given the run loop's
-`run_tasks`), and its losers are routed back to the blocks (`datapipe.curate.exchange`). So exact and near dedup
+`run_tasks`), and its losers are routed back to the blocks (`datapipe.curate.exchange`); `datapipe.curate.run`
+drives the segments and resolves in order. So exact and near dedup
 are global across every file, worker and node, and a winner is the first document in input order.
 """
 
@@ -17,35 +18,47 @@ import pyarrow.compute as pc
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
 from datapipe.core.shards import atomic_write_table
 from datapipe.core.storage import Location
-from datapipe.curate import unique_ids
+from datapipe.curate.phases import unique_ids
 from datapipe.curate.blocks import READ, block_documents, write_view
 from datapipe.curate.counters import Counters
-from datapipe.curate.exchange import route_losers, unit_losers
-from datapipe.curate.phase import Phase, Run
-from datapipe.curate.plan import Plan, block_name, stage_title, task_memory, text_bytes
-from stages.base import Stage, write_keys
+from datapipe.curate.exchange import unit_losers
+from datapipe.curate.phase import Phase
+from datapipe.curate.plan import Plan, Segment, block_name, stage_title, task_memory, text_bytes
+from datapipe.curate.config import CurateConfig
+from datapipe.curate.phases.near_dedup import NearDedupStage
+from stages.base import FilterStage, GlobalStage, Stage, write_keys
+from stages.exact_dedup import ExactDedupStage
+from stages.langid import LangIdStage
+from stages.quality import build_filters
 
 
-def run_segments(run: Run, plan: Plan, blocks: list[tuple[int, int]], total: Counters) -> tuple[dict[str, Any], int, int]:
-    """Every segment over every block, each global stage resolved after its segment: (the global stages'
-    summaries, the kept documents, their text bytes). Stops early when no document is left."""
-    summaries: dict[str, Any] = {}
-    kept_docs = kept_bytes = 0
-    for s, seg in enumerate(plan.segments):
-        results = run.execute(Phase(seg.stage, seg.title, segment_task, plan, [(s, u, b) for u, b in blocks],
-                                    segment_record_at, task_memory(plan, "segment")))
-        for r in results:
-            total.merge(Counters.from_json(r["counters"]))
-        kept_bytes, kept_docs = sum(r["bytes"] for r in results), sum(r["rows"] for r in results)
-        if kept_docs == 0:  # no block or no document left: a global stage has nothing to resolve, later segments nothing to read
-            break
-        if (stage := seg.global_stage) is not None:  # its resolve half, the same way for every global stage
-            senders = [f"{seg.name}/{block_name(u, b)}" for u, b in blocks]  # the map half's blocks
-            tasks = stage.tasks(kept_docs)
-            run_tasks = run.tasks(stage_title(stage.name), memory=task_memory(plan, "resolve", kept_bytes, tasks))
-            summaries[stage.name] = stage.resolve(run_tasks, plan.work / stage.name, plan.out, senders, kept_docs)
-            route_losers(run_tasks, plan.work / stage.name, tasks, len(plan.units), stage.name)
-    return summaries, kept_docs, kept_bytes
+def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage] = ()) -> list[Segment]:
+    """The stage list in pipeline order, cut after each global stage. Later stages (language id,
+    sampling, mixture) slot in here."""
+    per_domain, default = build_filters(cfg.filters)
+    pipeline: list[Any] = []  # normalize runs in the read task (`Plan.read_stages`): it rewrites the text
+    if cfg.dedup.exact.enabled:
+        pipeline.append(ExactDedupStage(cfg.dedup.exact))
+    if cfg.langid.enabled:
+        pipeline.append(LangIdStage(cfg.langid, keep_text=cfg.output.keep_dropped_text))
+    pipeline += [FilterStage(per_domain, default, keep_text=cfg.output.keep_dropped_text), *extra_stages]
+    if cfg.dedup.minhash.enabled:
+        pipeline.append(NearDedupStage(cfg.dedup.minhash))
+    segments = [Segment("seg0", [])]
+    for stage in pipeline:
+        if isinstance(stage, GlobalStage):  # a global stage closes its segment
+            segments[-1].global_stage = stage
+            segments.append(Segment(f"seg{len(segments)}", []))
+        else:
+            segments[-1].stages.append(stage)
+    for previous, seg in zip([None, *segments], segments):
+        # By the stages' own names, as in stats.json's funnel: "filters+minhash" (its global stage's
+        # keys are computed here), or "minhash drop" for a segment that only drops a global stage's losers.
+        names = [s.name for s in seg.stages] + ([seg.global_stage.name] if seg.global_stage else [])
+        seg.title = "+".join(names) if names else f"{previous.global_stage.name} drop" if previous else "copy"
+        shown = [stage_title(s.name) for s in seg.stages] or [stage_title(names[0])] if names else []
+        seg.stage = " + ".join(shown) if shown else stage_title(previous.global_stage.name) if previous else "copy"
+    return segments
 
 
 def write_dropped(plan: Plan, stage_name: str, block: str, parts: list[pa.RecordBatch]) -> None:
@@ -95,6 +108,13 @@ def _apply_losers(table: pa.Table, losers: pa.Table, stage: str, keep_text: bool
     return kept, dropped
 
 
+def segment_phase(plan: Plan, seg_index: int, blocks: list[tuple[int, int]]) -> Phase:
+    """One task per block through segment `seg_index`."""
+    seg = plan.segments[seg_index]
+    return Phase(seg.stage, seg.title, segment_task, plan, [(seg_index, u, b) for u, b in blocks], segment_record_at,
+                 task_memory(plan, "segment"))
+
+
 def segment_record_at(plan: Plan, seg_index: int, unit_index: int, block: int) -> Location:
     return plan.work / plan.segments[seg_index].name / f"{block_name(unit_index, block)}.json"
 
@@ -108,7 +128,7 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int) -> dic
     losers = unit_losers(plan.work / previous.name, unit_index, len(plan.units)) if previous is not None else None
     input_index = plan.units[unit_index].input_index
     table = block_documents(plan.work, READ if seg_index == 0 else plan.segments[seg_index - 1].name, name)
-    if seg_index == 0:  # ids made unique before any stage sees them (datapipe/curate/unique_ids.py)
+    if seg_index == 0:  # ids made unique before any stage sees them (datapipe/curate/phases/unique_ids.py)
         table = unique_ids.apply(plan.work, unit_index, table)
     counters = Counters()
     dropped_parts: list[pa.RecordBatch] = []

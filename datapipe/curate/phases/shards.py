@@ -17,10 +17,10 @@ import pyarrow as pa
 from datapipe.core.shards import ShardInfo, build_manifest, write_manifest, write_shard
 from datapipe.core.storage import Location
 from datapipe.core.workfiles import read_work_table
-from datapipe.curate import eval_split
+from datapipe.curate.phases import eval_split
 from datapipe.curate.config import auto_shard_bytes, config_hash, result_affecting
 from datapipe.curate.plan import Plan, block_name
-from datapipe.curate.selection import RowCopies
+from datapipe.curate.phases.selection import RowCopies
 
 
 def _lengths(plan: Plan, name: str) -> np.ndarray:

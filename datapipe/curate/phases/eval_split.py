@@ -41,7 +41,7 @@ import dataclasses
 import functools
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -49,16 +49,17 @@ import pyarrow.compute as pc
 import xxhash
 
 from datapipe.core import shards
-from datapipe.core.config import ConfigError, check, note
+from datapipe.core.config import ConfigError
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, order_key
 from datapipe.core.shards import atomic_write_table
 from datapipe.core.workfiles import DamagedWorkFile, read_record, read_work_table, write_work_table
+from datapipe.curate.config import EvalSplitConfig
 from datapipe.curate.counters import Counters
 from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
-from datapipe.curate import near_dedup
+from datapipe.curate.phases import near_dedup
 from datapipe.curate.blocks import block_documents
-from datapipe.curate.near_dedup import KeySource
-from datapipe.curate.selection import RowCopies
+from datapipe.curate.phases.near_dedup import KeySource
+from datapipe.curate.phases.selection import RowCopies
 from datapipe.core.storage import Location, location
 from stages.base import write_keys
 from stages.minhash import MinHashConfig, MinHashStage, partition_of
@@ -67,38 +68,6 @@ EVAL_DIR = "eval"  # OUT/eval/: the split's curated folder
 STAGE = "eval_split"  # the stage name of the training documents dropped as copies of eval documents
 PAIR_SCHEMA = pa.schema([("order", pa.int64()), ("eval_order", pa.int64())])
 SOURCE_UNIT = (1 << 23) - 1  # the input unit of `eval.source` documents in the order key: after every real input
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalSplitConfig:
-    enabled: bool = note(
-        False,
-        help="write a held-out eval split to OUT/eval/, chosen before diversity sampling and the mixture (never "
-        "sampled or repeated); copies of its documents are removed from training; the trainer evaluates on it",
-    )
-    fraction: float = note(0.01, help="share of each domain's documents held out: those whose seeded hash of the id falls below it")
-    max_tokens_per_domain: int | None = note(
-        None, help="at most this many eval tokens per domain (documents taken lowest hash first, one that would overflow is skipped); null = no cap"
-    )
-    seed: int = note(0, help="seed of the id hash that chooses the eval documents")
-    source: str | None = note(
-        None,
-        help="another run's eval split (a curated folder such as RUN/eval) held out here instead of choosing one, so "
-        "that every arm of an ablation evaluates on the same documents: its shards are copied to OUT/eval/ and every "
-        "training copy of its documents (same id, identical tokens, or near with decontaminate: near) is removed. "
-        "Needs the same tokenizer; fraction, max_tokens_per_domain and seed are then unused",
-    )
-    decontaminate: Literal["exact", "near"] = note(
-        "near",
-        help="drop from training the copies of eval documents: 'exact' (identical tokens) or 'near' (also MinHash-LSH "
-        "near-duplicates, with dedup.minhash's settings and threshold, whether or not dedup.minhash is enabled)",
-    )
-
-    def __post_init__(self) -> None:
-        check(self.enabled or self.source is None, f"source {self.source!r} is set but enabled is false; set eval.enabled: true to use it")
-        check(0.0 < self.fraction < 1.0, f"fraction must be in (0, 1), got {self.fraction!r}")
-        if self.max_tokens_per_domain is not None:
-            check(self.max_tokens_per_domain > 0, f"max_tokens_per_domain must be > 0 or null, got {self.max_tokens_per_domain!r}")
 
 
 ROWS_DIR = "rows"  # work/eval/rows/<block>.arrow: per row `eval` (held out for eval) and `held_out` (not for training)
