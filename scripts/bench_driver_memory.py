@@ -1,4 +1,4 @@
-"""The curation scale benchmark: driver memory (issue 13), work files, objects and CPU per phase (issue 22).
+"""The curation scale benchmark: driver memory, work files, objects and CPU per phase.
 
 usage: python -m scripts.bench_driver_memory [--base 625000] [--scales 1,4,16] [--workers 2] [--partitions auto]
            [--no-verify] [--keep DIR]
@@ -11,7 +11,7 @@ end or one word dropped from it: word 5-gram Jaccard >= 0.9), all seeded. Then t
 blocks and shards) on the embedded Ray with `--workers` CPUs, as a fresh process tree; the same
 config at every scale (`--partitions`, default `auto`: chosen from the input's size; with a fixed count a worker's share of a partition grows
 with the corpus, the driver's share must not). `--no-verify` sets `dedup.minhash.verify: false`:
-candidates are not checked against the threshold, so no signature is stored. (Before issue 22 every
+candidates are not checked against the threshold, so no signature is stored. (Before this layout every
 bucket row held the document's 128-value signature, 16 bands: several KB of work files a document, which
 for 10 M documents was more than this machine's free disk; now the signature is stored once, 16 bits a
 value, and shingles are recomputed from the text for the pairs near the threshold.)

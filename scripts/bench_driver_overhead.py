@@ -1,4 +1,4 @@
-"""The driver's bookkeeping on a run of many tiny blocks (issue 22); prints one JSON object.
+"""The driver's bookkeeping on a run of many tiny blocks; prints one JSON object.
 
 usage: python -m scripts.bench_driver_overhead [--blocks 100000] [--block-bytes 512] [--workers 2] [--keep DIR]
 

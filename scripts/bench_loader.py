@@ -19,7 +19,7 @@ Reports, side by side in one run:
   against the raw read rate: one epoch at seq_len 2048 with verify off, on with an empty cache (every
   shard hashed) and on with the cache warm (no re-hash). `--only verify` runs just this part, on the
   synthetic 1,000-shard folder unless --source is given (no curation: a short run).
-- many small shards (issue 17): `--only many_shards [--baseline DIR]` writes the same long-tailed
+- many small shards: `--only many_shards [--baseline DIR]` writes the same long-tailed
   documents (3 domains, median 665 tokens) once as ~3,000 shards of ~8 KiB and once as shards of
   ~8 MiB, and reports, per source, the raw Arrow read rate (every shard opened and its tokens read
   into numpy, in manifest order) and one whole epoch of the loader (seq_len 2048, batch 8, 0 workers,

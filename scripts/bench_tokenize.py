@@ -1,4 +1,4 @@
-"""Benchmark tokenization (issue 8): `tokenizers` against the fast encoder, side by side; prints JSON.
+"""Benchmark tokenization: `tokenizers` against the fast encoder, side by side; prints JSON.
 
 usage: python -m scripts.bench_tokenize [--corpus ../shared/data/corpus.jsonl.gz] [--docs N]
                                         [--tokenizer PATH] [--workers 1,2] [--skip-pipeline] [--skip-unicode]

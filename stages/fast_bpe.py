@@ -48,7 +48,7 @@ of these properties: it appends one new token per merge, in merge order.
 What the conditions cannot cover is the regex engines themselves: `tokenizers` runs the pattern
 with Oniguruma, tiktoken with fancy-regex, each with its own Unicode tables (which code points are
 letters, numbers, white space). Measured agreement over every code point is in BENCHMARKS.md
-(issue 8) and in `tests/stages/test_fast_bpe.py`; and `first_mismatch` compares ids on a sample of
+and in `tests/stages/test_fast_bpe.py`; and `first_mismatch` compares ids on a sample of
 the actual input before a run relies on the fast path.
 """
 

@@ -11,7 +11,7 @@ bound as the vocabulary size, so a model sized from it has an embedding row for 
 Special-token text inside a document (e.g. the string "<|endoftext|>") is plain text: it never
 becomes the special id mid-document.
 
-Encoding (issue 8): `tokenizer.encoder` picks `tokenizers` or the fast encoder of `stages.fast_bpe`
+Encoding: `tokenizer.encoder` picks `tokenizers` or the fast encoder of `stages.fast_bpe`
 (tiktoken's core over the same tokenizer.json: 7.4x faster encoding per core, 3.5x faster for the whole tokenize
 stage, BENCHMARKS.md). The fast encoder is used only
 when the tokenizer is provably equivalent (conditions C0-C3 in `stages/fast_bpe.py`) and, for each

@@ -87,7 +87,7 @@ class OutputConfig:
 # the shards (identical for 1 or 100 CPUs), and `read.block_bytes` decides the work layout, which a resume
 # on another machine (other CPUs) must find unchanged. Tiny blocks and shards cost more than their work:
 # the quickstart's former 16 KiB blocks and 8 KiB shards made ~60,000 work files and 3,442 shards of the
-# 151 MB shared corpus and tripled its CPU time (BENCHMARKS.md, issue 17).
+# 151 MB shared corpus and tripled its CPU time (BENCHMARKS.md).
 BLOCK_TARGET_BYTES = 8 * 2**20  # large inputs: blocks of this size (fewer, larger tasks and files)
 MIN_BLOCKS = 16  # small inputs: at least this many blocks, so up to 8 workers get 2 each
 BLOCK_FLOOR_BYTES = 16 * 2**10  # but no block smaller than this: a tiny input gets fewer blocks

@@ -141,10 +141,10 @@ def _without_idle_head_processes() -> Iterator[None]:
     """`ray.init` of an embedded instance without two head processes that serve it nothing:
     - the autoscaler's monitor (`ray start --no-monitor` skips it; `ray.init` has no such argument): it adds
       nodes to a cluster, an embedded instance has none to add, and it outlives SIGTERM, so Ray's shutdown
-      waited 1.0 of its 1.4 s to kill it;
+      spent most of its time waiting to kill it;
     - the dashboard's head, which with `include_dashboard=False` loads only Ray's usage-statistics module
-      (not the state API): about 0.9 CPU-s while the run starts (BENCHMARKS.md, "Re-measured after the fixed
-      costs were cut").
+      (not the state API), and costs CPU while the run starts (BENCHMARKS.md, "The shipped recipe on the
+      shared corpus: 1 and 2 workers", has the figures).
     Ray has no public hook for this: with other internals (another Ray version) they start as usual."""
     try:
         from ray._private.node import Node

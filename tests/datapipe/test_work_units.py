@@ -1,4 +1,4 @@
-"""Work units sized from the data (issue 17): `read.block_bytes: auto` and `output.shard_bytes: auto`."""
+"""Work units sized from the data: `read.block_bytes: auto` and `output.shard_bytes: auto`."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def test_clean_up_of_work_is_in_stats(tmp_path):
     assert sum(stats["phase_seconds"].values()) == pytest.approx(stats["seconds"], abs=0.02)
 
 
-# ---------------------------------------------------------------- shuffle partitions and task memory (issue 22)
+# ---------------------------------------------------------------- shuffle partitions and task memory
 
 
 @pytest.mark.parametrize(

@@ -64,7 +64,7 @@ def test_training_is_deterministic():
     assert train_tokenizer(TEXTS, cfg).to_str() == train_tokenizer(TEXTS, cfg).to_str()
 
 
-# ---------------------------------------------------------------- the fast encoder (issue 8)
+# ---------------------------------------------------------------- the fast encoder
 
 SAMPLE = [orjson.loads(line) for line in (ASSETS / "multilingual_sample.jsonl").read_bytes().splitlines()]
 MIXED = [d["text"] for d in SAMPLE] + ["a <|endoftext|> b <s> c", "", "It's 42\t\t\n  "]
