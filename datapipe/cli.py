@@ -5,10 +5,10 @@
     datapipe config-reference [curate|train|preferences|experiment]   # every config key with its type, default and note
     datapipe stats OUTPUT_DIR [--plot DIR] [--html FILE] [--json] [--why ID]   # inspect a finished run
     datapipe train CONFIG [--data DIR] [--output DIR] [--set KEY=VALUE ...] [--resume]   # train a GPT on shards
-    datapipe score CONFIG --data DIR --output DIR [--steps N] [--seed S] [--set KEY=VALUE ...]   # add ref_loss (RHO-LOSS)
+    datapipe score CONFIG --data DIR --output DIR [--steps N] [--seed S] [--set KEY=VALUE ...] [--verbose]   # add ref_loss (RHO-LOSS)
     datapipe curate-preferences CONFIG [--input PATH ...] [--output DIR] [--set KEY=VALUE ...]
     datapipe plot RUN_DIR                   # loss, lr, tokens/s and data-wait of a training run, to PNG
-    datapipe experiment CONFIG [--output DIR] [--set KEY=VALUE ...]   # arms x seeds at the same compute, compared
+    datapipe experiment CONFIG [--output DIR] [--set KEY=VALUE ...] [--verbose]   # arms x seeds at the same compute, compared
 
 Every command's config goes through the one strict loader (`datapipe.core.config.load`). A user's
 mistake (ConfigError, a path that cannot be read) prints one paragraph and exits 2; a run stopped on
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from datapipe import __version__
@@ -148,6 +149,9 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
                                                                         "order (config train.seed)")
     sc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                     help=SET_HELP.format("model.n_layer=1") + " (training keys)")
+    sc.add_argument("--verbose", action="store_true",
+                    help="the reference models' trainer lines (every log step) and a line per scored shard, not one "
+                         "line per model")
 
 
 def _add_curate_preferences(sub: argparse._SubParsersAction) -> None:
@@ -180,22 +184,32 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--output", default=None, metavar="DIR", help="output folder (config output)")
     ex.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                     help=SET_HELP.format("budget.steps=500") + " (experiment keys)")
+    ex.add_argument("--verbose", action="store_true",
+                    help="every cell's trainer lines (every log step), not one line per cell")
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     from datapipe.inspect.experiment_plot import plot_experiment
     from datapipe.train.experiment import load_experiment_config, run_experiment
 
+    t_start = time.perf_counter()
     exp = load_experiment_config(args.config, args.overrides, output=args.output)
-    results = run_experiment(exp)
+    results = run_experiment(exp, verbose=args.verbose)
     for name, arm in results["arms"].items():
         reach, ratio = arm["tokens_to_target"], arm["ratio_to_baseline"]["of_means"]
         print(f"{name}: final eval loss {arm['final_eval_loss']['mean']:.4f} ± {arm['final_eval_loss']['std']:.4f}; "
               f"tokens to {results['target']:.4f}: " + ("never reached" if reach["mean"] is None else
                                                         f"{reach['mean']:,.0f} ± {reach['std']:,.0f} ({reach['n']}/{reach['of']} seeds)")
               + (f", x{ratio:.2f} the baseline" if ratio is not None else ""))
-    print(f"wrote {Path(exp.output) / 'results.json'} and {plot_experiment(Path(exp.output) / 'results.json')}")
+    plot = plot_experiment(Path(exp.output) / "results.json")
+    print(f"experiment: {_count(len(exp.arms) * len(exp.seeds), 'cell')} done ({_count(len(exp.arms), 'arm')} x "
+          f"{_count(len(exp.seeds), 'seed')}) in {time.perf_counter() - t_start:.1f} s; results "
+          f"{Path(exp.output) / 'results.json'}, plot {plot}")
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("s" if n != 1 else "")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -223,7 +237,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     cfg = load(TrainConfig, args.config, args.overrides,
                {"data.source": args.data, "train.steps": args.steps, "train.seed": args.seed})
-    score(cfg, args.output)
+    score(cfg, args.output, verbose=args.verbose)
     return 0
 
 

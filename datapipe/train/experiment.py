@@ -40,6 +40,8 @@ What is measured (datapipe/train/lm.py):
 Each cell (arm, seed) is one training run in OUTPUT/cells/ARM/seed-N. Rerunning the command reads back a finished
 cell (its checkpoint reached budget.steps); a cell killed after a checkpoint continues from it with `--resume`
 semantics (the trainer refuses when its settings changed); one killed before its first checkpoint restarts.
+Progress is one line per cell when it is done (its final eval loss, tokens trained and seconds); `--verbose`
+(`verbose=True`) adds each cell's trainer lines, every log step of it.
 OUTPUT/results.json (written atomically) holds every cell's eval-loss curve over tokens trained and FLOPs, its final
 eval loss, compute and crossings; per arm the mean ± std over seeds, the `targets` with their ratios and intervals,
 and the older single-target fields (`target`: the configured one, else the baseline's mean final loss;
@@ -55,9 +57,10 @@ import copy
 import json
 import math
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -625,35 +628,40 @@ def arm_scoring(exp: ExperimentConfig, cells: dict[str, dict[int, TrainConfig]])
     return out
 
 
-def run_experiment(exp: ExperimentConfig, *, say=print) -> dict[str, Any]:
-    """Run every missing cell, then write OUTPUT/results.json; returns the results."""
+def run_experiment(exp: ExperimentConfig, *, say: Callable[..., None] = print, verbose: bool = False) -> dict[str, Any]:
+    """Run every missing cell, then write OUTPUT/results.json; returns the results.
+
+    `say` gets one line per cell when it is done (its final eval loss, tokens trained and seconds; a finished cell
+    read back says so); `verbose`: also each cell's start and its trainer's lines (every log step)."""
     cells = resolve_cells(exp)  # every cell's config is valid before the first one trains
     states = {(arm, seed): _cell_state(cfg) for arm, by_seed in cells.items() for seed, cfg in by_seed.items()}
     curves: dict[str, dict[int, list[tuple]]] = {}
     finals_by_set: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
     compute: dict[str, dict[int, dict[str, Any]]] = {}
-    for arm, by_seed in cells.items():
-        curves[arm] = {}
-        for seed, cfg in by_seed.items():
-            state, run_dir = states[(arm, seed)], Path(cfg.train.output)
-            if state == "done":
-                say(f"cell {arm}/seed-{seed}: finished, read back from {run_dir}")
-            else:
-                if state == "restart":  # killed before its first checkpoint: nothing to resume from
-                    say(f"cell {arm}/seed-{seed}: no checkpoint, restarting")
-                    for name in RUN_FILES:
-                        (run_dir / name).unlink(missing_ok=True)
-                say(f"cell {arm}/seed-{seed}: " + ("resuming" if state == "resume" else "training") + f" -> {run_dir}")
-                train(cfg, resume=state == "resume")
-            records = _metrics(run_dir)  # read once for the curve, the compute and the final evaluation
-            curve = eval_curve(run_dir, cfg.train.eval_every, cfg.train.steps, records)
-            if not curve:
-                raise ConfigError(f"cell {run_dir}: metrics.jsonl holds no evaluation with a token count")
-            curves[arm][seed] = curve
-            compute.setdefault(arm, {})[seed] = cell_compute(run_dir, records)
-            finals_by_set.setdefault(arm, {})[seed] = {
-                "eval": {**final_eval(run_dir, records), "loss": curve[-1][1]},
-                **final_evaluations(cfg, dict(exp.extra_evals))}
+    detail = say if verbose else None  # the sub-step lines: a cell's start, its trainer's
+    for n, (arm, seed) in enumerate(states, 1):
+        cfg, state = cells[arm][seed], states[(arm, seed)]
+        run_dir, name, t_cell = Path(cfg.train.output), f"cell {arm}/seed-{seed} [{n}/{len(states)}]", time.perf_counter()
+        trained = None
+        if state != "done":
+            if state == "restart":  # killed before its first checkpoint: nothing to resume from
+                if detail:
+                    detail(f"{name}: no checkpoint, restarting")
+                for file in RUN_FILES:
+                    (run_dir / file).unlink(missing_ok=True)
+            if detail:
+                detail(f"{name}: " + ("resuming" if state == "resume" else "training") + f" -> {run_dir}")
+            trained = train(cfg, resume=state == "resume", say=detail)
+        records = _metrics(run_dir)  # read once for the curve, the compute and the final evaluation
+        curve = eval_curve(run_dir, cfg.train.eval_every, cfg.train.steps, records)
+        if not curve:
+            raise ConfigError(f"cell {run_dir}: metrics.jsonl holds no evaluation with a token count")
+        curves.setdefault(arm, {})[seed] = curve
+        compute.setdefault(arm, {})[seed] = cell_compute(run_dir, records)
+        finals_by_set.setdefault(arm, {})[seed] = {
+            "eval": {**final_eval(run_dir, records), "loss": curve[-1][1]},
+            **final_evaluations(cfg, dict(exp.extra_evals))}
+        say(_cell_line(name, state, curve, trained, time.perf_counter() - t_cell, run_dir))
     scoring = arm_scoring(exp, cells)
     for arm in (a for a, flops in scoring.items() if flops is None):
         say(f"arm {arm}: uses its data's scoring pass, but {cells[arm][exp.seeds[0]].data.source}/manifest.json "
@@ -663,3 +671,15 @@ def run_experiment(exp: ExperimentConfig, *, say=print) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     shards.atomic_write_json(out / "results.json", results)
     return results
+
+
+def _cell_line(name: str, state: str, curve: list[tuple], trained: dict[str, Any] | None, seconds: float,
+               run_dir: Path) -> str:
+    """A cell's one line when it is done: its final eval loss and tokens trained, and how it got there."""
+    figures = f"eval loss {curve[-1][1]:.4f} after {curve[-1][0]:,.0f} tokens"
+    if state == "done":
+        return f"{name}: finished, read back from {run_dir}: {figures}"
+    how = {"resume": f"resumed from step {trained['start_step']}, trained", "restart": "restarted (it had no "
+           "checkpoint), trained"}.get(state, "trained")
+    skipped = f"; {trained['skipped']} updates skipped (non-finite)" if trained["skipped"] else ""
+    return f"{name}: {figures}; {how} in {seconds:.1f} s{skipped}"

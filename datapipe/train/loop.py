@@ -360,14 +360,22 @@ class _Progress:
     last_ckpt: float = field(default_factory=time.monotonic)  # when the last checkpoint was written (train.ckpt_minutes)
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, default_preferences: Callable | None = None) -> dict[str, Any]:
+def _quiet(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
+def train(cfg: TrainConfig, *, resume: bool = False, default_preferences: Callable | None = None,
+          say: Callable[..., None] | None = print) -> dict[str, Any]:
     """Train `cfg.model` with `cfg.train.objective` for `cfg.train.steps` steps; returns a summary (rank 0's view).
 
     `default_preferences(out, n, log)` builds a preference folder when a DPO run has no data.source (the CLI passes
-    `datapipe.curate.preferences.default_preference_set`; the training wing does not import curation)."""
+    `datapipe.curate.preferences.default_preference_set`; the training wing does not import curation). `say`: where
+    rank 0's lines go (the set-up, every log step, the last line); None: nowhere. `datapipe train` prints them; a
+    command that trains runs of its own (`datapipe score`, `datapipe experiment`) passes None unless --verbose. The
+    files (metrics.jsonl, checkpoints, config.yaml) are the same either way."""
     t_start = time.perf_counter()
     rank, world, device = _dist_setup(cfg.train.device)
-    say = print if rank == 0 else (lambda *a, **k: None)
+    say = (say or _quiet) if rank == 0 else _quiet
     ckpt = _open_run_folder(cfg, resume=resume, rank=rank, world=world, say=say)
     run = _set_up(cfg, ckpt, rank=rank, world=world, device=device, say=say, default_preferences=default_preferences)
     metrics = MetricsLog(run.cfg, run.run_dir, start=run.start, resume=resume) if run.main else None

@@ -42,6 +42,8 @@ checksums and the result-shaping settings). The input's tokenizer file is copied
 are linked. The two reference runs stay in OUTPUT/reference/fold-{0,1} (config, metrics, checkpoint).
 Every file is written atomically and the manifest last. A killed pass run again resumes: finished
 reference runs are kept, an unfinished one resumes from its checkpoint, and the output is the same.
+It prints a line per reference model, one for the scoring of the shards and a summary; `--verbose` (`verbose=True`)
+adds the plan, the reference models' trainer lines (every log step) and a line per scored shard.
 Run again over a finished output of the same input and settings, it does nothing; any other content
 at OUTPUT is refused with an error before any work.
 """
@@ -52,6 +54,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -243,8 +246,14 @@ def _derived_manifest(source: Path, out: Path, manifest: dict[str, Any], infos: 
     return derived
 
 
-def score(cfg: TrainConfig, output: str | os.PathLike[str], *, say: Callable[..., None] = print) -> dict[str, Any]:
-    """Score `cfg.data.source` into the new curated folder `output` (see the module docstring); returns its manifest."""
+def score(cfg: TrainConfig, output: str | os.PathLike[str], *, say: Callable[..., None] = print,
+          verbose: bool = False) -> dict[str, Any]:
+    """Score `cfg.data.source` into the new curated folder `output` (see the module docstring); returns its manifest.
+
+    `say` gets one line per reference model, one for the scoring of the shards and a last one (documents and tokens
+    scored, seconds, the manifest); `verbose`: also the plan, the reference models' trainer lines (every log step)
+    and a line per scored shard."""
+    t_start = time.perf_counter()
     cfg = _scoring_config(cfg)
     source, out = Path(cfg.data.source), Path(output)
     manifest = shards.read_manifest(source)
@@ -258,21 +267,26 @@ def score(cfg: TrainConfig, output: str | os.PathLike[str], *, say: Callable[...
 
     tables = [shards.open_shard(source, info["path"]) for info in manifest["shards"]]
     folds = [np.array([fold_of(i, cfg.train.seed) for i in t.column("id").to_pylist()], dtype=np.int64) for t in tables]
-    runs = _train_reference_models(cfg, source, out, manifest, folds, say)
+    detail = say if verbose else None  # the sub-step lines: the plan, the trainer's, one per shard
+    runs = _train_reference_models(cfg, source, out, manifest, folds, say, detail)
     device = _device(cfg.train.device)
     models = [_reference_model(run_dir, device) for run_dir in runs]
     train_tokens = sum(int(load_checkpoint(r / "checkpoint.pt", what="datapipe score").get("totals", {}).get("tokens", 0))
                        for r in runs)
     eos = int(manifest.get("tokenizer", {}).get("eos_id") or 0)
-    infos, totals, forward_tokens = _score_shards(cfg, out, tables, folds, models, device, eos, say)
+    t_pass = time.perf_counter()
+    infos, totals, forward_tokens = _score_shards(cfg, out, tables, folds, models, device, eos, detail)
+    say(f"scoring pass: {len(tables)} shards, each document through the other half's reference model "
+        f"({forward_tokens:,} tokens forwarded), in {time.perf_counter() - t_pass:.1f} s")
 
     scored = _derived_manifest(source, out, manifest, infos)
     scored["scoring"] = _scoring_entry(cfg, ident, source, out, runs, totals, params=flops_params(models[0]),
                                        train_tokens=train_tokens, forward_tokens=forward_tokens)
     shards.write_manifest(out, scored)
-    say(f"wrote {out / shards.MANIFEST_NAME}: {scored['total_docs']:,} documents with {COLUMN} per token and "
-        f"{MEAN_COLUMN} (mean {float(totals[:, 0].sum() / max(totals[:, 1].sum(), 1)):.4f}); "
-        f"{scored['scoring']['flops']:.3g} FLOPs; train on it with --set train.rho.enabled=true")
+    say(f"score: {scored['total_docs']:,} documents, {scored['total_tokens']:,} tokens scored in "
+        f"{time.perf_counter() - t_start:.1f} s ({COLUMN} per token, mean "
+        f"{float(totals[:, 0].sum() / max(totals[:, 1].sum(), 1)):.4f}; {scored['scoring']['flops']:.3g} FLOPs) -> "
+        f"{out / shards.MANIFEST_NAME}; train on it with --set train.rho.enabled=true")
     return scored
 
 
@@ -292,16 +306,19 @@ def _scoring_config(cfg: TrainConfig) -> TrainConfig:
 
 
 def _train_reference_models(cfg: TrainConfig, source: Path, out: Path, manifest: dict[str, Any],
-                            folds: list[np.ndarray], say: Callable[..., None]) -> list[Path]:
+                            folds: list[np.ndarray], say: Callable[..., None],
+                            detail: Callable[..., None] | None) -> list[Path]:
     """One reference model per half, each trained on its half's documents (kept when finished, resumed from its
-    checkpoint when killed); returns their run folders."""
+    checkpoint when killed), a line each to `say`; the plan and the trainer's lines to `detail` (None: nowhere).
+    Returns their run folders."""
     seed, steps = cfg.train.seed, cfg.train.steps
     docs = [int(sum(int((f == k).sum()) for f in folds)) for k in range(FOLDS)]
     if min(docs) < 1:
         raise ConfigError(f"data.source {str(source)!r} has {docs[0]} and {docs[1]} documents in the two halves; "
                           "each half trains a reference model and needs at least one document")
-    say(f"score: {sum(docs):,} documents of {source} in two halves ({docs[0]:,} / {docs[1]:,}, seed {seed}); "
-        f"one reference model per half, {steps} steps each; the recipe's eval and train.rho settings do not apply")
+    if detail:
+        detail(f"score: {sum(docs):,} documents of {source} in two halves ({docs[0]:,} / {docs[1]:,}, seed {seed}); "
+               f"one reference model per half, {steps} steps each; the recipe's eval and train.rho settings do not apply")
     runs = [out / "reference" / f"fold-{k}" for k in range(FOLDS)]
     for k, run_dir in enumerate(runs):
         if _finished(run_dir, steps):
@@ -315,17 +332,36 @@ def _train_reference_models(cfg: TrainConfig, source: Path, out: Path, manifest:
                 (run_dir / name).unlink(missing_ok=True)
         fold_cfg = replace(cfg, data=replace(cfg.data, source=str(data_dir)),
                            train=replace(cfg.train, output=str(run_dir), stop_at=0, rho=RhoConfig()))
-        say(f"reference model {k}: training on half {k} ({docs[k]:,} documents) -> {run_dir}")
-        train(fold_cfg, resume=resume)
+        if detail:
+            detail(f"reference model {k}: training on half {k} ({docs[k]:,} documents) -> {run_dir}")
+        done = train(fold_cfg, resume=resume, say=detail)
+        say(f"reference model {k}: {steps} steps on half {k} ({docs[k]:,} documents), {done['tokens']:,} tokens"
+            + (f" (resumed from step {done['start_step']})" if done["start_step"] else "")
+            + f"{_last_loss(run_dir)}, in {done['seconds']:.1f} s -> {run_dir}")
     for k in range(FOLDS):
         shutil.rmtree(out / "reference" / f"fold-{k}-data", ignore_errors=True)
     return runs
 
 
+def _last_loss(run_dir: Path) -> str:
+    """The train loss of the run's last log record (the one its last step line shows) as ", train loss X"; "" when
+    it has none."""
+    for line in reversed((run_dir / "metrics.jsonl").read_text().splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("loss"), (int, float)):
+            return f", train loss {record['loss']:.4f}"
+    return ""
+
+
 def _score_shards(cfg: TrainConfig, out: Path, tables: list[pa.Table], folds: list[np.ndarray], models: list[GPT],
-                  device: torch.device, eos: int, say: Callable[..., None]) -> tuple[list[Any], np.ndarray, int]:
-    """Every input shard with its reference losses, written to `out`; returns the shards' infos, per fold the sum of
-    the documents' ref_loss_mean and their number, and the tokens forwarded."""
+                  device: torch.device, eos: int,
+                  detail: Callable[..., None] | None) -> tuple[list[Any], np.ndarray, int]:
+    """Every input shard with its reference losses, written to `out` (a line each to `detail`, None: nowhere);
+    returns the shards' infos, per fold the sum of the documents' ref_loss_mean and their number, and the tokens
+    forwarded."""
     infos, totals = [], np.zeros((FOLDS, 2))  # per fold: (sum of ref_loss_mean, documents)
     forward_tokens = 0
     for i, table in enumerate(tables):
@@ -335,7 +371,8 @@ def _score_shards(cfg: TrainConfig, out: Path, tables: list[pa.Table], folds: li
         for k in range(FOLDS):
             totals[k] += (means[folds[i] == k].sum(), int((folds[i] == k).sum()))
         infos.append(shards.write_shard(out, i, _with_ref_columns(table, per_token, means)))
-        say(f"scored shard {i + 1}/{len(tables)}")
+        if detail:
+            detail(f"scored shard {i + 1}/{len(tables)}")
     return infos, totals, forward_tokens
 
 

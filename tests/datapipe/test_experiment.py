@@ -49,6 +49,18 @@ def test_experiment_runs_arms_writes_results_and_reuses_finished_cells(tmp_path,
     assert main(["experiment", str(path)]) == 0
     out = tmp_path / "exp"
     results = json.loads((out / "results.json").read_text())
+    # by default: a line per cell when it is done, a line per arm (its result) and the summary; no trainer line
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 + 2 + 1, lines
+    for n, (arm, seed) in enumerate([("base", 0), ("base", 1), ("low_lr", 0), ("low_lr", 1)]):
+        loss = results["arms"][arm]["seeds"][str(seed)]["final_eval_loss"]
+        tokens = results["arms"][arm]["seeds"][str(seed)]["curve"]["tokens"][-1]
+        assert lines[n].startswith(f"cell {arm}/seed-{seed} [{n + 1}/4]: eval loss {loss:.4f} after {tokens:,.0f} "
+                                   "tokens; trained in "), lines[n]
+    assert [line.split(":")[0] for line in lines[4:6]] == ["base", "low_lr"]
+    assert lines[6].startswith("experiment: 4 cells done (2 arms x 2 seeds) in ")
+    assert lines[6].endswith(f"; results {out / 'results.json'}, plot {out / 'results.png'}")
+    assert not any(line.startswith(("step ", "model: ", "done: ")) for line in lines)
     assert (out / "results.png").stat().st_size > 0
     assert results["baseline"] == "base" and set(results["arms"]) == {"base", "low_lr"} and results["seeds"] == [0, 1]
     assert results["eval_weighting"] == "tokens" and results["eval_target"] is None
@@ -112,8 +124,22 @@ def test_experiment_runs_arms_writes_results_and_reuses_finished_cells(tmp_path,
     capsys.readouterr()
     assert main(["experiment", str(path)]) == 0
     assert {p: p.stat().st_mtime_ns for p in metrics} == before
-    assert capsys.readouterr().out.count("finished, read back") == 4
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 + 2 + 1 and all("finished, read back" in line for line in lines[:4]), lines
     assert json.loads((out / "results.json").read_text()) == results
+
+
+def test_verbose_experiment_also_prints_every_cells_trainer_lines(tmp_path, capsys):
+    path = _experiment(tmp_path)
+    one_cell = ["--set", "arms={base: {}}", "--set", "seeds=[0]", "--set", "budget.steps=2", "--set", "budget.eval_every=1"]
+    assert main(["experiment", str(path), "--verbose", *one_cell]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[0] for line in lines if line.startswith("step ")] == ["step 1/2", "step 2/2"]
+    assert any(line.startswith("done: 2 steps") for line in lines)
+    assert lines[0] == f"cell base/seed-0 [1/1]: training -> {tmp_path / 'exp' / 'cells' / 'base' / 'seed-0'}"
+    # and the default lines: the cell's, after its trainer's, the arm's and the summary
+    assert lines[-3].startswith("cell base/seed-0 [1/1]: eval loss ") and lines[-4].startswith("done: ")
+    assert lines[-1].startswith("experiment: 1 cell done (1 arm x 1 seed) in ")
 
 
 def test_experiment_config_errors_name_the_key(tmp_path):
@@ -255,7 +281,7 @@ def test_a_killed_cell_resumes_from_its_checkpoint_to_the_same_curve(tmp_path):
     train(replace(cfg, train=replace(cfg.train, stop_at=3)))  # a cell stopped after its step-3 checkpoint
     said = []
     split = run_experiment(exp, say=said.append)["arms"]["base"]["seeds"]["0"]
-    assert any("resuming" in line for line in said)
+    assert len(said) == 1 and "resumed from step 3, trained in" in said[0], said  # the cell's one line
     assert split["curve"] == whole["curve"]
 
 

@@ -143,8 +143,12 @@ def test_a_killed_pass_resumes_to_the_same_output(scored, tmp_path):
             (again / "reference" / "fold-0" / name).write_bytes((out / "reference" / "fold-0" / name).read_bytes())
     (again / "reference" / "fold-1").mkdir()
     (again / "reference" / "fold-1" / "metrics.jsonl").write_text("{}\n")  # no checkpoint yet
-    resumed = score(_cfg(src), again)
+    said = []
+    resumed = score(_cfg(src), again, say=said.append)
     assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in manifest["shards"]]
+    # a line per reference model (the finished one kept), one for the scoring of the shards, the summary
+    assert [line.split(":")[0] for line in said] == ["reference model 0", "reference model 1", "scoring pass", "score"]
+    assert said[0] == f"reference model 0: finished ({again / 'reference' / 'fold-0'})"
     assert not (again / "reference" / "fold-0-data").exists()  # the halves' copies are gone
 
 
@@ -170,6 +174,36 @@ def test_cli_errors_are_messages(scored, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "datapipe: error:" in err and "data.source" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_prints_a_line_per_reference_model_and_the_trainers_lines_only_when_verbose(scored, tmp_path, capsys):
+    src, _, _, _ = scored
+    recipe = str(Path(__file__).parents[3] / "configs" / "train-tiny.yaml")
+    tiny = ["--steps", "2", "--set", "model.n_layer=1", "--set", "model.n_head=2", "--set", "model.d_model=32",
+            "--set", "model.max_seq_len=64", "--set", f"data.seq_len={SEQ}", "--set", "data.batch_size=2",
+            "--set", "train.log_every=1", "--set", "train.device=cpu"]
+    assert main(["score", recipe, "--data", str(src), "--output", str(tmp_path / "quiet"), *tiny]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 + 1 + 1, lines  # a line per reference model, the scoring pass, the summary
+    for k in (0, 1):
+        assert lines[k].startswith(f"reference model {k}: 2 steps on half {k} (") and lines[k].endswith(
+            str(tmp_path / "quiet" / "reference" / f"fold-{k}"))
+    assert lines[2].startswith("scoring pass: 3 shards")
+    manifest = shards.read_manifest(tmp_path / "quiet")
+    assert lines[3].startswith(f"score: {manifest['total_docs']:,} documents, {manifest['total_tokens']:,} tokens "
+                               "scored in ") and str(tmp_path / "quiet" / "manifest.json") in lines[3]
+
+    assert main(["score", recipe, "--data", str(src), "--output", str(tmp_path / "verbose"), *tiny, "--verbose"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    steps = [line.split(" | ")[0] for line in lines if line.startswith("step ")]
+    assert steps == ["step 1/2", "step 2/2"] * 2  # both reference models' trainer lines
+    assert [line for line in lines if line.startswith("scored shard")] == [f"scored shard {i}/3" for i in (1, 2, 3)]
+    assert lines[0].startswith(f"score: 90 documents of {src} in two halves")  # the plan
+    assert [line.split(":")[0] for line in lines[1:] if line.startswith(("reference model", "scoring pass", "score:"))] == [
+        "reference model 0", "reference model 0", "reference model 1", "reference model 1", "scoring pass", "score"]
+    # the same output either way
+    assert [s["sha256"] for s in shards.read_manifest(tmp_path / "verbose")["shards"]] == [
+        s["sha256"] for s in manifest["shards"]]
 
 
 def test_band_mask_keeps_the_middle_of_the_tokens():
