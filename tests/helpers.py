@@ -269,3 +269,32 @@ def run_tasks_in_process():
     from datapipe.curate.run_loop import Run
 
     return Run(LocalExecutor(), progress=False, resumed=False, started=time.perf_counter()).tasks("test")
+
+
+class Interrupted(Exception):
+    """What `CrashAfter` raises: a run killed mid-way."""
+
+
+class CrashAfter:
+    """A user stage (in the filters' segment) that raises once it has seen `n` batches: a run killed mid-way."""
+
+    name = "crash"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, batch):
+        from datapipe.core.schema import empty_dropped
+        from stages.base import StageResult
+
+        self.n -= 1
+        if self.n < 0:
+            raise Interrupted("killed")
+        return StageResult(batch, empty_dropped())
+
+
+class PassThrough(CrashAfter):
+    """`CrashAfter` that never crashes: the same stages, so the same config, for the run that finishes."""
+
+    def __init__(self) -> None:
+        super().__init__(10**9)

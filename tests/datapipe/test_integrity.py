@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 import zstandard
 
-from helpers import gzip_member_with_a_flipped_bit, killed_mid_write, small_config, zstd_frame_with_a_flipped_bit
+from helpers import CrashAfter, Interrupted, PassThrough, gzip_member_with_a_flipped_bit, killed_mid_write, small_config, zstd_frame_with_a_flipped_bit
 from datapipe import cli
 from datapipe.core import shards
 from datapipe.core.config import RunStopped
@@ -319,27 +319,6 @@ def test_nothing_surviving_is_a_clear_message_with_stats(tmp_path: Path, case: s
 # ------------------------------------------------------------------------- damaged work files
 
 
-class _Killed(Exception):
-    pass
-
-
-class _KillInFilters:
-    """A user stage in the filters' segment that stops the run at its first batch (`kill`) or passes all."""
-
-    name = "kill_switch"
-
-    def __init__(self, kill: bool) -> None:
-        self.kill = kill
-
-    def __call__(self, batch):
-        if self.kill:
-            raise _Killed("killed")
-        from datapipe.core.schema import empty_dropped
-        from stages.base import StageResult
-
-        return StageResult(batch, empty_dropped())
-
-
 def _damage(path: Path, how: str) -> None:
     data = path.read_bytes()
     if how == "cut":
@@ -367,11 +346,11 @@ DAMAGED = {
 @pytest.mark.parametrize("target", sorted(DAMAGED))
 def test_a_damaged_work_file_is_redone_or_named_never_read_wrong(tmp_path: Path, slice_input, how: str, target: str) -> None:
     ref = tmp_path / "ref"
-    run(small_config(ref, [slice_input]), extra_stages=[_KillInFilters(False)])
+    run(small_config(ref, [slice_input]), extra_stages=[PassThrough()])
     out = tmp_path / "out"
     cfg = small_config(out, [slice_input])
-    with pytest.raises(_Killed):
-        run(cfg, extra_stages=[_KillInFilters(True)])
+    with pytest.raises(Interrupted):
+        run(cfg, extra_stages=[CrashAfter(0)])
     work = out / "work"
     if target == "exact keys":  # as if killed right after the keys were sent: the resolve has not read them yet
         for done in work.glob("exact_dedup/losers-t*"):
@@ -380,12 +359,12 @@ def test_a_damaged_work_file_is_redone_or_named_never_read_wrong(tmp_path: Path,
     damaged = work / DAMAGED[target]
     _damage(damaged, how)
     try:
-        run(cfg, extra_stages=[_KillInFilters(False)])
+        run(cfg, extra_stages=[PassThrough()])
     except RunStopped as exc:  # the CLI prints this as one paragraph, exit 1
         message = str(exc)
         assert target != "record"  # a damaged record only means its task runs again
         assert f"work file {damaged} is damaged" in message and f"rm -r {work}" in message
         shutil.rmtree(work)  # the recovery it names
-        run(cfg, extra_stages=[_KillInFilters(False)])
+        run(cfg, extra_stages=[PassThrough()])
     assert checksums(out) == checksums(ref)
     assert read_manifest(out)["total_tokens"] == read_manifest(ref)["total_tokens"]

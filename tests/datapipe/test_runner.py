@@ -19,13 +19,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import ASSETS, small_config
+from helpers import ASSETS, CrashAfter, Interrupted as _Interrupt, PassThrough, small_config
 from datapipe.core.config import ConfigError
 from datapipe.curate.executors import LocalExecutor
 from datapipe.curate.identity import RunConflict
 from datapipe.curate.run import curate
 from datapipe.core.shards import open_shard, read_manifest, verify_shard
-from stages.base import StageResult
 
 
 def run(cfg, **kw):
@@ -203,30 +202,6 @@ def test_output_made_with_another_config_is_refused(tmp_path, slice_input):
         run(small_config(out, [slice_input], normalize={"unicode_form": "NFKC"}))
 
 
-class _Interrupt(Exception):
-    pass
-
-
-class CrashAfter:
-    """A stage that raises once it has seen `n` batches: a run killed mid-way."""
-
-    name = "crash"
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __call__(self, batch):
-        self.n -= 1
-        if self.n < 0:
-            raise _Interrupt("killed")
-        from datapipe.core.schema import empty_dropped
-
-        return StageResult(batch, empty_dropped())
-
-
-class PassThrough(CrashAfter):
-    def __init__(self) -> None:
-        super().__init__(10**9)
 
 
 @pytest.mark.parametrize("crash_after", [0, 5, 12])
