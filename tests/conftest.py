@@ -8,11 +8,12 @@ import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import ASSETS
+from helpers import ASSETS, stop_cluster
 
 
 @pytest.fixture(scope="session")
@@ -88,3 +89,41 @@ def s3_server(tmp_path_factory):
 
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def two_node_cluster(tmp_path):
+    """`ray start --head` plus a second `ray start --address` on this machine: two raylets, one CPU each; yields
+    (address, the environment to run a driver in)."""
+    ray_bin = shutil.which("ray")
+    if ray_bin is None:
+        pytest.skip("the ray command is not installed")
+    port = _free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+    temp = Path("/tmp") / f"ray-dp-{port}"  # the socket paths must stay short
+    head = subprocess.run(
+        [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+         "--disable-usage-stats", f"--temp-dir={temp}"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    if head.returncode != 0:
+        pytest.skip(f"Ray cannot start a head node here: {head.stderr[-500:]}")
+    address = next((line.split("--address='")[1].split("'")[0] for line in head.stderr.splitlines() + head.stdout.splitlines()
+                    if "--address='" in line), f"127.0.0.1:{port}")
+    try:
+        worker = subprocess.run(
+            [ray_bin, "start", f"--address={address}", "--num-cpus=1", "--disable-usage-stats"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )
+        if worker.returncode != 0:
+            pytest.skip(f"Ray cannot start a second node here: {worker.stderr[-500:]}")
+        yield address, env
+    finally:
+        stop_cluster([str(temp), f"address={address}"])
+        shutil.rmtree(temp, ignore_errors=True)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from datapipe.core.config import ConfigError, check, load, note, to_dict
 from datapipe.core.storage import check_url, is_url
+from datapipe.curate.user_stages import build_user_stages
 from stages.diversity import DiversityConfig
 from stages.exact_dedup import ExactDedupConfig
 from stages.langid import LangIdConfig
@@ -187,6 +188,20 @@ class RayConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StageConfig:
+    path: str = note("", help="your stage or document filter's class as 'module:attr' (e.g. 'my_filters:ShortLines'), "
+                     "imported with the working folder on the Python path; its module goes to Ray's workers with the job")
+    args: dict[str, Any] = note({}, help="keyword arguments the class is called with")
+    version: str | int = note("", help="your code's version, part of the run's identity as path and args are: change it when "
+                        "the code changes, so that a run of the old code is not reused or resumed (the code is not hashed)")
+    domains: list[str] = note([], help="for a document filter: the domains it checks (empty = every document); a map "
+                              "stage sees every document")
+
+    def __post_init__(self) -> None:
+        check(bool(self.path), "path must name a class as 'module:attr'")
+
+
+@dataclass(frozen=True, kw_only=True)
 class CurateConfig:
     inputs: list[InputConfig] = note([], help="the raw inputs, in order (their order decides duplicate winners)")
     read: ReadConfig = note(ReadConfig(), help="reading and batching")
@@ -196,6 +211,9 @@ class CurateConfig:
     filters: dict[str, dict[str, dict[str, Any] | None] | None] = note(
         {}, help="quality filters per domain: {'domain', 'domain/lang', '*/lang' or '*': {filter name: {parameters}}}"
     )
+    stages: list[StageConfig] = note(
+        [], help="your own map stages and document filters, run in order after the filters and before near dedup "
+        "(docs/curation.md, 'Your own stages'); a drop is counted under the stage's name")
     tokenizer: TokenizerConfig = note(TokenizerConfig(), help="tokenizer (train or load) and special tokens")
     diversity: DiversityConfig = note(DiversityConfig(), help="diversity sampling per domain (on the tokenized documents)")
     mixture: MixtureConfig = note(MixtureConfig(), help="domain mixture reweighting (after diversity sampling)")
@@ -208,6 +226,7 @@ class CurateConfig:
         from stages.quality import build_filters
 
         build_filters(self.filters)  # validates filter names and parameters, naming filters.<domain>.<name>
+        build_user_stages(self.stages)  # imports and builds them: a bad path or args names stages[i].<key>
 
 
 # An input given with --input takes every option of the config's first input except these: its path, its
@@ -316,6 +335,8 @@ def layout_conflict(out_dir: str, started: dict[str, Any], now: dict[str, Any]) 
 
 def result_affecting(cfg: CurateConfig) -> dict[str, Any]:
     data = to_dict(cfg)
+    if not data["stages"]:  # left out, so that a run without user stages keeps the identity it had before the key
+        del data["stages"]
     for key in _EXECUTION_ONLY:
         node = data
         for part in key[:-1]:
@@ -338,11 +359,13 @@ def diff_configs(old: Any, new: Any, prefix: str = "") -> list[str]:
             sub = f"{prefix}.{k}" if prefix else str(k)
             out += diff_configs(old.get(k, "<absent>"), new.get(k, "<absent>"), sub)
         return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):  # items by index, as --set names them
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in diff_configs(a, b, f"{prefix}.{i}")]
     return [] if old == new else [f"{prefix}: {old!r} -> {new!r}"]
 
 
 __all__ = [
-    "CurateConfig", "ConfigError", "InputConfig", "load_config", "config_hash", "diff_configs", "work_layout",
+    "CurateConfig", "ConfigError", "InputConfig", "StageConfig", "load_config", "config_hash", "diff_configs", "work_layout",
     "layout_conflict",
     "auto_block_bytes", "auto_shard_bytes",
 ]

@@ -414,7 +414,10 @@ class RayExecutor:
         max_retries: int = 3,
         progress: bool = True,
         stall_timeout_s: float = 600.0,
+        py_modules: Sequence[str] = (),
     ) -> None:
+        """`py_modules`: files or folders of Python modules Ray ships to the workers (runtime_env py_modules): the
+        modules of a recipe's own stages, which a cluster's nodes (or the workers' path) may not hold."""
         import ray
 
         self.ray = ray
@@ -429,6 +432,7 @@ class RayExecutor:
         # get it as the job's runtime_env; per task only where this process had joined Ray itself. A runtime_env
         # (a task's or the job's) has Ray start other workers for it: ~1 s before the first task here.
         self._task_env: dict[str, Any] = {}
+        shipped = {"py_modules": list(py_modules)} if py_modules else {}  # none: Ray starts no other workers for it
         self.phase = "starting"  # the running phase's name, for the line about a dead worker
         self._unfilter: Callable[[], None] = lambda: None
         if not ray.is_initialized():
@@ -443,15 +447,16 @@ class RayExecutor:
                 try:
                     # (the storage settings are in _WORKER_ENV already)
                     with _environment(_WORKER_ENV), _without_idle_head_processes(), _dying_with_the_raylet():
-                        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+                        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                                 **({"runtime_env": shipped} if shipped else {}), **kwargs)
                 finally:
                     auth_log.removeFilter(notice)
             else:
-                ray.init(address=address, runtime_env={"env_vars": worker_env()}, **kwargs)
+                ray.init(address=address, runtime_env={"env_vars": worker_env(), **shipped}, **kwargs)
                 self._connected_with = address
             self._owns_ray = True
         else:
-            self._task_env = {"runtime_env": {"env_vars": worker_env()}}
+            self._task_env = {"runtime_env": {"env_vars": worker_env(), **shipped}}
         self.num_workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
 
     def _say_worker_died(self, line: str) -> None:
@@ -538,12 +543,13 @@ class RayExecutor:
 
 
 def make_executor(
-    kind: str, address: str | None, *, num_cpus: int | None, max_retries: int, progress: bool, stall_timeout_s: float = 600.0
+    kind: str, address: str | None, *, num_cpus: int | None, max_retries: int, progress: bool, stall_timeout_s: float = 600.0,
+    py_modules: Sequence[str] = (),
 ) -> Executor:
     if kind == "local":
         return LocalExecutor(progress=progress)
     if kind == "ray":
         return RayExecutor(address, num_cpus=num_cpus, max_retries=max_retries, progress=progress,
-                           stall_timeout_s=stall_timeout_s)
+                           stall_timeout_s=stall_timeout_s, py_modules=py_modules)
     raise ValueError(f"executor must be one of {{'local', 'ray'}}, got {kind!r}")
 

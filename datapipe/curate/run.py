@@ -46,6 +46,7 @@ from datapipe.curate.phases.tokenize import prepare_tokenizer, tokenize_phase
 from datapipe.curate.plan import CurateResult, Plan, block_name, remove_work, resolve_block_bytes, stage_title, task_memory
 from datapipe.curate.readers import plan_units
 from datapipe.curate.report import build_stats, nothing_survived, recovery
+from datapipe.curate.user_stages import worker_modules
 from stages.base import GlobalStage, Stage
 from stages.minhash import MinHashStage
 from stages.normalize import NormalizeStage
@@ -144,7 +145,8 @@ def _executor(plan: Plan, executor: Executor | None, progress: bool) -> Iterator
     interrupted = False
     try:
         executor = make_executor("ray", cfg.ray.address, num_cpus=cfg.ray.num_cpus, max_retries=cfg.ray.max_retries,
-                                 progress=progress, stall_timeout_s=cfg.ray.stall_timeout_s)
+                                 progress=progress, stall_timeout_s=cfg.ray.stall_timeout_s,
+                                 py_modules=worker_modules(cfg.stages))  # the recipe's own stages' code
         if early is not None:
             early.stop()
         yield executor, early

@@ -4,15 +4,13 @@ mid-stage, and a real two-node cluster started with `ray start` on this machine.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ASSETS, STALL_S, small_config, stop_cluster
+from helpers import ASSETS, STALL_S, small_config
 from datapipe.curate.executors import LocalExecutor, RayExecutor
 from datapipe.curate.run import curate
 from datapipe.core.schema import empty_dropped
@@ -59,43 +57,6 @@ def test_a_worker_that_dies_mid_stage_is_retried(tmp_path, slice_input, ray_loca
     _run(small_config(out, [slice_input]), RayExecutor(progress=False, stall_timeout_s=STALL_S), extra_stages=[DieOnce(str(marker))])
     assert marker.exists() and int(marker.read_text()) != os.getpid()  # a worker really died
     assert read_manifest(out) == read_manifest(ref)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def two_node_cluster(tmp_path):
-    """`ray start --head` plus a second `ray start --address` on this machine: two raylets, one CPU each."""
-    ray_bin = shutil.which("ray")
-    if ray_bin is None:
-        pytest.skip("the ray command is not installed")
-    port = _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
-    temp = Path("/tmp") / f"ray-dp-{port}"  # the socket paths must stay short
-    head = subprocess.run(
-        [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-         "--disable-usage-stats", f"--temp-dir={temp}"],
-        env=env, capture_output=True, text=True, timeout=120,
-    )
-    if head.returncode != 0:
-        pytest.skip(f"Ray cannot start a head node here: {head.stderr[-500:]}")
-    address = next((line.split("--address='")[1].split("'")[0] for line in head.stderr.splitlines() + head.stdout.splitlines()
-                    if "--address='" in line), f"127.0.0.1:{port}")
-    try:
-        worker = subprocess.run(
-            [ray_bin, "start", f"--address={address}", "--num-cpus=1", "--disable-usage-stats"],
-            env=env, capture_output=True, text=True, timeout=120,
-        )
-        if worker.returncode != 0:
-            pytest.skip(f"Ray cannot start a second node here: {worker.stderr[-500:]}")
-        yield address, env
-    finally:
-        stop_cluster([str(temp), f"address={address}"])
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.mark.cluster

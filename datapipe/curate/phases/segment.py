@@ -26,6 +26,7 @@ from datapipe.curate.phase import Phase
 from datapipe.curate.plan import Plan, Segment, block_name, stage_title, task_memory, text_bytes
 from datapipe.curate.config import CurateConfig
 from datapipe.curate.phases.near_dedup import NearDedupStage
+from datapipe.curate.user_stages import build_user_stages
 from stages.base import FilterStage, GlobalStage, Stage, write_keys
 from stages.exact_dedup import ExactDedupStage
 from stages.langid import LangIdStage
@@ -33,15 +34,17 @@ from stages.quality import build_filters
 
 
 def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage] = ()) -> list[Segment]:
-    """The stage list in pipeline order, cut after each global stage. Later stages (language id,
-    sampling, mixture) slot in here."""
+    """The stage list in pipeline order, cut after each global stage: the recipe's own `stages` and then
+    `extra_stages` run after the shipped filters, before near dedup."""
     per_domain, default = build_filters(cfg.filters)
     pipeline: list[Any] = []  # normalize runs in the read task (`Plan.read_stages`): it rewrites the text
     if cfg.dedup.exact.enabled:
         pipeline.append(ExactDedupStage(cfg.dedup.exact))
     if cfg.langid.enabled:
         pipeline.append(LangIdStage(cfg.langid, keep_text=cfg.output.keep_dropped_text))
-    pipeline += [FilterStage(per_domain, default, keep_text=cfg.output.keep_dropped_text), *extra_stages]
+    pipeline.append(FilterStage(per_domain, default, keep_text=cfg.output.keep_dropped_text))
+    pipeline += build_user_stages(cfg.stages, keep_text=cfg.output.keep_dropped_text)  # the recipe's `stages`
+    pipeline += extra_stages  # Python's `curate(cfg, extra_stages=[...])`
     if cfg.dedup.minhash.enabled:
         pipeline.append(NearDedupStage(cfg.dedup.minhash))
     segments = [Segment("seg0", [])]

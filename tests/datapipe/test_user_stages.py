@@ -1,0 +1,231 @@
+"""Your own stages named in the recipe (`stages:`): built from an import path and args, run after the shipped
+filters, counted under their own name, part of the run's identity, refused with the key named when wrong, and
+shipped to the workers of a real Ray cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ASSETS, STALL_S
+from datapipe.cli import main
+from datapipe.core.config import ConfigError
+from datapipe.curate.config import StageConfig, config_hash, load_config, result_affecting
+from datapipe.curate.executors import LocalExecutor
+from datapipe.curate.user_stages import worker_modules
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FILTER = '''
+class ShortDocs:
+    name = "short_docs"
+
+    def __init__(self, min_words=5):
+        self.min_words = min_words
+
+    def check(self, text):
+        return "too_few_words" if len(text.split()) < self.min_words else None
+
+
+class NotAStage:
+    def __init__(self, **kwargs):
+        pass
+
+
+class Named:
+    name = "filters"
+
+    def check(self, text):
+        return None
+'''
+
+STAGE = '''
+from stages.base import split_by_reasons
+
+
+class DropLicenses:
+    name = "no_licenses"
+
+    def __call__(self, batch):
+        reasons = ["license" if d == "license" else None for d in batch.column("domain").to_pylist()]
+        return split_by_reasons(batch, reasons, self.name)
+'''
+
+BROKEN = '''
+from stages.base import StageResult, split_by_reasons
+
+
+class KeepsHalf:  # loses documents: neither kept nor dropped
+    name = "keeps_half"
+
+    def __call__(self, batch):
+        result = split_by_reasons(batch, [None] * batch.num_rows, self.name)
+        return StageResult(result.kept.slice(0, batch.num_rows // 2), result.dropped)
+'''
+
+
+def _module(tmp_path: Path, monkeypatch, name: str, source: str) -> str:
+    """A module of the user's, `name`.py in its own folder on the import path (as the working folder is)."""
+    folder = tmp_path / "mods"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return name
+
+
+def _recipe(tmp_path: Path, stages: str, out: str = "out") -> Path:
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f"inputs: [{{path: '{ASSETS / 'corpus_slice.jsonl'}', domain_field: source}}]\n"
+        "read: {block_bytes: 8192}\nfilters: {code: {code: {}}}\n"
+        f"stages: {stages}\n"
+        f"tokenizer: {{train: {{vocab_size: 400}}}}\noutput: {{dir: '{tmp_path / out}', shard_bytes: 8192}}\n"
+    )
+    return cfg
+
+
+def _run(cfg, executor=None):
+    from datapipe import curate  # the public entry point
+
+    return curate(cfg, executor=executor or LocalExecutor(), progress=False, log=lambda _: None)
+
+
+def test_a_filter_named_in_the_recipe_drops_under_its_own_name(tmp_path, monkeypatch, capsys):
+    mod = _module(tmp_path, monkeypatch, "user_filters_a", FILTER)
+    cfg = load_config(_recipe(tmp_path, f"[{{path: '{mod}:ShortDocs', args: {{min_words: 200}}, domains: [code, man]}}]"))
+    stats = _run(cfg).stats
+    funnel = {row["stage"]: row["domains"] for row in stats["funnel"]}
+    assert [row["stage"] for row in stats["funnel"]][-2:] == ["filters", "short_docs"]  # after the shipped filters
+    assert funnel["short_docs"]["license"]["docs_in"] == funnel["short_docs"]["license"]["docs_out"]  # not its domain
+    assert stats["dropped"]["short_docs"]["code"] == {"short_docs:too_few_words": 7}
+    assert stats["dropped"]["short_docs"]["man"] == {"short_docs:too_few_words": 5}
+    assert "license" not in stats["dropped"]["short_docs"]
+    assert main(["stats", str(cfg.output.dir)]) == 0
+    assert "short_docs:too_few_words" in capsys.readouterr().out
+
+
+def test_a_map_stage_named_in_the_recipe_runs_on_every_document(tmp_path, monkeypatch):
+    mod = _module(tmp_path, monkeypatch, "user_stage_b", STAGE)
+    stats = _run(load_config(_recipe(tmp_path, f"[{{path: '{mod}:DropLicenses', version: 2}}]"))).stats
+    assert stats["dropped"]["no_licenses"] == {"license": {"license": 8}}
+
+
+def test_a_map_stage_that_loses_documents_stops_the_run_naming_its_entry(tmp_path, monkeypatch):
+    mod = _module(tmp_path, monkeypatch, "user_stage_broken", BROKEN)
+    with pytest.raises(ConfigError, match=r"stages\[0\]: stage 'keeps_half' kept \d+ and dropped 0 of \d+ documents"):
+        _run(load_config(_recipe(tmp_path, f"[{{path: '{mod}:KeepsHalf'}}]")))
+
+
+def test_the_example_recipe_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # its input and module are named from the repository's root
+    cfg = load_config(ROOT / "examples" / "user-stage.yaml", output=str(tmp_path / "out"))
+    assert _run(cfg).stats["dropped"]["capitals"] == {"license": {"capitals:too_many_capitals": 3}}
+
+
+class StopAfter(LocalExecutor):
+    """Runs `n` tasks, then stops the run as a kill would."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.left = n
+
+    def run_tasks(self, fn, shared, items, desc, *, memory=None):
+        out = []
+        for item in items:
+            if self.left == 0:
+                raise KeyboardInterrupt
+            self.left -= 1
+            out.append(fn(shared, *item))
+        return out
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_changed_args_refuse_the_run_in_the_folder_naming_the_key(tmp_path, monkeypatch, finished):
+    mod = _module(tmp_path, monkeypatch, "user_filters_c", FILTER)
+    recipe = _recipe(tmp_path, f"[{{path: '{mod}:ShortDocs', args: {{min_words: 200}}, version: '1'}}]")
+    cfg = load_config(recipe)
+    if finished:
+        _run(cfg)
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            _run(cfg, StopAfter(6))  # the read and a few blocks' filters: an unfinished run
+    for change, named in (("stages.0.args.min_words=100", "stages.0.args.min_words: 200 -> 100"),
+                          ("stages.0.version=2", "stages.0.version: '1' -> 2")):
+        with pytest.raises(ConfigError, match="holds a run made with a different config") as refused:
+            _run(load_config(recipe, [change]))
+        assert named in str(refused.value)
+    assert _run(load_config(recipe)).stats["dropped"]["short_docs"]  # the same config: reused, or resumed
+
+
+def test_stages_are_part_of_the_identity_and_none_leaves_it_as_it_was(tmp_path, monkeypatch):
+    mod = _module(tmp_path, monkeypatch, "user_filters_d", FILTER)
+    plain = load_config(_recipe(tmp_path, "[]"))
+    assert "stages" not in result_affecting(plain)  # a run of before the key keeps its config hash
+    one = load_config(_recipe(tmp_path, f"[{{path: '{mod}:ShortDocs', args: {{min_words: 3}}}}]"))
+    other = load_config(_recipe(tmp_path, f"[{{path: '{mod}:ShortDocs', args: {{min_words: 4}}}}]"))
+    assert len({config_hash(plain), config_hash(one), config_hash(other)}) == 3
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("{path: 'no_colon'}", r"stages\[0\]\.path: 'no_colon' is not an import path 'module:attr'"),
+    ("{path: 'no_such_module_here:X'}", r"stages\[0\]\.path: cannot import module 'no_such_module_here'"),
+    ("{path: 'MOD:Missing'}", r"stages\[0\]\.path: module 'MOD' has no attribute 'Missing'"),
+    ("{path: 'MOD:ShortDocs', args: {min_word: 3}}", r"stages\[0\]\.args: .*unexpected keyword argument 'min_word'"),
+    ("{path: 'MOD:NotAStage'}", r"stages\[0\]\.path: .*neither a map stage nor a document filter"),
+    ("{path: 'MOD:Named'}", r"stages\[0\]\.path: the stage name 'filters' is a shipped stage's"),
+    ("{path: 'MOD:ShortDocs'}, {path: 'MOD:ShortDocs'}", r"stages\[1\]\.path: the stage name 'short_docs' is stages\[0\]'s"),
+    ("{path: 'STAGE:DropLicenses', domains: [code]}", r"stages\[0\]\.domains: 'no_licenses' is a map stage"),
+    ("{path: ''}", r"stages\[0\]\.path must name a class"),
+])
+def test_a_wrong_entry_is_a_config_error_naming_its_key(tmp_path, monkeypatch, entry, message):
+    mod = _module(tmp_path, monkeypatch, "user_filters_e", FILTER)
+    stage = _module(tmp_path, monkeypatch, "user_stage_e", STAGE)
+    recipe = _recipe(tmp_path, "[" + entry.replace("MOD", mod).replace("STAGE", stage) + "]")
+    with pytest.raises(ConfigError, match=message.replace("MOD", mod)):
+        load_config(recipe)
+
+
+def test_the_cli_says_a_bad_path_in_one_line(tmp_path, capsys):
+    assert main(["curate", str(_recipe(tmp_path, "[{path: 'nowhere_at_all:X'}]")), "--executor", "local"]) == 2
+    err = capsys.readouterr().err
+    assert "stages[0].path: cannot import module 'nowhere_at_all'" in err and "Traceback" not in err
+
+
+def test_from_datapipe_import_curate_is_lazy():
+    code = ("import sys, datapipe; assert 'datapipe.curate' not in sys.modules; "
+            "from datapipe import curate, CurateConfig, load_config; import datapipe.curate.run as run; "
+            "from datapipe import curate as again; assert callable(curate) and again is curate; "
+            "assert CurateConfig is run.CurateConfig and load_config.__module__ == 'datapipe.curate.config'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+
+
+def test_worker_modules_are_the_users_files_not_installed_or_own_packages(tmp_path, monkeypatch):
+    mod = _module(tmp_path, monkeypatch, "user_filters_f", FILTER)
+    entries = [StageConfig(path=f"{mod}:ShortDocs"), StageConfig(path="stages.quality:CodeFilter"),
+               StageConfig(path="yaml:SafeLoader")]
+    assert worker_modules(entries) == [str(tmp_path / "mods" / f"{mod}.py")]
+
+
+@pytest.mark.cluster
+def test_a_filter_in_a_file_of_the_users_runs_on_a_ray_cluster(tmp_path, two_node_cluster):
+    address, env = two_node_cluster
+    mods, work = tmp_path / "mods", tmp_path / "work"  # the module is on the driver's path only, not the workers'
+    mods.mkdir()
+    work.mkdir()
+    (mods / "cluster_user_filters.py").write_text(FILTER)
+    recipe = _recipe(tmp_path, "[{path: 'cluster_user_filters:ShortDocs', args: {min_words: 200}}]")
+    cmd = [sys.executable, "-m", "datapipe", "curate", str(recipe), "--no-progress", "--ray-address", address,
+           "--set", f"ray.stall_timeout_s={STALL_S}"]
+    done = subprocess.run(cmd, cwd=work, env={**env, "PYTHONPATH": str(mods)}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["dropped"]["short_docs"] == {"code": {"short_docs:too_few_words": 7},
+                                              "license": {"short_docs:too_few_words": 4},
+                                              "man": {"short_docs:too_few_words": 5}}
+    assert "short_docs" in [row["stage"] for row in stats["funnel"]]
