@@ -21,7 +21,7 @@ import xxhash
 from datapipe.core.config import check, note
 from datapipe.core.workfiles import write_work_table
 from datapipe.core.storage import Location, location
-from datapipe.core.shuffle import read_shuffle, shuffle_files
+from datapipe.core.shuffle import combine, read_shuffle, shuffle_files
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 
 MIN_PARTITIONS = 16  # `partitions: auto` never goes below this
@@ -67,10 +67,14 @@ class ExactDedupStage(GlobalStage):
 
     def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str],
                 documents: int = 0) -> dict[str, Any]:
-        """One task per partition: `folder/losers-tNNN.arrow` from partition p of every sender's
-        `folder/keys/<block>.shuffle`."""
+        """The senders' key files (`folder/keys/<block>.shuffle`) combined a group at a time (`combine`: requests
+        grow as blocks + partitions), then one task per partition: `folder/losers-tNNN.arrow` from partition p of
+        every combined file."""
         items = [(p,) for p in range(self.config.partitions)]
-        files = [str(f) for f in shuffle_files(folder / "keys", [s.rsplit("/", 1)[-1] for s in senders])]
+        keys = folder / "keys"
+        combined = combine(run_tasks, keys, [s.rsplit("/", 1)[-1] for s in senders], self.config.partitions,
+                           f"{self.name} combine")
+        files = [str(f) for f in shuffle_files(keys, combined)]
         done = run_tasks(partition_task, (str(folder), files, self.config.partitions), items, f"{self.name} resolve",
                          record=partition_record)
         return {"removed": sum(r["losers"] for r in done)}

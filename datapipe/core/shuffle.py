@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -235,3 +235,38 @@ def shuffle_files(folder: str | Location, senders: Sequence[str]) -> list[Locati
     """The shuffle files of the named senders in `folder` (no listing: the senders are known)."""
     folder = location(folder)
     return [folder / f"{name}{SUFFIX}" for name in senders]
+
+
+# ------------------------------------------------------------------------- combining senders
+
+COMBINE_SENDERS = 128  # sender files merged into one by a combine task
+
+
+def combine_task(shared: tuple[str, int], index: int, names: list[str]) -> dict[str, int]:
+    """Merge the shuffle files `folder/<name>.shuffle` into one, `folder/combined-NNNNN.shuffle`, with the same
+    partitions: each sender's file is read whole (one range after its header), and within a partition the rows
+    keep the senders' order, so a receiver reads exactly the rows it would have read from the senders."""
+    folder, partitions = shared
+    table = read_shuffle(shuffle_files(folder, names), 0, partitions, through=partitions, partition_column="partition")
+    part = table.column("partition").to_numpy().astype(np.int64)
+    write_shuffle(location(folder) / f"{combined_name(index)}{SUFFIX}", table.drop(["partition"]), part, partitions)
+    return {"rows": table.num_rows}
+
+
+def combined_name(index: int) -> str:
+    return f"combined-{index:05d}"
+
+
+def combine_record(shared: tuple[str, int], index: int, names: list[str]) -> Location:
+    return location(shared[0]) / f"{combined_name(index)}.json"
+
+
+def combine(run_tasks: Callable[..., list], folder: str | Location, senders: Sequence[str], partitions: int,
+            desc: str) -> list[str]:
+    """A two-level exchange: `senders`' files in `folder` merged, COMBINE_SENDERS at a time, by combine tasks; the
+    names of the combined files, which receivers read instead. A receiver then makes two requests per combined file,
+    not per sender: requests grow as senders + receivers (M reads, M/128 writes, P x M/128 x 2 range reads), not as
+    senders x receivers."""
+    groups = [list(senders[i : i + COMBINE_SENDERS]) for i in range(0, len(senders), COMBINE_SENDERS)]
+    run_tasks(combine_task, (str(folder), partitions), [(k, g) for k, g in enumerate(groups)], desc, record=combine_record)
+    return [combined_name(k) for k in range(len(groups))]

@@ -68,8 +68,8 @@ def curate(cfg: CurateConfig, *, executor: Executor | None = None, extra_stages:
         try:
             total = Counters()
             blocks, damaged = _read(run, plan, early, total)
-            ids = run.execute(unique_ids.resolve_phase(plan.work, [block_name(u, b) for u, b in blocks], plan.cfg.dedup.exact.partitions,
-                                                       _read_bytes(plan, total)))
+            ids = unique_ids.resolve_ids(run.tasks("read", task_memory(plan, "ids", _read_bytes(plan, total), plan.cfg.dedup.exact.partitions)),
+                                         plan.work, [block_name(u, b) for u, b in blocks], plan.cfg.dedup.exact.partitions)
             report = {"damaged_inputs": damaged, "duplicate_ids": unique_ids.summary(ids)}
             report["global_stages"], kept_docs, kept_bytes = _segments(run, plan, blocks, total)
             if kept_docs == 0:

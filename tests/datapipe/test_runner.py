@@ -340,7 +340,8 @@ def test_a_resumed_run_says_how_much_work_it_reused(tmp_path, slice_input):
     found = re.fullmatch(r"resumed: (\d+) of \d+ tasks were already done \(read (\d+)/\2, exact dedup (\d+)/\3, "
                          rf"filters \+ crash {seg1}/{seg0}, tokenize 0/{seg0}, shards 0/\d+\)", line)
     assert found, line
-    assert int(found[2]) == 1 + 3 and int(found[3]) > seg0  # one unit and 3 id partitions; the blocks and the resolve
+    # one unit, the ids' combine task and 3 id partitions; the blocks and the resolve
+    assert int(found[2]) == 1 + 1 + 3 and int(found[3]) > seg0
     assert result.resumed_tasks == int(found[1]) == int(found[2]) + int(found[3]) + seg1
     fresh: list[str] = []
     curate(small_config(tmp_path / "fresh", [slice_input]), executor=LocalExecutor(), progress=False, log=fresh.append)

@@ -92,8 +92,12 @@ def test_objects_grow_with_the_tasks_not_with_tasks_times_partitions(tmp_path, s
     assert blocks > 10
     # map side: one key file per block and kind, whatever the partition count (it was blocks x partitions)
     for folder in ("minhash/buckets", "exact_dedup/keys", "ids/keys"):
-        counts = [len(list((tmp_path / f"p{p}" / "work" / folder).iterdir())) for p in (3, 24)]
+        counts = [len(list((tmp_path / f"p{p}" / "work" / folder).glob("u*.shuffle"))) for p in (3, 24)]
         assert counts == [blocks, blocks], folder
+    # exact dedup's and the ids' receivers read the blocks' files combined (fewer than 128 blocks: into one)
+    for folder in ("exact_dedup/keys", "ids/keys"):
+        combined = sorted(f.name for f in (tmp_path / "p3" / "work" / folder).glob("combined-*"))
+        assert combined == ["combined-00000.json", "combined-00000.shuffle"], folder
     # the resolve's tasks follow the documents, not the partitions (`near_dedup.resolve_groups`): this
     # small corpus is one group either way, its nodes gathered once into one file (the block files removed)
     assert [len(list((tmp_path / f"p{p}" / "work" / "minhash" / "nodes-by-group").iterdir())) for p in (3, 24)] == [1, 1]
@@ -148,3 +152,28 @@ def test_a_damaged_file_is_named_never_read_wrong(tmp_path, how, partitions):
     path.unlink()
     with pytest.raises(DamagedWorkFile, match="missing"):
         read_shuffle([path], 0, partitions)
+
+
+def test_combined_senders_give_each_receiver_the_same_rows_in_the_same_order(tmp_path, monkeypatch):
+    """The two-level exchange: 5 senders' files merged 2 at a time; every partition reads the same rows, in the same
+    order, from 3 combined files as from the 5 senders' (so receivers' outputs do not change)."""
+    from datapipe.core import shuffle
+
+    monkeypatch.setattr(shuffle, "COMBINE_SENDERS", 2)
+    rng = np.random.default_rng(0)
+    names = [f"b{i}" for i in range(5)]
+    for i, name in enumerate(names):
+        n = int(rng.integers(0, 30))
+        table = pa.table({"order": np.arange(n, dtype=np.int64) + 100 * i, "key": [f"{name}-{j}" for j in range(n)]})
+        write_shuffle(tmp_path / f"{name}.shuffle", table, rng.integers(0, 4, size=n), 4)
+    calls = []
+
+    def run_tasks(fn, shared, items, desc, record=None):
+        calls.append(len(items))
+        return [fn(shared, *item) for item in items]
+
+    combined = shuffle.combine(run_tasks, tmp_path, names, 4, "combine")
+    assert combined == ["combined-00000", "combined-00001", "combined-00002"] and calls == [3]
+    for p in range(4):
+        direct = read_shuffle(shuffle.shuffle_files(tmp_path, names), p, 4)
+        assert read_shuffle(shuffle.shuffle_files(tmp_path, combined), p, 4).equals(direct)

@@ -20,7 +20,7 @@ first segment task of each block applies its unit's renames before any stage run
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -29,8 +29,7 @@ import xxhash
 
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.workfiles import read_work_table, write_work_table
-from datapipe.curate.phase import Phase
-from datapipe.core.shuffle import SUFFIX, read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.shuffle import SUFFIX, combine, read_shuffle, shuffle_files, write_shuffle
 from datapipe.core.storage import Location
 
 KEY_SCHEMA = pa.schema([("id", pa.string()), ("order", pa.int64()), ("hash", pa.uint64())])
@@ -69,10 +68,12 @@ def resolve(shared: tuple[Location, list[str]], partition: int, partitions: int)
     return {"renamed": renames.num_rows, "examples": examples}
 
 
-def resolve_phase(work: Location, blocks: list[str], partitions: int, memory: int) -> Phase:
-    """One task per hash partition of the ids, part of reading (the renames are applied as segment 0 reads)."""
-    return Phase("read", "unique_ids", resolve, (work, blocks), [(p, partitions) for p in range(partitions)], resolved_record_at,
-                 memory)
+def resolve_ids(run_tasks: Callable[..., list[Any]], work: Location, blocks: list[str], partitions: int) -> list[dict[str, Any]]:
+    """Part of reading: the blocks' key files combined a group at a time (requests grow as blocks + partitions, not
+    blocks x partitions), then one task per hash partition of the ids names its renames (applied as segment 0 reads)."""
+    combined = combine(run_tasks, work / FOLDER / "keys", blocks, partitions, "unique_ids combine")
+    return run_tasks(resolve, (work, combined), [(p, partitions) for p in range(partitions)], "unique_ids",
+                     record=resolved_record_at)
 
 
 def resolved_record_at(shared: tuple[Location, list[str]], partition: int, partitions: int) -> Location:
