@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from datapipe.core.shards import atomic_write_bytes
 from datapipe.core.storage import Location, RemotePath, location
@@ -242,12 +243,18 @@ def shuffle_files(folder: str | Location, senders: Sequence[str]) -> list[Locati
 COMBINE_SENDERS = 128  # sender files merged into one by a combine task
 
 
-def combine_task(shared: tuple[str, int], index: int, names: list[str]) -> dict[str, int]:
+def combine_task(shared: tuple[str, int, str | None], index: int, names: list[str], first: int) -> dict[str, int]:
     """Merge the shuffle files `folder/<name>.shuffle` into one, `folder/combined-NNNNN.shuffle`, with the same
     partitions: each sender's file is read whole (one range after its header), and within a partition the rows
-    keep the senders' order, so a receiver reads exactly the rows it would have read from the senders."""
-    folder, partitions = shared
-    table = read_shuffle(shuffle_files(folder, names), 0, partitions, through=partitions, partition_column="partition")
+    keep the senders' order, so a receiver of one partition reads exactly the rows it read from the senders. With
+    `source_column`, an int32 column of that name holds each row's sender: its index among all senders (`first`
+    is this file's first)."""
+    folder, partitions, source_column = shared
+    table = read_shuffle(shuffle_files(folder, names), 0, partitions, through=partitions, partition_column="partition",
+                         source_column=source_column)
+    if source_column is not None:
+        at = table.schema.get_field_index(source_column)
+        table = table.set_column(at, source_column, pc.add(table.column(source_column), pa.scalar(first, pa.int32())))
     part = table.column("partition").to_numpy().astype(np.int64)
     write_shuffle(location(folder) / f"{combined_name(index)}{SUFFIX}", table.drop(["partition"]), part, partitions)
     return {"rows": table.num_rows}
@@ -257,16 +264,24 @@ def combined_name(index: int) -> str:
     return f"combined-{index:05d}"
 
 
-def combine_record(shared: tuple[str, int], index: int, names: list[str]) -> Location:
-    return location(shared[0]) / f"{combined_name(index)}.json"
+def combined_names(senders: int, per_file: int) -> list[str]:
+    """The names of the files `combine` makes of `senders` senders, `per_file` to a file."""
+    return [combined_name(k) for k in range(-(-senders // per_file))]
 
 
-def combine(run_tasks: Callable[..., list], folder: str | Location, senders: Sequence[str], partitions: int,
-            desc: str) -> list[str]:
-    """A two-level exchange: `senders`' files in `folder` merged, COMBINE_SENDERS at a time, by combine tasks; the
-    names of the combined files, which receivers read instead. A receiver then makes two requests per combined file,
-    not per sender: requests grow as senders + receivers (M reads, M/128 writes, P x M/128 x 2 range reads), not as
-    senders x receivers."""
-    groups = [list(senders[i : i + COMBINE_SENDERS]) for i in range(0, len(senders), COMBINE_SENDERS)]
-    run_tasks(combine_task, (str(folder), partitions), [(k, g) for k, g in enumerate(groups)], desc, record=combine_record)
-    return [combined_name(k) for k in range(len(groups))]
+def combine_record(shared: tuple[str, int, str | None], index: int, *_: object) -> Location:
+    """Beside the folder, not in it: a phase may delete a consumed folder whole, and its combine stays done."""
+    folder = location(shared[0])
+    return folder.parent / "records" / f"combine-{folder.name}-{index:05d}.json"
+
+
+def combine(run_tasks: Callable[..., list], folder: str | Location, senders: Sequence[str], partitions: int, desc: str,
+            *, per_file: int = COMBINE_SENDERS, source_column: str | None = None) -> list[str]:
+    """A two-level exchange: `senders`' files in `folder` merged, `per_file` at a time, by combine tasks; the names
+    of the combined files, which receivers read instead. A receiver then makes two requests per combined file, not
+    per sender: requests grow as senders + receivers (M reads, M/per_file writes, P x M/per_file x 2 range reads),
+    not as senders x receivers. A combine task holds `per_file` senders' files: size it to the task's memory."""
+    groups = [list(senders[i : i + per_file]) for i in range(0, len(senders), per_file)]
+    run_tasks(combine_task, (str(folder), partitions, source_column), [(k, g, k * per_file) for k, g in enumerate(groups)],
+              desc, record=combine_record)
+    return combined_names(len(senders), per_file)

@@ -353,7 +353,7 @@ def test_a_damaged_work_file_is_redone_or_named_never_read_wrong(tmp_path: Path,
         run(cfg, extra_stages=[CrashAfter(0)])
     work = out / "work"
     if target == "exact keys":  # as if killed right after the keys were sent: the resolve has not read them yet
-        for done in [*work.glob("exact_dedup/losers-t*"), *work.glob("exact_dedup/keys/combined-*")]:
+        for done in [*work.glob("exact_dedup/losers-t*"), *work.glob("exact_dedup/records/combine-*")]:
             done.unlink()
         shutil.rmtree(work / "exact_dedup" / "losers-by-unit")
     damaged = work / DAMAGED[target]

@@ -97,7 +97,7 @@ def test_objects_grow_with_the_tasks_not_with_tasks_times_partitions(tmp_path, s
     # exact dedup's and the ids' receivers read the blocks' files combined (fewer than 128 blocks: into one)
     for folder in ("exact_dedup/keys", "ids/keys"):
         combined = sorted(f.name for f in (tmp_path / "p3" / "work" / folder).glob("combined-*"))
-        assert combined == ["combined-00000.json", "combined-00000.shuffle"], folder
+        assert combined == ["combined-00000.shuffle"], folder
     # the resolve's tasks follow the documents, not the partitions (`near_dedup.resolve_groups`): this
     # small corpus is one group either way, its nodes gathered once into one file (the block files removed)
     assert [len(list((tmp_path / f"p{p}" / "work" / "minhash" / "nodes-by-group").iterdir())) for p in (3, 24)] == [1, 1]
@@ -154,12 +154,11 @@ def test_a_damaged_file_is_named_never_read_wrong(tmp_path, how, partitions):
         read_shuffle([path], 0, partitions)
 
 
-def test_combined_senders_give_each_receiver_the_same_rows_in_the_same_order(tmp_path, monkeypatch):
+def test_combined_senders_give_each_receiver_the_same_rows_in_the_same_order(tmp_path):
     """The two-level exchange: 5 senders' files merged 2 at a time; every partition reads the same rows, in the same
     order, from 3 combined files as from the 5 senders' (so receivers' outputs do not change)."""
     from datapipe.core import shuffle
 
-    monkeypatch.setattr(shuffle, "COMBINE_SENDERS", 2)
     rng = np.random.default_rng(0)
     names = [f"b{i}" for i in range(5)]
     for i, name in enumerate(names):
@@ -172,8 +171,25 @@ def test_combined_senders_give_each_receiver_the_same_rows_in_the_same_order(tmp
         calls.append(len(items))
         return [fn(shared, *item) for item in items]
 
-    combined = shuffle.combine(run_tasks, tmp_path, names, 4, "combine")
+    combined = shuffle.combine(run_tasks, tmp_path, names, 4, "combine", per_file=2)
     assert combined == ["combined-00000", "combined-00001", "combined-00002"] and calls == [3]
     for p in range(4):
         direct = read_shuffle(shuffle.shuffle_files(tmp_path, names), p, 4)
         assert read_shuffle(shuffle.shuffle_files(tmp_path, combined), p, 4).equals(direct)
+
+
+def test_a_combined_file_keeps_each_rows_sender_among_all_senders(tmp_path):
+    """With `source_column`, the combined files hold each row's sender (its index among all senders), as reading the
+    senders' own files with `source_column` gives it."""
+    from datapipe.core import shuffle
+
+    names = [f"b{i}" for i in range(5)]
+    for i, name in enumerate(names):
+        write_shuffle(tmp_path / f"{name}.shuffle", pa.table({"order": np.arange(6, dtype=np.int64) + 10 * i}),
+                      np.arange(6) % 3, 3)
+    combined = shuffle.combine(lambda fn, shared, items, desc, record=None: [fn(shared, *i) for i in items],
+                               tmp_path, names, 3, "combine", per_file=2, source_column="sender")
+    for p in range(3):
+        direct = read_shuffle(shuffle.shuffle_files(tmp_path, names), p, 3, source_column="sender")
+        got = read_shuffle(shuffle.shuffle_files(tmp_path, combined), p, 3)
+        assert got.to_pylist() == direct.to_pylist()

@@ -59,7 +59,7 @@ import pyarrow.parquet as pq
 
 from datapipe.core.shards import replacing
 from datapipe.core.workfiles import read_record, read_work_table, write_record, write_work_table
-from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.shuffle import COMBINE_SENDERS, combine, combined_names, read_shuffle, shuffle_files, write_shuffle
 from datapipe.core.storage import Location, location, remove_tree
 from datapipe.curate.blocks import block_documents
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
@@ -99,7 +99,14 @@ class KeySource:
     run: str = ""  # a fresh id per resolve: what `_ShingleCache` keys by (no effect on any output)
     groups: "Groups | None" = None  # the resolve's tasks (`resolve_groups`)
 
+    @property
+    def per_file(self) -> int:
+        return self.groups.senders_per_file if self.groups is not None else 0
+
     def files(self, kind: str) -> list[Location]:
+        """The key files of `kind` a receiver reads: the combined ones (`combine_keys`), else one per sender."""
+        if self.per_file:
+            return shuffle_files(location(self.keys) / kind, combined_names(len(self.senders), self.per_file))
         return shuffle_files(location(self.keys) / kind, [s.rsplit("/", 1)[-1] for s in self.senders])
 
     def read(self, kind: str, p: int, partitions: int, **kwargs: Any) -> pa.Table | None:
@@ -111,7 +118,8 @@ class KeySource:
         if self.gathered:
             return read_work_table(location(self.keys) / GATHERED / f"g{g:03d}.arrow")
         lo, hi = self.groups.range(g)
-        nodes = self.read("nodes", lo, self.groups.partitions, source_column="sender", through=hi)
+        # a combined file holds each row's sender already (`combine_keys`)
+        nodes = self.read("nodes", lo, self.groups.partitions, source_column=None if self.per_file else "sender", through=hi)
         if nodes is None:
             raise RuntimeError("near dedup: no nodes files in the work folder")
         return nodes
@@ -127,6 +135,7 @@ class Groups:
 
     partitions: int
     count: int
+    senders_per_file: int = 0  # the map side's key files combined this many to a file (`combine_keys`); 0: not
 
     def range(self, g: int) -> tuple[int, int]:
         return g * self.partitions // self.count, (g + 1) * self.partitions // self.count
@@ -144,6 +153,28 @@ class Groups:
 
 
 GROUP_DOCS = 16_384  # documents per resolve task, at least: a small corpus makes few tasks whatever its partitions
+
+
+COMBINE_BYTES = 1 << 30  # key bytes one combine task holds at most (its senders' files, then their merge)
+_KEY_BYTES = {"buckets": 16, "nodes": 40}  # bytes a document's keys take per band (buckets), besides its signature (nodes)
+
+
+def senders_per_file(config: MinHashConfig, documents: int, senders: int) -> int:
+    """How many senders' key files one combine task merges: as many as fit COMBINE_BYTES at the average sender's
+    size (a document's buckets: one row per band; its node: the signature), at most COMBINE_SENDERS."""
+    per_doc = max(_KEY_BYTES["buckets"] * config.lsh_params()[0], _KEY_BYTES["nodes"] + 4 * config.num_perm)
+    per_sender = max(1, documents // max(senders, 1)) * per_doc
+    return max(1, min(COMBINE_SENDERS, COMBINE_BYTES // (3 * per_sender)))
+
+
+def combine_keys(run_tasks: RunTasks, source: KeySource, desc: str) -> None:
+    """The two-level exchange of the map side's buckets and nodes (`shuffle.combine`): receivers then read
+    M / per_file files, not M (the nodes keep each row's sender, which the exact check needs)."""
+    per_file = source.groups.senders_per_file
+    names = [s.rsplit("/", 1)[-1] for s in source.senders]
+    for kind, column in (("buckets", None), ("nodes", "sender")):
+        combine(run_tasks, location(source.keys) / kind, names, source.groups.partitions, f"{desc} combine {kind}",
+                per_file=per_file, source_column=column)
 
 
 def resolve_groups(partitions: int, documents: int) -> Groups:
@@ -527,13 +558,15 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     `out_dir/near_duplicates/clusters.parquet` and `folder/losers-tNNN.arrow` (one per group); returns a
     summary for the stats."""
     config = stage.config
-    groups = resolve_groups(config.partitions, documents)
+    groups = dataclasses.replace(resolve_groups(config.partitions, documents),
+                                 senders_per_file=senders_per_file(config, documents, len(senders)))
     recorded = folder / "records" / GROUPS_RECORD  # fixed by the first run: a resume keeps its grouping
     if (first := read_record(recorded)) is None:
         write_record(recorded, first := dataclasses.asdict(groups))
     groups = Groups(**first)
     parts = groups.items()
     source = KeySource(str(folder), str(folder.parent), tuple(senders), run=uuid.uuid4().hex, groups=groups)
+    combine_keys(run_tasks, source, stage.name)
     found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs", record=step_record("pairs"))
     # the nodes, read by three later steps, are gathered once by group; the senders' files then go
     run_tasks(gather_nodes_task, (str(folder), source), parts, f"{stage.name} gather", record=step_record("gather"))
