@@ -97,10 +97,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def two_node_cluster(tmp_path):
+@pytest.fixture(scope="session")
+def two_node_cluster():
     """`ray start --head` plus a second `ray start --address` on this machine: two raylets, one CPU each; yields
-    (address, the environment to run a driver in)."""
+    (address, the environment to run a driver in). One for the session (starting it costs ~15 s): each test runs
+    its own driver, a job of its own, on it."""
     ray_bin = shutil.which("ray")
     if ray_bin is None:
         pytest.skip("the ray command is not installed")
