@@ -145,6 +145,11 @@ def remove_tree(where: Union[str, os.PathLike[str], "RemotePath"]) -> None:
         shutil.rmtree(where, ignore_errors=True)
 
 
+# Connections of the S3 client: a receiving task asks for ranges of many files at once (fsspec's `cat_ranges`), and
+# botocore's default pool of 10 would queue them; S3 answers each connection's request independently.
+S3_CONNECTIONS = 64
+
+
 class RemotePath:
     """A file or folder of a remote fsspec file system, with the pathlib operations datapipe uses.
     Pickles as its URL (Ray tasks get it that way) and reopens the file system where it lands."""
@@ -154,7 +159,8 @@ class RemotePath:
     def __init__(self, url: str, fs: Any = None, path: str | None = None) -> None:
         self.url = url.rstrip("/")
         if fs is None:
-            fs, path = fsspec.core.url_to_fs(self.url, use_listings_cache=False)
+            options = {"config_kwargs": {"max_pool_connections": S3_CONNECTIONS}} if self.url.startswith("s3://") else {}
+            fs, path = fsspec.core.url_to_fs(self.url, use_listings_cache=False, **options)
             if isinstance(fs, LocalFileSystem):
                 raise ValueError(f"{url!r} is a local path: use pathlib.Path (storage.location does)")
         self.fs, self.path = fs, path.rstrip("/")

@@ -212,3 +212,11 @@ def test_other_local_only_outputs_refuse_a_url(capsys):
         load_experiment_config(Path("configs/experiment-tiny.yaml").resolve(), output="s3://bucket/exp")
     assert cli.main(["run", "--output", "s3://bucket/run", "--no-progress"]) == 2  # it trains next to its output
     assert "s3://bucket/run" in capsys.readouterr().err
+
+
+def test_the_s3_client_keeps_as_many_connections_as_a_receiver_asks_for_at_once():
+    pytest.importorskip("s3fs")
+    from datapipe.core.storage import S3_CONNECTIONS, RemotePath
+
+    fs = RemotePath("s3://some-bucket/run").fs
+    assert fs.config_kwargs["max_pool_connections"] == S3_CONNECTIONS > 10  # botocore's default is 10
