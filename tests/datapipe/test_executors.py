@@ -11,6 +11,7 @@ import pytest
 
 from helpers import ASSETS
 from datapipe.curate import executors
+from datapipe.curate.executors import _embedded, _progress, _ray_executor
 from datapipe.curate.executors import LocalExecutor, PhaseStalled, RayExecutor
 
 
@@ -20,7 +21,7 @@ def _double(_, x):
 
 def test_progress_to_a_log_is_plain_periodic_lines(capsys, monkeypatch):
     clock = iter(float(t) for t in range(0, 1000, 4))  # every task "takes" 4 s: a line every ~3rd task
-    monkeypatch.setattr(executors.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(_progress.time, "monotonic", lambda: next(clock))
     out = LocalExecutor(progress=True).run_tasks(_double, None, [(i,) for i in range(10)], "exact_dedup")
     assert out == [2 * i for i in range(10)]
     err = capsys.readouterr().err
@@ -117,8 +118,8 @@ def test_the_task_state_query_goes_to_the_running_clusters_dashboard_or_nowhere(
 
 def test_the_watchdog_counts_from_the_last_finished_task_not_from_the_start(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr(executors.time, "monotonic", lambda: now[0])
-    watch = executors._StallWatch(10)
+    monkeypatch.setattr(_ray_executor.time, "monotonic", lambda: now[0])
+    watch = _ray_executor._StallWatch(10)
     for t in range(1, 40):  # a long phase that finishes a task every 9 s is never a stall
         now[0] = 9.0 * t
         assert not watch.stalled()
@@ -127,7 +128,7 @@ def test_the_watchdog_counts_from_the_last_finished_task_not_from_the_start(monk
     watch.finished(0)  # a look that found nothing finished does not reset the clock
     now[0] += 1.5
     assert watch.stalled()
-    assert not executors._StallWatch(0).stalled()  # 0 = off
+    assert not _ray_executor._StallWatch(0).stalled()  # 0 = off
 
 
 class _InstantRay:
@@ -153,14 +154,14 @@ def test_each_look_at_a_big_phase_covers_a_bounded_window():
     refs = list(range(5000))
     assert executor._gather(refs, "big", "task", [(i,) for i in refs]) == refs
     # ray.wait is given at most _WAIT_WINDOW refs at a time (it was every pending ref, once per 16 results)
-    assert executor.ray.looks == [executors._WAIT_WINDOW] * 4 + [5000 - 4 * executors._WAIT_WINDOW]
+    assert executor.ray.looks == [_ray_executor._WAIT_WINDOW] * 4 + [5000 - 4 * _ray_executor._WAIT_WINDOW]
 
 
 def test_an_embedded_ray_starts_without_its_idle_head_processes_and_only_during_its_init():
     from ray._private.node import Node
 
     originals = (Node.start_monitor, Node.start_api_server)
-    with executors._without_idle_head_processes():
+    with _embedded._without_idle_head_processes():
         assert Node.start_monitor(object()) is None and Node.start_api_server(object(), include_dashboard=False) is None
         assert (Node.start_monitor, Node.start_api_server) != originals
     assert (Node.start_monitor, Node.start_api_server) == originals  # a Ray this process starts later is Ray's as usual
@@ -178,7 +179,7 @@ def test_the_raylet_children_launcher_runs_the_script_as_python_would_and_dies_w
                       "death = ctypes.c_int()\n"
                       "ctypes.CDLL(None).prctl(2, ctypes.byref(death))\n"  # PR_GET_PDEATHSIG
                       "print(__name__, sys.argv, sys.path[0], death.value == signal.SIGKILL)\n")
-    launched = [sys.executable, "-u", "-c", executors._DIE_WITH_THE_RAYLET, str(script), "a", "--b"]
+    launched = [sys.executable, "-u", "-c", _embedded._DIE_WITH_THE_RAYLET, str(script), "a", "--b"]
     out = subprocess.run(launched, capture_output=True, text=True, env={**os.environ, "RAY_RAYLET_PID": str(os.getpid())})
     assert out.stdout.split("\n")[0] == f"__main__ {[str(script), 'a', '--b']} {tmp_path} True", out.stderr
     # started after its raylet died (its parent is not the raylet): it exits instead of running unwatched
@@ -190,11 +191,11 @@ def test_the_raylet_children_launcher_is_in_place_only_during_an_embedded_init()
     from ray._private import services
 
     originals = (services._build_python_executable_command_memory_profileable, services._site_flags)
-    with executors._dying_with_the_raylet():
+    with _embedded._dying_with_the_raylet():
         if sys.platform.startswith("linux"):
             agent = services._build_python_executable_command_memory_profileable("dashboard_agent", "/tmp")
-            assert agent[:2] == [sys.executable, "-u"] and agent[2:] == ["-c", executors._DIE_WITH_THE_RAYLET]
-            assert services._site_flags()[-2:] == ["-c", executors._DIE_WITH_THE_RAYLET]
+            assert agent[:2] == [sys.executable, "-u"] and agent[2:] == ["-c", _embedded._DIE_WITH_THE_RAYLET]
+            assert services._site_flags()[-2:] == ["-c", _embedded._DIE_WITH_THE_RAYLET]
     assert (services._build_python_executable_command_memory_profileable, services._site_flags) == originals
 
 
@@ -263,6 +264,6 @@ def test_without_rays_private_internals_an_embedded_init_is_left_as_ray_makes_it
 
     monkeypatch.setitem(sys.modules, "ray._private.node", types.ModuleType("ray._private.node"))  # no Node
     monkeypatch.setattr(ray._private, "services", types.ModuleType("ray._private.services"))  # no launchers
-    with executors._without_idle_head_processes(), executors._dying_with_the_raylet():
+    with _embedded._without_idle_head_processes(), _embedded._dying_with_the_raylet():
         assert not hasattr(sys.modules["ray._private.node"], "Node")
         assert not hasattr(ray._private.services, "_site_flags")

@@ -1,11 +1,9 @@
-"""Executors: the only module that imports Ray.
+"""`RayExecutor`: tasks on Ray (an embedded local instance or a cluster), the one module that submits them.
 
-`run_tasks(fn, shared, items)` calls `fn(shared, *item)` for every item and returns the results in
-item order (state a phase's tasks share, a tokenizer, is cached per worker process by the task itself:
-Ray reuses its workers, and starting actor processes cost ~1.5 s a phase). `LocalExecutor` is a plain loop
-in this process (unit tests, debugging); `RayExecutor` runs on an embedded local Ray or a cluster,
-retrying tasks whose worker process died, and stops a phase in which no task has finished for
-`ray.stall_timeout_s` (`PhaseStalled`) instead of waiting forever.
+Task submission with the workers' environment and memory declaration, gathering with the stall watch
+(`PhaseStalled`), worker-death filtering (`WorkerDeathFilter`), the state query a stall error quotes, and
+where to run (`ray_address`, `ray_is_running`). Ray is imported here only, inside functions: importing this
+module does not import Ray.
 """
 
 from __future__ import annotations
@@ -18,89 +16,18 @@ import reprlib
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
-
-from tqdm.auto import tqdm
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from datapipe.core.config import ConfigError, RunStopped
 from datapipe.core.storage import storage_env
-
-
-class Executor(Protocol):
-    num_workers: int
-
-    def run_tasks(self, fn: Callable[..., Any], shared: Any, items: Sequence[tuple], desc: str, *,
-                  memory: int | None = None) -> list[Any]: ...
-
-    def shutdown(self) -> None: ...
-
-
-class _PlainProgress:
-    """Progress as periodic plain lines, for logs and CI (no carriage returns, no terminal width needed):
-    one line when a phase starts, at most one every `every_s` seconds, and one when it ends."""
-
-    def __init__(self, total: int, desc: str, every_s: float = 10.0) -> None:
-        self.total, self.desc, self.every_s, self.n = total, desc, every_s, 0
-        self.start = self.last = time.monotonic()
-        self._say(f"{self.desc}: {total:,} tasks")
-
-    def _say(self, line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        now = time.monotonic()
-        if self.n < self.total and now - self.last >= self.every_s:
-            self.last = now
-            self._say(f"{self.desc}: {self.n:,}/{self.total:,} tasks, {now - self.start:.0f} s")
-
-    def __enter__(self) -> "_PlainProgress":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if exc[0] is None:
-            self._say(f"{self.desc}: {self.n:,}/{self.total:,} tasks done in {time.monotonic() - self.start:.1f} s")
-
-
-class _NoProgress:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def __enter__(self) -> "_NoProgress":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-
-def _bar(total: int, desc: str, enabled: bool) -> Any:
-    """A tqdm bar in a terminal; plain periodic lines when stderr is a file, a pipe or a CI log."""
-    if not enabled:
-        return _NoProgress()
-    if not sys.stderr.isatty():
-        return _PlainProgress(total, desc)
-    return tqdm(total=total, desc=f"{desc:>14}", unit="task", leave=True, dynamic_ncols=True)
-
-
-class LocalExecutor:
-    """Runs everything in this process, in order."""
-
-    num_workers = 1
-
-    def __init__(self, *, progress: bool = False) -> None:
-        self.progress = progress
-
-    def run_tasks(self, fn: Callable[..., Any], shared: Any, items: Sequence[tuple], desc: str, *,
-                  memory: int | None = None) -> list[Any]:
-        with _bar(len(items), desc, self.progress) as bar:
-            out = []
-            for item in items:
-                out.append(fn(shared, *item))
-                bar.update(1)
-            return out
-
-    def shutdown(self) -> None:
-        pass
+from datapipe.curate.executors._embedded import (
+    _RAY_AUTH_LOGGER,
+    _DropTokenAuthNotice,
+    _dying_with_the_raylet,
+    _environment,
+    _without_idle_head_processes,
+)
+from datapipe.curate.executors._progress import _bar
 
 
 @contextlib.contextmanager
@@ -119,90 +46,6 @@ def _user_errors(ray: Any) -> Iterator[None]:
 
 # Each Ray worker gets one core; keep native thread pools from oversubscribing it.
 _WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-
-
-@contextlib.contextmanager
-def _environment(values: Mapping[str, str]) -> Iterator[None]:
-    """This process's environment with `values` set, as it was again afterwards."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-@contextlib.contextmanager
-def _without_idle_head_processes() -> Iterator[None]:
-    """`ray.init` of an embedded instance without two head processes that serve it nothing:
-    - the autoscaler's monitor (`ray start --no-monitor` skips it; `ray.init` has no such argument): it adds
-      nodes to a cluster, an embedded instance has none to add, and it outlives SIGTERM, so Ray's shutdown
-      spent most of its time waiting to kill it;
-    - the dashboard's head, which with `include_dashboard=False` loads only Ray's usage-statistics module
-      (not the state API), and costs CPU while the run starts (BENCHMARKS.md, "The shipped recipe on the
-      shared corpus: 1 and 2 workers", has the figures).
-    Ray has no public hook for this: with other internals (another Ray version) they start as usual."""
-    try:
-        from ray._private.node import Node
-
-        originals = {name: getattr(Node, name) for name in ("start_monitor", "start_api_server")}
-    except (ImportError, AttributeError):
-        yield
-        return
-    for name in originals:
-        setattr(Node, name, lambda self, *args, **kwargs: None)
-    try:
-        yield
-    finally:
-        for name, method in originals.items():
-            setattr(Node, name, method)
-
-
-# `python [FLAGS] -c _DIE_WITH_THE_RAYLET SCRIPT ARGS...` runs SCRIPT as `python [FLAGS] SCRIPT ARGS` would, in a
-# process that the kernel kills when its parent, the raylet, dies (PR_SET_PDEATHSIG, prctl option 1: the
-# fate-sharing Ray gives the processes the driver starts itself); one whose raylet died already exits.
-_DIE_WITH_THE_RAYLET = "; ".join([
-    "import ctypes, os, runpy, signal, sys",
-    "ctypes.CDLL(None).prctl(1, ctypes.c_ulong(signal.SIGKILL))",
-    "os.getppid() == int(os.environ.get('RAY_RAYLET_PID', os.getppid())) or sys.exit(1)",
-    "sys.argv.pop(0)",
-    # `python -c` imports from the working folder first (''), `python SCRIPT` from SCRIPT's folder
-    "sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.path[0] == '' else sys.path[0]",
-    "runpy.run_path(sys.argv[0], run_name='__main__')",
-])
-
-
-@contextlib.contextmanager
-def _dying_with_the_raylet() -> Iterator[None]:
-    """`ray.init` of an embedded instance whose raylet's children, its agents (DashboardAgent, RuntimeEnvAgent)
-    and its workers, die with it. A killed driver (kill -9, the OOM killer) takes its GCS and raylet with it
-    (Ray's fate-sharing), but not their children: the agents saw the raylet die, then waited 60 s to report
-    it to the dead GCS; a worker that was starting waited ~25 s for it. The agents cannot be left out (the
-    raylet requires them, include_dashboard=False or not) and no Ray setting shortens this, so their command
-    and the workers' run through `_DIE_WITH_THE_RAYLET`: the agents' after Ray's interpreter command, the
-    workers' among the interpreter flags that Ray's worker launcher (setup_worker.py) passes on to the worker.
-    Linux only (prctl); with other internals (another Ray version) they start as usual."""
-    try:
-        from ray._private import services
-
-        interpreter, site_flags = services._build_python_executable_command_memory_profileable, services._site_flags
-    except (ImportError, AttributeError):
-        yield
-        return
-    if not sys.platform.startswith("linux"):
-        yield
-        return
-    services._build_python_executable_command_memory_profileable = (
-        lambda *args, **kwargs: [*interpreter(*args, **kwargs), "-c", _DIE_WITH_THE_RAYLET])
-    services._site_flags = lambda: [*site_flags(), "-c", _DIE_WITH_THE_RAYLET]
-    try:
-        yield
-    finally:
-        services._build_python_executable_command_memory_profileable, services._site_flags = interpreter, site_flags
 
 
 def worker_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -304,19 +147,6 @@ def ray_is_running() -> bool:
     """Whether this process has joined Ray already (then an executor uses that Ray, whatever its address)."""
     ray = sys.modules.get("ray")
     return ray is not None and ray.is_initialized()
-
-
-class _DropTokenAuthNotice(logging.Filter):
-    """Ray (2.5x+) turns on token authentication for every new local cluster and logs a warning saying so
-    ("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out"). For
-    the embedded instance, which only this process uses, that is noise: drop that one record."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
-
-
-# The logger of Ray's token-authentication setup (ray/_private/authentication/authentication_token_setup.py).
-_RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
 class PhaseStalled(RunStopped):
@@ -540,16 +370,3 @@ class RayExecutor:
         if self._owns_ray:
             self.ray.shutdown()
         self._unfilter()
-
-
-def make_executor(
-    kind: str, address: str | None, *, num_cpus: int | None, max_retries: int, progress: bool, stall_timeout_s: float = 600.0,
-    py_modules: Sequence[str] = (),
-) -> Executor:
-    if kind == "local":
-        return LocalExecutor(progress=progress)
-    if kind == "ray":
-        return RayExecutor(address, num_cpus=num_cpus, max_retries=max_retries, progress=progress,
-                           stall_timeout_s=stall_timeout_s, py_modules=py_modules)
-    raise ValueError(f"executor must be one of {{'local', 'ray'}}, got {kind!r}")
-
