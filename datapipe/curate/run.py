@@ -1,15 +1,15 @@
 """`curate()`: the curation run as a list of phases, each a set of independent tasks on an executor.
 
-1. read        one task per input unit (`phases/read.py`); the ids made unique across the run (`unique_ids.py`);
+1. read        one task per input unit (`phases/read.py`); the ids made unique across the run (`phases/unique_ids.py`);
 2. segments    one task per block and segment: map stages up to each global stage, whose resolve decides over
                all keys and whose losers are routed back to the blocks (`phases/segment.py`, `exchange.py`);
 3. tokenize    the tokenizer trained once on a sample (or loaded), one task per block (`phases/tokenize.py`);
-4. eval split  held-out documents and their exact and near copies (`eval_split.py`);
-5. selection   diversity sampling and the mixture (`selection.py`);
+4. eval split  held-out documents and their exact and near copies (`phases/eval_split.py`);
+5. selection   diversity sampling and the mixture (`phases/selection.py`);
 6. shards      rows cut into shards in input order, one task per shard (`phases/shards.py`);
 7. write       manifest.json and stats.json last; then work/ goes (unless `output.keep_work`).
 
-Every task writes its outputs atomically, then its record: `Run.execute` (`phase.py`) skips a task whose record is
+Every task writes its outputs atomically, then its record: `Run.execute` (`run_loop.py`) skips a task whose record is
 there, so a killed run resumes where it stopped and, every task being deterministic, writes the same shards.
 `run.json` says which run an output folder holds (`identity.py`); a rerun that is not the same run is refused.
 """
