@@ -72,7 +72,7 @@ def read_work_bytes(path: str | Path | Location) -> pa.Buffer:
     path = location(path)
     try:
         if isinstance(path, RemotePath):
-            data = pa.py_buffer(path.read_bytes())
+            data = pa.py_buffer(path.read_bytes(small=True))
         else:
             with pa.memory_map(str(path), "r") as source:
                 data = source.read_buffer()
@@ -96,7 +96,8 @@ def read_record(path: str | Path | Location) -> dict | None:
     written after its task's outputs, so running the task again rewrites the same files and a sound record)."""
     path = location(path)
     try:
-        return json.loads(verified(path, pa.py_buffer(path.read_bytes())).to_pybytes())
+        data = path.read_bytes(small=True) if isinstance(path, RemotePath) else path.read_bytes()
+        return json.loads(verified(path, pa.py_buffer(data)).to_pybytes())
     except FileNotFoundError:
         return None
     except (DamagedWorkFile, ValueError):  # cut, emptied or changed (json's errors are ValueErrors)

@@ -220,3 +220,29 @@ def test_the_s3_client_keeps_as_many_connections_as_a_receiver_asks_for_at_once(
 
     fs = RemotePath("s3://some-bucket/run").fs
     assert fs.config_kwargs["max_pool_connections"] == S3_CONNECTIONS > 10  # botocore's default is 10
+
+
+def test_a_work_file_on_s3_is_read_in_one_request(s3_server):
+    """s3fs asks an object's size (a HEAD) before a whole read, to decide on a chunked download that only objects
+    over 50 MiB take: a work file or a task record is read with one GET instead."""
+    from datapipe.core.storage import RemotePath
+    from datapipe.core.workfiles import read_record, read_work_table, write_record, write_work_table
+
+    _, bucket = s3_server
+    base = RemotePath(f"s3://{bucket}/one-request")
+    write_work_table(base / "t.arrow", pa.table({"x": [1, 2, 3]}))
+    write_record(base / "r.json", {"rows": 3})
+    calls = []
+    real = base.fs._call_s3
+
+    async def counting(method, *args, **kwargs):
+        calls.append(method)
+        return await real(method, *args, **kwargs)
+
+    base.fs._call_s3 = counting
+    try:
+        assert read_work_table(base / "t.arrow").column("x").to_pylist() == [1, 2, 3]
+        assert read_record(base / "r.json") == {"rows": 3}
+    finally:
+        del base.fs._call_s3
+    assert calls == ["get_object", "get_object"]
