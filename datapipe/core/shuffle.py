@@ -108,8 +108,8 @@ class _Header:
             raise DamagedWorkFile(path, f"its header says {written_for} partitions, not the run's {partitions}")
         n = p1 - p0
         if len(pieces) == 1:
-            at, schema_at = _FIXED + 8 * p0, _schema_at(partitions)
-            offsets, digests = head[at : at + 8 * (n + 1)], head[_digests_at(partitions) + 8 * p0 : _digests_at(partitions) + 8 * p1]
+            at, digests_at, schema_at = _FIXED + 8 * p0, _digests_at(partitions) + 8 * p0, _schema_at(partitions)
+            offsets, digests = head[at : at + 8 * (n + 1)], head[digests_at : digests_at + 8 * n]
             self.schema = head[schema_at : schema_at + self.schema_len]
         else:
             offsets, digests, self.schema = pieces[1], pieces[2], pieces[3][: self.schema_len]

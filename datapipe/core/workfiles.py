@@ -94,11 +94,7 @@ def write_record(path: str | Path | Location, result: dict) -> None:
 def read_record(path: str | Path | Location) -> dict | None:
     """A finished task's record, or None when the task must (re)run: no record, or one that is damaged (a record is
     written after its task's outputs, so running the task again rewrites the same files and a sound record)."""
-    path = location(path)
     try:
-        data = path.read_bytes(small=True) if isinstance(path, RemotePath) else path.read_bytes()
-        return json.loads(verified(path, pa.py_buffer(data)).to_pybytes())
-    except FileNotFoundError:
-        return None
-    except (DamagedWorkFile, ValueError):  # cut, emptied or changed (json's errors are ValueErrors)
+        return json.loads(read_work_bytes(path).to_pybytes())
+    except (DamagedWorkFile, ValueError):  # missing, cut, emptied or changed (json's errors are ValueErrors)
         return None

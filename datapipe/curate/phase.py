@@ -8,10 +8,11 @@ resumed run skips it; the run loop is the only caller of `recorded_task`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from datapipe.core.storage import Location
+from datapipe.core.storage import Location, location
 from datapipe.core.workfiles import read_record, write_record
 
 RunTasks = Callable[..., list[Any]]
@@ -38,3 +39,16 @@ def recorded_task(parts: tuple[Callable[..., Any], Callable[..., Location], Any]
     result = task(shared, *item)
     write_record(path, result)
     return result, False
+
+
+def record_in(folder: str, step: str = "", *, first_item_only: bool = False) -> Callable[..., Location]:
+    """A `record` for tasks whose shared value is (or starts with) a folder: `<that folder>/<folder>/<step>-<item>.json`
+    (`<item>.json` without a step; with `first_item_only`, named by the item's first value alone)."""
+    return functools.partial(_record_in, folder, step, first_item_only)
+
+
+def _record_in(folder: str, step: str, first_item_only: bool, shared: Any, *item: Any) -> Location:
+    base = location(shared if isinstance(shared, str) else shared[0])
+    named = [str(x) for x in (item[:1] if first_item_only else item)]
+    return base / folder / ("-".join([step, *named] if step else named) + ".json")
+

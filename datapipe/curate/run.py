@@ -68,16 +68,15 @@ def curate(cfg: CurateConfig, *, executor: Executor | None = None, extra_stages:
         try:
             total = Counters()
             blocks, damaged = _read(run, plan, early, total)
-            ids = unique_ids.resolve_ids(run.tasks("read", task_memory(plan, "ids", _read_bytes(plan, total), plan.cfg.dedup.exact.partitions)),
-                                         plan.work, [block_name(u, b) for u, b in blocks], plan.cfg.dedup.exact.partitions)
-            report = {"damaged_inputs": damaged, "duplicate_ids": unique_ids.summary(ids)}
+            report = {"damaged_inputs": damaged, "duplicate_ids": _unique_ids(run, plan, blocks, total)}
             report["global_stages"], kept_docs, kept_bytes = _segments(run, plan, blocks, total)
             if kept_docs == 0:
                 raise nothing_survived(plan, total, t0, report)
             tokenizer_path, info = _tokenize(run, plan, blocks, kept_bytes, total, report)
             held = _eval_split(run, plan, blocks, total, (tokenizer_path, info), report, log)
-            copies, selected = selection.select(run.tasks("selection", task_memory(plan, "block")), plan.work, plan.out, _block_inputs(plan, blocks),
-                                                plan.cfg.diversity, plan.cfg.mixture, total, held.not_for_training() if held else None)
+            copies, selected = selection.select(run.tasks("selection", task_memory(plan, "block")), plan.work, plan.out,
+                                                _block_inputs(plan, blocks), plan.cfg.diversity, plan.cfg.mixture, total,
+                                                held.not_for_training() if held else None)
             report.update(selected)
             shards, eval_shards = _shards(run, plan, blocks, token_dtype(info.vocab_size).byte_width, copies, held)
             if sum(s.rows for s in shards) == 0:  # the selection took the last documents
@@ -208,9 +207,12 @@ def _tokenize(run: Run, plan: Plan, blocks: list[tuple[int, int]], kept_bytes: i
     return tokenizer_path, info
 
 
-def _read_bytes(plan: Plan, total: Counters) -> int:
-    """The text bytes the read kept (the funnel's read stage): what the id renames' partitions share."""
-    return sum(v[3] for (stage, _), v in total.funnel.items() if stage == "read")
+def _unique_ids(run: Run, plan: Plan, blocks: list[tuple[int, int]], total: Counters) -> dict[str, Any]:
+    """Part of reading: ids made unique across the run (renames applied as segment 0 reads); stats.json's summary."""
+    partitions = plan.cfg.dedup.exact.partitions
+    read_bytes = sum(v[3] for (stage, _), v in total.funnel.items() if stage == "read")  # what the partitions share
+    run_tasks = run.tasks("read", task_memory(plan, "ids", read_bytes, partitions))
+    return unique_ids.summary(unique_ids.resolve_ids(run_tasks, plan.work, [block_name(u, b) for u, b in blocks], partitions))
 
 
 def _block_inputs(plan: Plan, blocks: list[tuple[int, int]]) -> list[tuple[str, int]]:

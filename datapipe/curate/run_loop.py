@@ -102,8 +102,7 @@ class Run:
 
     def resumed_line(self) -> str | None:
         """'resumed: N of M tasks were already done (read 1/1, ...)', or None when nothing was."""
-        done = sum(d for d, _ in self.resumed.values())
-        if not done:
+        if not (done := self.resumed_tasks):
             return None
         parts = ", ".join(f"{stage} {d}/{n}" for stage, (d, n) in self.resumed.items())
         return f"resumed: {done:,} of {sum(n for _, n in self.resumed.values()):,} tasks were already done ({parts})"

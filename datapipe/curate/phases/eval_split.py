@@ -38,7 +38,6 @@ and is skipped when that output exists, so the split is the same on any number o
 from __future__ import annotations
 
 import dataclasses
-import functools
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -58,6 +57,7 @@ from datapipe.curate.counters import Counters
 from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
 from datapipe.curate.phases import near_dedup
 from datapipe.curate.blocks import block_documents
+from datapipe.curate.phase import record_in
 from datapipe.curate.phases.near_dedup import KeySource
 from datapipe.curate.phases.selection import RowCopies
 from datapipe.core.storage import Location, location
@@ -70,6 +70,7 @@ PAIR_SCHEMA = pa.schema([("order", pa.int64()), ("eval_order", pa.int64())])
 SOURCE_UNIT = (1 << 23) - 1  # the input unit of `eval.source` documents in the order key: after every real input
 
 
+RECORDS = f"{EVAL_DIR}/records"  # work/eval/records/<step>-<item>.json: the split's task records
 ROWS_DIR = "rows"  # work/eval/rows/<block>.arrow: per row `eval` (held out for eval) and `held_out` (not for training)
 
 
@@ -128,16 +129,6 @@ def choose(meta: dict[str, pa.Table], config: EvalSplitConfig) -> dict[str, np.n
 # ---------------------------------------------------------------- tasks
 
 
-def _record_at(step: str) -> Callable[..., Location]:
-    """Where an eval-split task leaves its record (checked by the run loop): work/eval/records/<step>-<item>.json."""
-    return functools.partial(_record, step)
-
-
-def _record(step: str, shared: str | tuple, *item: Any) -> Location:
-    work = shared if isinstance(shared, str) else shared[0]
-    return location(work) / EVAL_DIR / "records" / f"{step}-{item[0]}.json"
-
-
 def hash_task(work: str, block: str) -> dict[str, str]:
     """xxh3-128 of each row's token bytes -> work/eval/hashes/<block>.arrow (one column `hash`)."""
     out = location(work) / EVAL_DIR / "hashes" / f"{block}.arrow"
@@ -192,7 +183,7 @@ def near_copies(run_tasks: Callable[..., list[Any]], work: Location, eval_orders
     dedup's own rule (the signature estimate, then the exact Jaccard near the threshold): `match_task`'s
     candidates, decided by `near_dedup.verify_pairs`."""
     run_tasks(match_task, (str(work), eval_orders, config, source), source.groups.items(), "eval_split near",
-              record=_record_at("match"))
+              record=record_in(RECORDS, "match"))
     edges_folder = work / EVAL_DIR / "edges"
     if config.verify:
         near_dedup.verify_pairs(run_tasks, work / EVAL_DIR, work / EVAL_DIR, source, config, edges_folder, "eval_split near")
@@ -325,10 +316,6 @@ def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, bool, pa.Table,
     return {"counters": counters.to_json(), "removed": removed_counts}
 
 
-def _finish_record(shared: tuple, block: str, *_: Any) -> Location:
-    return location(shared[0]) / EVAL_DIR / ROWS_DIR / f"{block}.json"
-
-
 @dataclass
 class _Held:
     """The eval documents: their token hashes, ids and orders; per block, the rows chosen (none for `eval.source`);
@@ -363,7 +350,7 @@ def split(
     the eval documents (a `fraction` of the corpus: with a token cap, the candidates) and their near copies
     only."""
     names = [b for b, _ in blocks]
-    run_tasks(hash_task, str(work), [(b,) for b in names], "eval_split exact", record=_record_at("hashes"))
+    run_tasks(hash_task, str(work), [(b,) for b in names], "eval_split exact", record=record_in(RECORDS, "hashes"))
     held = _from_source(config, tokenizer) if config.source else _chosen(run_tasks, work, names, segment, config)
     near = pa.table({"order": pa.array([], pa.int64()), "eval_id": pa.array([], pa.string())})
     if config.decontaminate == "near" and names:
@@ -372,7 +359,8 @@ def split(
     shared = (str(work), str(out_dir), segment, held.hashes, held.ids, bool(config.source), near, keep_text)
     items = [(b, input_index, held.chosen.get(b, np.empty(0, np.int64))) for b, input_index in blocks]
     removed_counts: dict[str, int] = {"eval_duplicate": 0, "eval_near_duplicate": 0}
-    for r in run_tasks(finish_task, shared, items, "eval_split remove", record=_finish_record):
+    by_block = record_in(f"{EVAL_DIR}/{ROWS_DIR}", first_item_only=True)
+    for r in run_tasks(finish_task, shared, items, "eval_split remove", record=by_block):
         counters.merge(Counters.from_json(r["counters"]))
         for reason, n in r["removed"].items():
             removed_counts[reason] += n
@@ -431,10 +419,10 @@ def _near_source(run_tasks: Callable[..., list[Any]], work: Location, names: lis
                                     gathered=True, run=uuid.uuid4().hex, groups=near_dedup.Groups(**groups))
     source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names), run=uuid.uuid4().hex)
     documents = sum(r["rows"] for r in run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names],
-                                                 "eval_split minhash", record=_record_at("buckets")))
+                                                 "eval_split minhash", record=record_in(RECORDS, "buckets")))
     if config.source:  # its documents' keys next to this run's, under orders after every input
         documents += run_tasks(source_bucket_task, (str(work), config.source, tokenizer[0], minhash), [(0,)],
-                               "eval_split source minhash", record=_record_at("buckets-source"))[0]["rows"]
+                               "eval_split source minhash", record=record_in(RECORDS, "buckets-source"))[0]["rows"]
         source = dataclasses.replace(source, senders=(*source.senders, f"{EVAL_DIR}/{SOURCE_BLOCK}"))
     return dataclasses.replace(source, groups=near_dedup.resolve_groups(minhash.partitions, documents))
 

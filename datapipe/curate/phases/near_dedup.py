@@ -47,10 +47,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -62,6 +61,7 @@ from datapipe.core.workfiles import read_record, read_work_table, write_record, 
 from datapipe.core.shuffle import COMBINE_SENDERS, combine, combined_names, read_shuffle, shuffle_files, write_shuffle
 from datapipe.core.storage import Location, location, remove_tree
 from datapipe.curate.blocks import block_documents
+from datapipe.curate.phase import record_in
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 from stages.minhash import (
     CLUSTER_SCHEMA,
@@ -218,16 +218,6 @@ def _checksum(src: np.ndarray, dst: np.ndarray) -> int:
     with np.errstate(over="ignore"):
         mixed = fmix(src.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + dst.astype(np.uint64), 64)
         return int(np.add.reduce(mixed, dtype=np.uint64))
-
-
-def step_record(step: str) -> Callable[..., Location]:
-    """Where a resolve step's task leaves its record (checked by the run loop): `<folder>/records/<step>-<item>.json`,
-    the folder being the first of the task's shared values."""
-    return functools.partial(_step_record, step)
-
-
-def _step_record(step: str, shared: tuple, *item: Any) -> Location:
-    return location(shared[0]) / "records" / ("-".join([step, *(str(x) for x in item)]) + ".json")
 
 
 def _lookup(nodes: pa.Table, orders: np.ndarray, columns: Sequence[str]) -> pa.Table:
@@ -412,9 +402,9 @@ def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, 
     source). Returns the counts."""
     shared = (str(folder), str(pairs_folder), source, config, str(edges_folder))
     parts = source.groups.items()
-    run_tasks(attach_task, shared, parts, f"{desc} attach", record=step_record("attach"))
+    run_tasks(attach_task, shared, parts, f"{desc} attach", record=record_in("records", "attach"))
     remove_tree(location(pairs_folder) / "pairs-u")  # consumed: every attach task's record is written
-    checked = run_tasks(verify_task, shared, parts, f"{desc} verify", record=step_record("verify"))
+    checked = run_tasks(verify_task, shared, parts, f"{desc} verify", record=record_in("records", "verify"))
     remove_tree(location(pairs_folder) / "pairs-v")  # consumed (its signatures are the resolve's largest files)
     return {"edges": sum(x["edges"] for x in checked), "exact_checked": sum(x["checked"] for x in checked)}
 
@@ -567,9 +557,10 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     parts = groups.items()
     source = KeySource(str(folder), str(folder.parent), tuple(senders), run=uuid.uuid4().hex, groups=groups)
     combine_keys(run_tasks, source, stage.name)
-    found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs", record=step_record("pairs"))
+    found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs",
+                      record=record_in("records", "pairs"))
     # the nodes, read by three later steps, are gathered once by group; the senders' files then go
-    run_tasks(gather_nodes_task, (str(folder), source), parts, f"{stage.name} gather", record=step_record("gather"))
+    run_tasks(gather_nodes_task, (str(folder), source), parts, f"{stage.name} gather", record=record_in("records", "gather"))
     remove_tree(folder / "nodes")
     source = dataclasses.replace(source, gathered=True)
     verified = {"edges": sum(x["edges"] for x in found), "exact_checked": 0}
@@ -583,18 +574,20 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     else:
         # (one task or rounds: `one_task_edges` may change on a resume, so cc/r000 stays until the end)
         if edges <= config.one_task_edges:
-            rounds = run_tasks(components_task, shared, [()], f"{stage.name} components", record=step_record("components"))[0]["rounds"]
+            rounds = run_tasks(components_task, shared, [()], f"{stage.name} components",
+                               record=record_in("records", "components"))[0]["rounds"]
             converged = "one-task"
         else:
             rounds = _component_rounds(run_tasks, shared, config)
             converged = f"r{rounds - 1:03d}"  # the input of the last round
         run_tasks(members_task, (str(folder), config, source), [(converged, g) for (g,) in parts], f"{stage.name} members",
-                  record=step_record("members"))
+                  record=record_in("records", "members"))
         write_record(labelled, {"rounds": rounds})
         remove_tree(folder / "cc")  # consumed: the members carry the labels on
-    kept = run_tasks(winners_task, shared, parts, f"{stage.name} keep", record=step_record("winners"))
+    kept = run_tasks(winners_task, shared, parts, f"{stage.name} keep", record=record_in("records", "winners"))
     remove_tree(folder / "members")  # consumed
-    run_tasks(clusters_task, (str(folder), str(out_dir)), [(0,)], f"{stage.name} clusters", record=step_record("clusters"))
+    run_tasks(clusters_task, (str(folder), str(out_dir)), [(0,)], f"{stage.name} clusters",
+              record=record_in("records", "clusters"))
     losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)
     return {
         "candidate_pairs": sum(x["candidates"] for x in found),  # distinct within each bucket partition
@@ -614,7 +607,7 @@ def _component_rounds(run_tasks: RunTasks, shared: tuple[str, Any, Groups], conf
     r = 0
     while True:
         results = run_tasks(round_task, shared, [(r, g) for (g,) in shared[2].items()], f"minhash components round {r}",
-                            record=step_record("round"))
+                            record=record_in("records", "round"))
         checksums.append((sum(x["input_edges"] for x in results), sum(x["checksum"] for x in results) % 2**64))
         # A large-star round whose input equals the previous large-star round's input: converged.
         if r % 2 == 0 and r >= 2 and checksums[r] == checksums[r - 2]:

@@ -27,7 +27,6 @@ copies, and neither step sees them.
 
 from __future__ import annotations
 
-import functools
 import io
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -41,6 +40,7 @@ from datapipe.core.schema import DROPPED_SCHEMA
 from datapipe.core.shards import atomic_write_bytes, atomic_write_table
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
+from datapipe.curate.phase import record_in
 from stages import diversity, mixture
 
 ASSIGN_SCHEMA = pa.schema([("row", pa.int64()), ("domain", pa.string()), ("cluster", pa.int32()),
@@ -132,15 +132,6 @@ def fit_centroids(run_tasks: Callable[..., list[Any]], work: Location, blocks: l
     np.savez(buffer, **centroids)
     atomic_write_bytes(saved, buffer.getvalue())
     return centroids
-
-
-def _record_in(folder: str) -> Callable[..., Location]:
-    """Where a selection task over a block leaves its record (checked by the run loop): work/<folder>/<block>.json."""
-    return functools.partial(_record, folder)
-
-
-def _record(folder: str, shared: tuple, block: str, *_: Any) -> Location:
-    return location(shared[0]) / folder / f"{block}.json"
 
 
 def assign_task(shared: tuple[str, diversity.DiversityConfig, dict[str, np.ndarray]], block: str) -> dict[str, str]:
@@ -244,7 +235,7 @@ def _diversity_cuts(run_tasks: Callable[..., list[Any]], work: Location, names: 
                     centroids: dict[str, np.ndarray], held_out: RowCopies | None) -> tuple[dict[str, _Cut], dict[str, Any], dict[str, int]]:
     """Each sampled domain's cut, its report entry, and the tokens its kept rows hold."""
     files = [r["path"] for r in run_tasks(hist_task, (str(work), held_out), [(b,) for b in names], "diversity histogram",
-                                          record=_record_in("diversity/hist"))]
+                                          record=record_in("diversity/hist", first_item_only=True))]
     # the blocks' histograms summed by tasks, a group of files each: the driver opens no file
     groups = [(files[i : i + MERGE_GROUP],) for i in range(0, len(files), MERGE_GROUP)]
     merged = run_tasks(hist_merge_task, None, groups, "diversity histogram merge")
@@ -387,13 +378,14 @@ def select(
     if div_config.enabled and div_config.domains:
         doc_counts = {d: n for d, (n, _) in totals.items() if n}
         centroids = fit_centroids(run_tasks, work, names, div_config, doc_counts, held_out)
-        run_tasks(assign_task, (str(work), div_config, centroids), [(b,) for b in names], "diversity", record=_record_in("diversity"))
+        run_tasks(assign_task, (str(work), div_config, centroids), [(b,) for b in names], "diversity",
+                  record=record_in("diversity", first_item_only=True))
         cuts, report["diversity"], kept_tokens = _diversity_cuts(run_tasks, work, names, div_config, centroids, held_out)
         natural.update(kept_tokens)
     mix_plan = mixture.plan(natural, mix_config) if mix_config.enabled else None
     items = [(b, i, input_index) for i, (b, input_index) in enumerate(blocks)]
     results = run_tasks(select_task, (str(work), str(out_dir), held_out, cuts, mix_plan, mix_config.seed), items, "select",
-                        record=_record_in(COPIES_DIR))
+                        record=record_in(COPIES_DIR, first_item_only=True))
     written: dict[str, int] = {}
     for r in results:
         counters.merge(Counters.from_json(r["counters"]))
