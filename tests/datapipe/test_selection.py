@@ -91,11 +91,11 @@ def test_diversity_cut_by_block_equals_the_choice_over_the_whole_domain(tmp_path
     import numpy as np
 
     from datapipe.core.workfiles import write_work_table as atomic_write_table
-    from datapipe.curate.phases import selection
+    from datapipe.curate.phases import cuts as cut_module, selection
     from stages import diversity
 
-    monkeypatch.setattr(selection, "BUCKET_BITS", 2)  # 4 buckets: big boundary buckets, many rows to resolve
-    monkeypatch.setattr(selection, "BUCKETS", 4)
+    monkeypatch.setattr(cut_module, "BUCKET_BITS", 2)  # 4 buckets: big boundary buckets, many rows to resolve
+    monkeypatch.setattr(cut_module, "BUCKETS", 4)
     rng = np.random.default_rng(7)
     work = tmp_path / "work"
     budgets = {"a": 0.37, "b": 2500.0}  # a fraction of the documents; a number of tokens
@@ -109,7 +109,7 @@ def test_diversity_cut_by_block_equals_the_choice_over_the_whole_domain(tmp_path
             rank[: n // 3] = np.uint64(3 << 61)  # equal ranks, in every block: input order decides
             part = pa.table({"row": np.arange(n, dtype=np.int64) * 2 + (d == "b"), "domain": [d] * n,
                              "cluster": rng.integers(0, k[d] - 1, size=n).astype(np.int32),  # the last cluster stays empty
-                             "rank": rank, "num_tokens": rng.integers(0, 200, size=n)}, schema=selection.ASSIGN_SCHEMA)
+                             "rank": rank, "num_tokens": rng.integers(0, 200, size=n)}, schema=cut_module.ASSIGN_SCHEMA)
             parts.append(part)
             whole[d].append(part.append_column("block", pa.array(np.full(n, i))))
         names.append(f"b{i}")

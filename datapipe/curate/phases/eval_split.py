@@ -59,7 +59,7 @@ from datapipe.curate.phases import near_dedup
 from datapipe.curate.blocks import block_documents
 from datapipe.curate.phase import record_in
 from datapipe.curate.phases.near_dedup import KeySource
-from datapipe.curate.phases.selection import RowCopies
+from datapipe.curate.phases.cuts import RowCopies
 from datapipe.core.storage import Location, location
 from stages.base import write_keys
 from stages.minhash import MinHashConfig, MinHashStage, partition_of

@@ -28,12 +28,10 @@ copies, and neither step sees them.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from datapipe.curate.counters import Counters
 from datapipe.core.schema import DROPPED_SCHEMA
@@ -41,30 +39,10 @@ from datapipe.core.shards import atomic_write_bytes, atomic_write_table
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curate.phase import record_in
+from datapipe.curate.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, assigned, cuts
 from stages import diversity, mixture
 
-ASSIGN_SCHEMA = pa.schema([("row", pa.int64()), ("domain", pa.string()), ("cluster", pa.int32()),
-                           ("rank", pa.uint64()), ("num_tokens", pa.int64())])
-
-
-HIST_SCHEMA = pa.schema([("domain", pa.string()), ("key", pa.int64()), ("docs", pa.int64()), ("tokens", pa.int64())])
-BUCKET_BITS = 12  # rank buckets per cluster in the histograms: 4096
-BUCKETS = 1 << BUCKET_BITS
 COPIES_DIR = "select"  # work/select/<block>.arrow: column `copies`
-
-
-@dataclass(frozen=True)
-class RowCopies:
-    """How many times each row of every block is written: one file per block, `folder/<block>.arrow`,
-    its column `column` (a bool column reads as 0/1); `passes` is the largest count of any row."""
-
-    folder: str
-    column: str
-    passes: int = 1
-
-    def of(self, block: str) -> np.ndarray:
-        values = read_work_table(location(self.folder) / f"{block}.arrow").column(self.column)
-        return values.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def _token_file(work: Location, block: str) -> Location:
@@ -157,141 +135,14 @@ def assign_task(shared: tuple[str, diversity.DiversityConfig, dict[str, np.ndarr
     return {"path": str(out)}
 
 
-def _assigned(work: Location, block: str, held_out: RowCopies | None) -> pa.Table:
-    """The block's cluster assignments, training rows only."""
-    part = read_work_table(work / "diversity" / f"{block}.arrow")
-    if held_out is not None and part.num_rows:  # held-out rows are never sampled
-        part = part.filter(pa.array(~(held_out.of(block) > 0)[part.column("row").to_numpy()]))
-    return part
-
-
-def _bucket(rank: np.ndarray) -> np.ndarray:
-    return (rank >> np.uint64(64 - BUCKET_BITS)).astype(np.int64)
-
-
-def hist_task(shared: tuple[str, RowCopies | None], block: str) -> dict[str, str]:
-    """Documents and tokens of the block's training rows per (domain, cluster, rank bucket) ->
-    work/diversity/hist/<block>.arrow (`key` = cluster * BUCKETS + bucket)."""
-    work, held_out = location(shared[0]), shared[1]
-    out = work / "diversity" / "hist" / f"{block}.arrow"
-    part = _assigned(work, block, held_out)
-    key = part.column("cluster").to_numpy().astype(np.int64) * BUCKETS + _bucket(part.column("rank").to_numpy())
-    table = pa.table({"domain": part.column("domain"), "key": key, "docs": np.ones(len(key), np.int64),
-                      "tokens": part.column("num_tokens").to_numpy().astype(np.int64)})
-    table = table.group_by(["domain", "key"], use_threads=False).aggregate([("docs", "sum"), ("tokens", "sum")])
-    table = table.select(["domain", "key", "docs_sum", "tokens_sum"]).rename_columns(HIST_SCHEMA.names).cast(HIST_SCHEMA)
-    write_work_table(out, table)
-    return {"path": str(out)}
-
-
-MERGE_GROUP = 256  # histogram files summed per task
-
-
-def hist_merge_task(_: None, files: list[str]) -> pa.Table:
-    """The sum of some blocks' histograms (`hist_task`'s files), per (domain, key): at most one row per
-    rank bucket of each cluster, whatever the number of blocks."""
-    table = pa.concat_tables([read_work_table(f) for f in files]) if files else HIST_SCHEMA.empty_table()
-    table = table.group_by(["domain", "key"], use_threads=False).aggregate([("docs", "sum"), ("tokens", "sum")])
-    return table.select(["domain", "key", "docs_sum", "tokens_sum"]).rename_columns(HIST_SCHEMA.names).cast(HIST_SCHEMA)
-
-
-@dataclass
-class _Cut:
-    """Where one sampled domain's clusters stop: cluster c keeps its rows of rank buckets below
-    `bucket[c]`, and of bucket `bucket[c]` those at or before (rank, block, row) `last[c]` (none when
-    `has_last[c]` is false)."""
-
-    bucket: np.ndarray
-    last_rank: np.ndarray
-    last_block: np.ndarray
-    last_row: np.ndarray
-    has_last: np.ndarray
-
-    def keep(self, cluster: np.ndarray, rank: np.ndarray, block: int | np.ndarray, row: np.ndarray) -> np.ndarray:
-        bucket, edge = _bucket(rank), self.bucket[cluster]
-        lr, lb, lw = self.last_rank[cluster], self.last_block[cluster], self.last_row[cluster]
-        at_or_before = (rank < lr) | ((rank == lr) & ((block < lb) | ((block == lb) & (row <= lw))))
-        return (bucket < edge) | ((bucket == edge) & self.has_last[cluster] & at_or_before)
-
-
-def boundary_task(shared: tuple[str, RowCopies | None, dict[str, np.ndarray]], block: str, index: int) -> dict[str, np.ndarray]:
-    """Per sampled domain, the block's training rows that fall in their cluster's boundary bucket:
-    columns cluster, rank, block (index), row, tokens."""
-    work, held_out, edges = location(shared[0]), shared[1], shared[2]
-    part = _assigned(work, block, held_out)
-    domains = np.array(part.column("domain").to_pylist(), dtype=object)
-    cluster, rank = part.column("cluster").to_numpy().astype(np.int64), part.column("rank").to_numpy()
-    out = {}
-    for d, edge in edges.items():
-        mine = domains == d
-        mine[mine] = _bucket(rank[mine]) == edge[cluster[mine]]
-        rows = np.flatnonzero(mine)
-        out[d] = np.stack([cluster[rows], rank[rows].view(np.int64), np.full(len(rows), index, np.int64),
-                           part.column("row").to_numpy()[rows], part.column("num_tokens").to_numpy()[rows].astype(np.int64)], axis=1)
-    return out
-
-
 def _diversity_cuts(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], div_config: diversity.DiversityConfig,
-                    centroids: dict[str, np.ndarray], held_out: RowCopies | None) -> tuple[dict[str, _Cut], dict[str, Any], dict[str, int]]:
+                    centroids: dict[str, np.ndarray], held_out: RowCopies | None) -> tuple[dict[str, Cut], dict[str, Any], dict[str, int]]:
     """Each sampled domain's cut, its report entry, and the tokens its kept rows hold."""
-    files = [r["path"] for r in run_tasks(hist_task, (str(work), held_out), [(b,) for b in names], "diversity histogram",
-                                          record=record_in("diversity/hist", first_item_only=True))]
-    # the blocks' histograms summed by tasks, a group of files each: the driver opens no file
-    groups = [(files[i : i + MERGE_GROUP],) for i in range(0, len(files), MERGE_GROUP)]
-    merged = run_tasks(hist_merge_task, None, groups, "diversity histogram merge")
-    docs = {d: np.zeros(len(c) * BUCKETS, np.int64) for d, c in centroids.items()}
-    tokens = {d: np.zeros(len(c) * BUCKETS, np.int64) for d, c in centroids.items()}
-    for table in merged:  # one group's sums at a time
-        for d in np.unique(np.array(table.column("domain").to_pylist(), dtype=object)) if table.num_rows else []:
-            sub = table.filter(pc.equal(table.column("domain"), d))
-            np.add.at(docs[d], sub.column("key").to_numpy(), sub.column("docs").to_numpy())
-            np.add.at(tokens[d], sub.column("key").to_numpy(), sub.column("tokens").to_numpy())
-    plans: dict[str, dict[str, Any]] = {}
-    for d, budget in div_config.domains.items():
-        if d not in docs or docs[d].sum() == 0:
-            continue
-        by_tokens = budget > 1
-        per_doc = docs[d].reshape(-1, BUCKETS)
-        k = int(np.flatnonzero(per_doc.sum(1))[-1]) + 1  # clusters up to the last one holding a document
-        weight = (tokens[d] if by_tokens else docs[d]).reshape(-1, BUCKETS)[:k]
-        n = int(per_doc.sum())
-        sizes = weight.sum(1).astype(np.float64)
-        quota = diversity.water_fill(sizes, budget if by_tokens else budget * n)
-        limit = quota if by_tokens else np.round(quota)
-        running = np.cumsum(weight, axis=1)
-        over = running > limit[:, None] + 1e-9
-        edge = np.where(over.any(1), over.argmax(1), BUCKETS)  # BUCKETS: the whole cluster is kept
-        before = np.where(edge > 0, running[np.arange(k), np.maximum(edge - 1, 0)], 0)
-        plans[d] = {"k": k, "n": n, "limit": limit, "edge": edge, "before": before}
-    edges = {d: p["edge"] for d, p in plans.items()}
-    found = run_tasks(boundary_task, (str(work), held_out, edges), [(b, i) for i, b in enumerate(names)], "diversity boundary") if edges else []
-    cuts, report, kept_tokens = {}, {}, {}
-    for d, p in plans.items():
-        k, edge = p["k"], p["edge"]
-        rows = np.concatenate([f[d] for f in found] + [np.empty((0, 5), np.int64)])
-        cut = _Cut(edge, np.zeros(k, np.uint64), np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, bool))
-        per_doc, per_tok = docs[d].reshape(-1, BUCKETS)[:k], tokens[d].reshape(-1, BUCKETS)[:k]
-        full = np.arange(BUCKETS)[None, :] < edge[:, None]
-        kept_docs, kept_tok = int(per_doc[full].sum()), int(per_tok[full].sum())
-        weights = rows[:, 4] if div_config.domains[d] > 1 else np.ones(len(rows), np.int64)  # tokens, or documents
-        for c in np.unique(rows[:, 0]):
-            mine = rows[rows[:, 0] == c]
-            w = weights[rows[:, 0] == c]
-            order = np.lexsort((mine[:, 3], mine[:, 2], mine[:, 1].view(np.uint64)))  # by rank, then block and row
-            within = p["before"][c] + np.cumsum(w[order])
-            chosen = order[within <= p["limit"][c] + 1e-9]  # a prefix: the running total only grows
-            if len(chosen):
-                last = mine[chosen[-1]]
-                cut.last_rank[c], cut.last_block[c], cut.last_row[c], cut.has_last[c] = np.uint64(last[1].view(np.uint64)), last[2], last[3], True
-                kept_docs += len(chosen)
-                kept_tok += int(mine[chosen, 4].sum())
-        cuts[d] = cut
-        kept_tokens[d] = kept_tok
-        report[d] = {"docs_in": p["n"], "docs_kept": kept_docs, "clusters": k}
-    return cuts, report, kept_tokens
+    budgets = {d: Budget(b, by_tokens=b > 1, clusters=len(centroids[d])) for d, b in div_config.domains.items() if d in centroids}
+    return cuts(run_tasks, work, "diversity", names, budgets, held_out)
 
 
-def select_task(shared: tuple[str, str, RowCopies | None, dict[str, _Cut], dict[str, dict[str, Any]] | None, int],
+def select_task(shared: tuple[str, str, RowCopies | None, dict[str, Cut], dict[str, dict[str, Any]] | None, int],
                 block: str, index: int, input_index: int) -> dict[str, Any]:
     """One block's selection: diversity's cut, then the mixture's copies; writes the copies file and the
     dropped documents' records; returns the counters' changes, the tokens written per domain and the
@@ -302,7 +153,7 @@ def select_task(shared: tuple[str, str, RowCopies | None, dict[str, _Cut], dict[
     copies[_held(held_out, block, t.num_rows)] = 0
     reasons: list[tuple[np.ndarray, str, str]] = []
     if cuts:
-        part = _assigned(work, block, held_out)
+        part = assigned(work, "diversity", block, held_out)
         domains = np.array(part.column("domain").to_pylist(), dtype=object)
         for d, cut in cuts.items():
             mine = np.flatnonzero(domains == d)
@@ -373,7 +224,7 @@ def select(
             entry[0] += n
             entry[1] += k
     report: dict[str, Any] = {}
-    cuts: dict[str, _Cut] = {}
+    cuts: dict[str, Cut] = {}
     natural = {d: k for d, (_, k) in totals.items()}  # the mixture's tokens: after diversity sampling
     if div_config.enabled and div_config.domains:
         doc_counts = {d: n for d, (n, _) in totals.items() if n}

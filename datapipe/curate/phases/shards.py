@@ -20,7 +20,7 @@ from datapipe.core.workfiles import read_work_table
 from datapipe.curate.phases import eval_split
 from datapipe.curate.config import auto_shard_bytes, config_hash, result_affecting
 from datapipe.curate.plan import Plan, block_name
-from datapipe.curate.phases.selection import RowCopies
+from datapipe.curate.phases.cuts import RowCopies
 
 
 def _lengths(plan: Plan, name: str) -> np.ndarray:
