@@ -171,6 +171,46 @@ class EvalSplitConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SelectionConfig:
+    method: Literal["none", "classifier", "dsir", "perplexity", "random"] = note(
+        "none", help="select documents by a model of what you train for (docs/curation.md, 'Selection by a model'): "
+        "'classifier' (a linear n-gram classifier of target vs corpus), 'dsir' (importance resampling toward the "
+        "target), 'perplexity' (a band of perplexity under a bigram model of the target), 'random' (a seeded random "
+        "subset of the same size: the baseline); 'none' = off")
+    target: InputConfig | None = note(None, help="documents of what you train for (an input: path, glob or HF dataset): "
+                                      "the classifier's positives, DSIR's target, the perplexity model's text")
+    model: str | None = note(None, help="a model file an earlier run saved (its OUT/selection/model.npz), used instead of "
+                             "fitting one on `target`; its method must be this method")
+    keep_fraction: float | None = note(None, help="keep the best-scored documents holding this fraction of the tokens "
+                                       "(of each domain with per_domain, else of the whole corpus)")
+    keep_tokens: int | None = note(None, help="keep the best-scored documents up to this many tokens (per domain with per_domain)")
+    threshold: float | None = note(None, help="keep the documents scoring at least this (the classifier's logit, DSIR's "
+                                   "log weight plus Gumbel noise, the perplexity band's -|log ppl - center|)")
+    per_domain: bool = note(False, help="apply keep_fraction / keep_tokens to each domain separately")
+    target_docs: int = note(20000, help="at most this many target documents fit the model (the first ones read)")
+    sample_docs: int = note(20000, help="the corpus side of the model: a seeded sample of about this many training documents")
+    seed: int = note(0, help="seed of the corpus sample and of DSIR's and random's Gumbel noise")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    def __post_init__(self) -> None:
+        if not self.enabled:
+            return
+        rules = [self.keep_fraction is not None, self.keep_tokens is not None, self.threshold is not None]
+        check(sum(rules) == 1, "set exactly one of keep_fraction, keep_tokens and threshold")
+        if self.keep_fraction is not None:
+            check(0.0 < self.keep_fraction <= 1.0, f"keep_fraction must be in (0, 1], got {self.keep_fraction!r}")
+        if self.keep_tokens is not None:
+            check(self.keep_tokens > 0, f"keep_tokens must be > 0, got {self.keep_tokens!r}")
+        check(self.method != "random" or self.threshold is None, "method 'random' keeps a budget: set keep_fraction or keep_tokens")
+        check(self.method == "random" or (self.target is None) != (self.model is None),
+              f"method {self.method!r} needs exactly one of target (documents to fit on) and model (a saved model file)")
+        check(self.target_docs >= 2 and self.sample_docs >= 2, "target_docs and sample_docs must be >= 2")
+
+
+@dataclass(frozen=True, kw_only=True)
 class RayConfig:
     address: str | None = note(None, help="Ray cluster address ('auto', 'ray://host:port', host:port); null = $RAY_ADDRESS when set, else an embedded local Ray")
     num_cpus: int | None = note(None, help="CPUs for the embedded local Ray (null = all)")
@@ -216,6 +256,7 @@ class CurateConfig:
         "(docs/curation.md, 'Your own stages'); a drop is counted under the stage's name")
     tokenizer: TokenizerConfig = note(TokenizerConfig(), help="tokenizer (train or load) and special tokens")
     diversity: DiversityConfig = note(DiversityConfig(), help="diversity sampling per domain (on the tokenized documents)")
+    selection: SelectionConfig = note(SelectionConfig(), help="selection by a model (on the tokenized documents, before diversity sampling)")
     mixture: MixtureConfig = note(MixtureConfig(), help="domain mixture reweighting (after diversity sampling)")
     eval: EvalSplitConfig = note(EvalSplitConfig(), help="a held-out eval split (OUT/eval/), chosen before diversity sampling and the mixture")
     output: OutputConfig = note(OutputConfig(), help="where and how shards are written")

@@ -76,7 +76,8 @@ def curate(cfg: CurateConfig, *, executor: Executor | None = None, extra_stages:
             held = _eval_split(run, plan, blocks, total, (tokenizer_path, info), report, log)
             copies, selected = selection.select(run.tasks("selection", task_memory(plan, "block")), plan.work, plan.out,
                                                 _block_inputs(plan, blocks), plan.cfg.diversity, plan.cfg.mixture, total,
-                                                held.not_for_training() if held else None)
+                                                held.not_for_training() if held else None, plan.cfg.selection,
+                                                plan.segments[-1].name)
             report.update(selected)
             shards, eval_shards = _shards(run, plan, blocks, token_dtype(info.vocab_size).byte_width, copies, held)
             if sum(s.rows for s in shards) == 0:  # the selection took the last documents

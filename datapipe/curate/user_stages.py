@@ -24,7 +24,8 @@ from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
 from stages.base import GlobalStage, StageResult, split_by_reasons
 
 # Stage names the run itself counts under in the funnel: a user's stage must not share one (nor another's).
-SHIPPED_NAMES = frozenset({"read", "normalize", "exact_dedup", "langid", "filters", "minhash", "tokenize", "eval_split"})
+SHIPPED_NAMES = frozenset({"read", "normalize", "exact_dedup", "langid", "filters", "minhash", "tokenize", "eval_split",
+                           "quality_classifier", "dsir", "perplexity", "random_selection", "diversity", "mixture"})
 # Packages of datapipe itself: installed wherever the workers run, never shipped to them.
 OWN_PACKAGES = frozenset({"datapipe", "stages"})
 

@@ -310,13 +310,16 @@ def cell_compute(run_dir: str | Path, records: list[dict[str, Any]] | None = Non
 
 
 def scoring_flops(data: str) -> float | None:
-    """`manifest["scoring"]["flops"]` of a curated folder (the FLOPs of training its reference models and scoring its
-    documents, written by `datapipe score`), or None when it records none."""
+    """The selection FLOPs a curated folder records: `manifest["scoring"]["flops"]` (training its reference models and
+    scoring its documents, written by `datapipe score`) plus `manifest["model_selection"]["flops"]` (fitting and
+    scoring with a selection model during curation); None when it records neither."""
     try:
-        flops = (shards.read_manifest(data).get("scoring") or {}).get("flops")
+        manifest = shards.read_manifest(data)
     except (OSError, ValueError, KeyError):
         return None
-    return float(flops) if isinstance(flops, (int, float)) else None
+    parts = [(manifest.get(key) or {}).get("flops") for key in ("scoring", "model_selection")]
+    parts = [float(f) for f in parts if isinstance(f, (int, float))]
+    return sum(parts) if parts else None
 
 
 def _cell_state(cfg: TrainConfig) -> str:

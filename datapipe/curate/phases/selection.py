@@ -39,6 +39,8 @@ from datapipe.core.shards import atomic_write_bytes, atomic_write_table
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curate.phase import record_in
+from datapipe.curate.config import SelectionConfig
+from datapipe.curate.phases.model_selection import select_by_model
 from datapipe.curate.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, assigned, cuts
 from stages import diversity, mixture
 
@@ -199,6 +201,17 @@ def select_task(shared: tuple[str, str, RowCopies | None, dict[str, Cut], dict[s
     return {"counters": counters.to_json(), "written": written, "max_copies": int(copies.max()) if len(copies) else 0}
 
 
+def _totals(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], held_out: RowCopies | None) -> dict[str, list[int]]:
+    """Domain -> training [documents, tokens], in order of first appearance."""
+    totals: dict[str, list[int]] = {}
+    for part in run_tasks(count_task, (str(work), held_out), [(b,) for b in names], "select count"):
+        for d, (n, k) in part.items():
+            entry = totals.setdefault(d, [0, 0])
+            entry[0] += n
+            entry[1] += k
+    return totals
+
+
 def select(
     run_tasks: Callable[..., list[Any]],
     work: Location,
@@ -208,22 +221,24 @@ def select(
     mix_config: mixture.MixtureConfig,
     counters: Counters,
     held_out: RowCopies | None = None,
+    by_model: SelectionConfig | None = None,
+    segment: str = "",
 ) -> tuple[RowCopies | None, dict[str, Any]]:
     """Copies per row of every block (None when no step is enabled and nothing is held out) and a
     report for the manifest and stats. `blocks` are (block name, input index) in order. Updates
     `counters` (dropped documents leave `kept`). `held_out` (per row, > 0) marks rows that are not
     training data (the eval split and its copies): they get 0 copies here, are neither sampled nor
     counted in the mixture, and are recorded by whoever held them out."""
-    if not (div_config.enabled or mix_config.enabled or held_out):
+    by_model = by_model if by_model is not None and by_model.enabled else None
+    if not (div_config.enabled or mix_config.enabled or held_out or by_model):
         return None, {}
     names = [b for b, _ in blocks]
-    totals: dict[str, list[int]] = {}  # domain -> training [documents, tokens], in order of first appearance
-    for part in run_tasks(count_task, (str(work), held_out), [(b,) for b in names], "select count"):
-        for d, (n, k) in part.items():
-            entry = totals.setdefault(d, [0, 0])
-            entry[0] += n
-            entry[1] += k
+    totals = _totals(run_tasks, work, names, held_out)
     report: dict[str, Any] = {}
+    if by_model is not None:  # first: diversity and the mixture see only what the model keeps
+        held_out, report["model_selection"] = select_by_model(run_tasks, work, out_dir, blocks, segment, by_model, totals,
+                                                              counters, held_out)
+        totals = _totals(run_tasks, work, names, held_out)
     cuts: dict[str, Cut] = {}
     natural = {d: k for d, (_, k) in totals.items()}  # the mixture's tokens: after diversity sampling
     if div_config.enabled and div_config.domains:

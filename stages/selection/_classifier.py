@@ -1,0 +1,71 @@
+"""A quality classifier: a linear model over hashed word n-grams, trained on what you want against the corpus.
+
+The DCLM / FineWeb-Edu recipe with fastText's model class: positives are documents of what the model should
+be good at (the user's), negatives a seeded sample of the corpus being curated; features are a document's
+hashed unigrams and bigrams (`_ngrams`), log-scaled and L2-normalised; the model is an L2-regularised
+logistic regression, fit by L-BFGS to its optimum (deterministic: no shuffling, no learning-rate schedule).
+The classes are weighted to equal total weight, so the score (the logit, log p(positive) - log p(corpus))
+does not depend on how many of each were given. fastText's own wheel is not used: it calls numpy APIs
+that numpy 2 removed.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.optimize
+import scipy.sparse as sp
+
+from stages.selection._ngrams import count_matrix
+
+
+def _features(texts: list[str], buckets: int) -> sp.csr_matrix:
+    m = count_matrix(texts, buckets)
+    m.data = np.log1p(m.data)
+    norms = np.sqrt(np.asarray(m.multiply(m).sum(1)).ravel())
+    return sp.diags(1.0 / np.maximum(norms, 1e-12)) @ m
+
+
+@dataclass(frozen=True)
+class QualityClassifier:
+    weights: np.ndarray  # (buckets,)
+    bias: float
+
+    @property
+    def buckets(self) -> int:
+        return len(self.weights)
+
+    @classmethod
+    def fit(cls, positives: list[str], negatives: list[str], *, buckets: int = 1 << 18, l2: float = 1e-4,
+            iterations: int = 200) -> "QualityClassifier":
+        x = sp.vstack([_features(positives, buckets), _features(negatives, buckets)]).tocsr()
+        y = np.concatenate([np.ones(len(positives)), np.zeros(len(negatives))])
+        w = np.where(y == 1, 0.5 / max(len(positives), 1), 0.5 / max(len(negatives), 1))  # each class weighs 1/2
+
+        def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
+            z = x @ theta[:-1] + theta[-1]
+            p = 1.0 / (1.0 + np.exp(-z))
+            value = float(np.sum(w * (np.logaddexp(0.0, z) - y * z))) + 0.5 * l2 * float(theta[:-1] @ theta[:-1])
+            g = w * (p - y)
+            return value, np.concatenate([x.T @ g + l2 * theta[:-1], [g.sum()]])
+
+        theta = scipy.optimize.minimize(loss, np.zeros(buckets + 1), jac=True, method="L-BFGS-B",
+                                        options={"maxiter": iterations}).x
+        return cls(theta[:-1].astype(np.float32), float(theta[-1]))
+
+    def scores(self, texts: list[str]) -> np.ndarray:
+        """The logit of each document: > 0 looks more like the positives than like the corpus."""
+        if not texts:
+            return np.empty(0, np.float64)
+        return _features(texts, self.buckets) @ self.weights.astype(np.float64) + self.bias
+
+    def to_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        np.savez(buffer, kind="quality_classifier", weights=self.weights, bias=np.float64(self.bias))
+        return buffer.getvalue()
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "QualityClassifier":
+        return cls(arrays["weights"].astype(np.float32), float(arrays["bias"]))
