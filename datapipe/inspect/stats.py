@@ -13,7 +13,8 @@ One function gathers every figure, and the renderers only format them:
   A held-out split that the manifest names (`splits.eval`, the folder OUT/eval/) is counted the same
   way over its own shards (`splits`: docs and tokens per domain), beside the training copies removed for it.
 - `render_text(figures)`: the terminal tables. `plot(figures, out_dir, folder)`: funnel.png,
-  token_share.png and lengths.png (matplotlib, Agg canvas, no pyplot state). `render_html(figures,
+  token_share.png and lengths.png, and selection_scores.png for a run that selected by a model
+  (`model_selection`: its cost, documents scored and kept, score histograms) (matplotlib, Agg canvas, no pyplot state). `render_html(figures,
   images)`: one self-contained page, with the PNGs as base64 data URIs. Both draw the same sections
   (`_sections`), whose cells `tables.cell` writes, so the page and the terminal show the same figures.
   A run where nothing survived (`nothing_survived` in stats.json, no manifest) shows its funnel and drop reasons.
@@ -59,6 +60,7 @@ WRITTEN = "written"  # the pseudo-stage of the funnel's last row: tokenized and 
 EVAL_SPLIT = "eval split"  # the pseudo-stage before it where the eval split's documents leave the training data
 HELD_OUT = "held_out_for_eval"  # their reason in the drop-reason table
 PLOTS = ("funnel.png", "token_share.png", "lengths.png")
+SELECTION_PLOT = "selection_scores.png"  # drawn only when the run selected by a model
 
 
 class NotAnOutputFolder(ConfigError):
@@ -122,6 +124,7 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
         "quarantined": dict(stats.get("quarantined", {})),
         "near_duplicates": stats.get("global_stages", {}).get("minhash"),
         "mixture": _mixture(stats, manifest),
+        "model_selection": _model_selection(stats, manifest),
         "lengths": scan["lengths"],
         "lengths_by_lang": scan["lengths_by_lang"],
         "length_histogram": scan["histogram"],
@@ -299,6 +302,16 @@ def _mixture(stats: dict[str, Any], manifest: dict | None) -> dict[str, Any] | N
     return None
 
 
+def _model_selection(stats: dict[str, Any], manifest: dict | None) -> dict[str, Any] | None:
+    """The `model_selection` entry (method, stage, flops, cpu_seconds, groups, histogram) of stats.json,
+    else of the manifest, unchanged; None when neither has one."""
+    for doc in (stats, manifest or {}):
+        sel = doc.get("model_selection")
+        if isinstance(sel, dict):
+            return sel
+    return None
+
+
 # ---------------------------------------------------------------- text
 
 
@@ -362,7 +375,7 @@ def _summary(figures: dict[str, Any]) -> tuple[str, list[str]]:
 
 
 def _sections(figures: dict[str, Any]) -> list[_Section]:
-    """Every table of the report, in order: funnel, drop reasons, written, splits, mixture, lengths."""
+    """Every table of the report, in order: funnel, drop reasons, written, splits, selection by a model, mixture, lengths."""
     s = figures["summary"]
     rows = figures["funnel"] + figures["funnel_total"]
     copies = {r["domain"]: r.get("mixture_copies") or 0 for r in rows if r["stage"] == WRITTEN}
@@ -404,6 +417,9 @@ def _sections(figures: dict[str, Any]) -> list[_Section]:
         rows = [[d, c["docs"], c["tokens"]] for d, c in split["domains"].items()] + [[TOTAL, split["docs"], split["tokens"]]]
         sections.append(_Section(_split_title(name, split), "", ["domain", "docs", "tokens"], rows))
 
+    if figures.get("model_selection"):
+        sections += _selection_sections(figures["model_selection"])
+
     mix = figures["mixture"]
     if mix:
         rows = [[d, c.get("natural_tokens"), _pct(c.get("target_share")), c.get("realised_tokens"), _pct(c.get("realised_share")),
@@ -428,6 +444,49 @@ def _sections(figures: dict[str, Any]) -> list[_Section]:
         sections.append(_Section(title, "", ["domain", "lang", *lcols], rows, left=2))
     else:
         sections.append(_Section(title, "", ["domain", *lcols], [[r["domain"], *lrow(r)] for r in figures["lengths"]]))
+    return sections
+
+
+def _kept_score_range(edges: list[float], kept: list[int]) -> str | None:
+    """The scores of the kept documents, to the histogram's bins: from the lower edge of the lowest bin
+    holding a kept document to the upper edge of the highest one (the first and last bins are open tails)."""
+    held = [i for i, n in enumerate(kept) if n]
+    if not held:
+        return None
+    lo = edges[held[0] - 1] if held[0] > 0 else None
+    hi = edges[held[-1]] if held[-1] < len(edges) else None
+    if lo is None and hi is None:
+        return "any"
+    if lo is None:
+        return f"< {hi:.4g}"
+    if hi is None:
+        return f">= {lo:.4g}"
+    return f"{lo:.4g} .. {hi:.4g}"
+
+
+def _selection_sections(sel: dict[str, Any]) -> list[_Section]:
+    """Selection by a model: what it cost, per domain the documents scored and kept (with the kept
+    scores' range, to the histogram's bins), and per budget group its documents in and kept."""
+    flops = sel.get("flops")
+    cpu = sel.get("cpu_seconds")
+    title = (f"Selection by a model (method {sel.get('method')}, stage `{sel.get('stage')}`): "
+             f"{'-' if flops is None else f'{flops:.3g}'} FLOPs, {'-' if cpu is None else f'{cpu:,.2f}'} CPU seconds")
+    hist = sel.get("histogram") or {}
+    edges = hist.get("edges", [])
+    rows = []
+    for d, h in sorted((hist.get("domains") or {}).items()):
+        scored, kept = sum(h["all"]), sum(h["kept"])
+        rows.append([d, scored, kept, _pct(kept / scored) if scored else None, _kept_score_range(edges, h["kept"])])
+    if rows:
+        scored, kept = sum(r[1] for r in rows), sum(r[2] for r in rows)
+        rows.append([TOTAL, scored, kept, _pct(kept / scored) if scored else None, None])
+    note = "kept scores: from the lowest to the highest histogram bin holding a kept document (the outer bins are open tails)"
+    sections = [_Section(title, note, ["domain", "scored", "kept", "kept %", "kept scores"], rows)]
+    groups = sel.get("groups") or {}
+    if groups:  # a budget cut (keep_fraction / keep_tokens); a threshold has no groups
+        rows = [[g, c.get("docs_in"), c.get("docs_kept"), c.get("clusters")] for g, c in sorted(groups.items())]
+        sections.append(_Section("Selection by a model: per budget group (`*`: one budget over the corpus)", "",
+                                 ["group", "docs in", "docs kept", "clusters"], rows))
     return sections
 
 
@@ -462,7 +521,8 @@ def _colors(domains: list[str]) -> dict[str, Any]:
 
 
 def plot(figures: dict[str, Any], out_dir: str | Path, folder: str | Path) -> list[Path]:
-    """Write funnel.png, token_share.png and lengths.png into `folder`; return their paths.
+    """Write funnel.png, token_share.png and lengths.png (and selection_scores.png when the run selected
+    by a model) into `folder`; return their paths.
     `out_dir` (the run's folder) only titles the pictures."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -474,6 +534,10 @@ def plot(figures: dict[str, Any], out_dir: str | Path, folder: str | Path) -> li
         fig = draw(figures, domains, colors, name)
         path = folder / fname
         fig.savefig(path)
+        paths.append(path)
+    if figures.get("model_selection"):  # only a run that selected by a model has scores to draw
+        path = folder / SELECTION_PLOT
+        _plot_selection(figures["model_selection"], name).savefig(path)
         paths.append(path)
     return paths
 
@@ -629,6 +693,39 @@ def _plot_lengths(figures: dict[str, Any], domains: list[str], colors: dict, nam
     for ax in axes[len(shown):]:
         ax.set_visible(False)
     fig.suptitle(f"Document length per domain (dashed: median; dotted: p5 and p95): {name}", fontsize=12)
+    return fig
+
+
+def _plot_selection(sel: dict[str, Any], name: str):
+    """The score histogram per domain: every scored document, the kept ones on top."""
+    from matplotlib.ticker import MaxNLocator
+
+    hist = sel.get("histogram") or {}
+    inner = hist.get("edges") or [0.0]
+    by_domain = hist.get("domains") or {}
+    shown = sorted(by_domain) or [None]
+    # the outer bins are open tails: drawn one inner bin wide beyond the first and last edges
+    width = (inner[-1] - inner[0]) / max(len(inner) - 1, 1) or 1.0
+    edges = [inner[0] - width, *inner, inner[-1] + width]
+    colors = _colors(shown)
+    ncols = min(3, len(shown))
+    nrows = math.ceil(len(shown) / ncols)
+    fig = _figure(4.2 * ncols, 3.2 * nrows)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, d in zip(axes, shown):
+        h = by_domain.get(d)
+        if h and len(h["all"]) == len(edges) - 1:
+            ax.stairs(h["all"], edges, fill=True, color="lightgray", label="all scored")
+            ax.stairs(h["kept"], edges, fill=True, color=colors[d], alpha=0.8, label="kept")
+            ax.set_title(f"{d}: {sum(h['kept']):,} of {sum(h['all']):,} kept", fontsize=10)
+            ax.legend(fontsize=8)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("score (outer bins: the tails)")
+        ax.set_ylabel("documents")
+        ax.grid(True, alpha=0.3)
+    for ax in axes[len(shown):]:
+        ax.set_visible(False)
+    fig.suptitle(f"Selection scores per domain (method {sel.get('method')}): {name}", fontsize=12)
     return fig
 
 

@@ -1,9 +1,10 @@
 """`datapipe stats`: tables, JSON figures equal to a direct count over the shards, pictures, the
-HTML page, `--why`, and a hand-made output folder with a mixture entry and languages."""
+HTML page, `--why`, and a hand-made output folder with a mixture entry and languages, then a `model_selection` entry."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -247,3 +248,53 @@ def test_a_folder_without_manifest_counts_the_shards_on_disk(mixed_dir):
     assert fig["complete"] is False and fig["summary"]["shards"] == 2
     assert fig["mixture"]["source"] == "stats.json"  # stats.json carries the mixture too
     assert "the run did not finish" in stats.render_text(fig)
+
+
+# ---------------------------------------------------------------- a hand-made folder: selection by a model
+
+EDGES = [round(-1.8 + 0.2 * i, 1) for i in range(19)]  # inner edges -1.8 .. 1.8; the outer bins are open tails
+SELECTION = {"method": "dsir", "stage": "dsir", "flops": 1.39e7, "cpu_seconds": 1.79,
+             "groups": {"*": {"clusters": 1, "docs_in": 52, "docs_kept": 15}},
+             "histogram": {"edges": EDGES, "domains": {
+                 # web: 40 scored, 10 kept in bins 12..19 (scores >= EDGES[11] = 0.4, up to the open top tail)
+                 "web": {"all": [1, 2, 2, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 1, 1, 1, 0, 1],
+                         "kept": [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 1, 1, 1, 0, 1]},
+                 # code: 12 scored, 5 kept in bins 5..8 (scores in [EDGES[4], EDGES[8]) = [-1.0, -0.2))
+                 "code": {"all": [0, 0, 0, 1, 1, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+                          "kept": [0, 0, 0, 0, 0, 1, 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]}}}}
+
+
+def _selection_rows(text: str) -> dict[str, list[str]]:
+    """The rows of the text report's per-domain selection table, by domain."""
+    part = next(p for p in text.split("\n\n") if p.startswith("Selection by a model (method"))
+    return {line.split()[0]: line.split() for line in part.splitlines()[4:] if line.split()}
+
+
+def test_selection_by_a_model_tables_picture_page_and_json(mixed_dir, tmp_path, capsys):
+    # absent: no section, no picture
+    fig = stats.collect(mixed_dir)
+    assert fig["model_selection"] is None and "Selection by a model" not in stats.render_text(fig)
+    assert [p.name for p in stats.plot(fig, mixed_dir, tmp_path / "without")] == list(stats.PLOTS)
+
+    doc = json.loads((mixed_dir / "stats.json").read_text())
+    atomic_write_json(mixed_dir / "stats.json", {**doc, "model_selection": SELECTION})
+    fig = stats.collect(mixed_dir)
+    text = stats.render_text(fig)
+    assert "method dsir" in text and "1.39e+07 FLOPs" in text and "1.79 CPU seconds" in text
+    rows = _selection_rows(text)
+    assert rows["web"][1:4] == ["40", "10", "25.0%"] and rows["web"][4:] == [">=", "0.4"]
+    assert rows["code"][1:4] == ["12", "5", "41.7%"] and rows["code"][4:] == ["-1", "..", "-0.2"]
+    assert rows["all"][1:3] == ["52", "15"]
+    assert "per budget group" in text and re.search(r"^\*\s+52\s+15\s+1$", text, re.MULTILINE)
+
+    png, page = tmp_path / "png", tmp_path / "stats.html"
+    assert main(["stats", str(mixed_dir), "--plot", str(png), "--html", str(page)]) == 0
+    capsys.readouterr()
+    picture = png / "selection_scores.png"
+    assert picture.read_bytes()[:8] == PNG_MAGIC and picture.stat().st_size > 10_000
+    html = page.read_text()
+    assert 'alt="selection_scores"' in html and html.count("data:image/png;base64,") == len(stats.PLOTS) + 1
+    assert "Selection by a model (method dsir" in html and "&gt;= 0.4" in html
+
+    assert main(["stats", str(mixed_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model_selection"] == SELECTION  # unchanged
