@@ -14,9 +14,9 @@ from typing import Any
 
 from datapipe.core.config import ConfigError
 from datapipe.core.shards import atomic_write_json
-from datapipe.curate.config import config_hash, diff_configs, layout_conflict, result_affecting, work_layout
+from datapipe.curate.config import SelectionConfig, config_hash, diff_configs, layout_conflict, result_affecting, work_layout
 from datapipe.curate.plan import Plan
-from datapipe.curate.readers import input_fingerprints
+from datapipe.curate.readers import file_fingerprint, input_fingerprints, plan_units
 
 
 RUN_RECORD = "run.json"
@@ -33,12 +33,21 @@ def run_record(plan: Plan, tokenizer_text: str | None) -> dict[str, Any]:
         "config": result_affecting(plan.cfg),
         "config_hash": config_hash(plan.cfg),
         "units": [dataclasses.asdict(u) for u in plan.units],
-        "input_files": input_fingerprints(plan.units, list(plan.cfg.inputs)),
+        "input_files": {**input_fingerprints(plan.units, list(plan.cfg.inputs)), **_selection_files(plan.cfg.selection)},
         "work_layout": work_layout(plan.cfg),
     }
     if tokenizer_text is not None:
         record["tokenizer_sha256"] = hashlib.sha256(tokenizer_text.encode()).hexdigest()
     return json.loads(json.dumps(record))  # as it reads back from the file (tuples are lists)
+
+
+def _selection_files(cfg: SelectionConfig) -> dict[str, dict[str, Any]]:
+    """Fingerprints of what selection by a model reads besides the inputs: its target documents or its model file."""
+    if not cfg.enabled:
+        return {}
+    if cfg.target is not None:
+        return input_fingerprints(plan_units([cfg.target], "selection.target"), [cfg.target])
+    return {cfg.model: file_fingerprint(cfg.model)} if cfg.model is not None else {}
 
 
 def _unit_paths(units: list[dict[str, Any]]) -> list[str]:

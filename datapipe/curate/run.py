@@ -30,6 +30,7 @@ from datapipe.core.shards import ShardInfo, atomic_write_json, build_manifest, m
 from datapipe.core.storage import absolute, check_reachable, location, make_local_folder, reachable, remove_tree
 from datapipe.core.workfiles import DamagedWorkFile
 from datapipe.curate.phases import eval_split, selection, unique_ids
+from datapipe.curate.phases.model_selection import check_selection_files
 from datapipe.curate.config import CurateConfig, config_hash, result_affecting
 from datapipe.curate.counters import Counters
 from datapipe.curate.executors import Executor, make_executor, ray_address, ray_is_running
@@ -102,6 +103,7 @@ def _plan(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage]) -> tuple[P
     units = plan_units(list(cfg.inputs))  # a missing or unreadable input fails here, before any work
     if cfg.eval.enabled and cfg.eval.source:
         eval_split.read_source(cfg.eval.source)  # so does a missing or empty eval.source
+    check_selection_files(cfg.selection)  # and selection's target documents or model file
     cfg = resolve_block_bytes(cfg, units)
     tokenizer_text = None
     if cfg.tokenizer.path is not None:

@@ -9,7 +9,7 @@
 3. cut      `keep_fraction` / `keep_tokens`: the exact cut to the token budget; `threshold`: none needed;
 4. apply    one task per block: which rows stay (work/model_select/excluded/<block>.arrow, 1 = not for training
             any more, with the rows held out before), the dropped documents' records (stage = the method's
-            name, e.g. `dsir`), the scores (OUT/selection/scores/<block>.parquet: id, domain, score, kept) and a
+            name, e.g. `dsir`), the scores (OUT/selection/scores/<block>.parquet: id, domain, num_tokens, score, kept) and a
             histogram of the scores per domain, all and kept.
 Diversity sampling and the mixture then see only the rows kept here.
 """
@@ -72,7 +72,7 @@ def sample_task(shared: tuple[str, str, RowCopies | None, float, int], block: st
 def read_target(cfg: SelectionConfig) -> list[str]:
     """The first `target_docs` documents of `selection.target`, or a ConfigError naming it."""
     texts: list[str] = []
-    for unit_index, unit in enumerate(plan_units([cfg.target])):
+    for unit_index, unit in enumerate(plan_units([cfg.target], "selection.target")):
         for batch, _ in read_unit(unit, unit_index, cfg.target, ReadConfig()):
             texts += batch.column("text").to_pylist()[: cfg.target_docs - len(texts)]
             if len(texts) >= cfg.target_docs:
@@ -80,6 +80,18 @@ def read_target(cfg: SelectionConfig) -> list[str]:
     if not texts:
         raise ConfigError(f"selection.target: {cfg.target.path!r} holds no document; give documents of what you train for")
     return texts
+
+
+def check_selection_files(cfg: SelectionConfig) -> None:
+    """Before any work: the target documents can be planned (InputError naming `selection.target`) and the model file
+    exists (ConfigError naming `selection.model`)."""
+    if not cfg.enabled:
+        return
+    if cfg.target is not None:
+        plan_units([cfg.target], "selection.target")
+    if cfg.model is not None and not location(cfg.model).exists():
+        raise ConfigError(f"selection.model: {cfg.model!r} does not exist; give the model.npz an earlier run saved in "
+                          "its OUT/selection/, or set selection.target to fit one")
 
 
 def fit_model(run_tasks: Callable[..., list[Any]], work: Location, out_dir: Location, names: list[str], segment: str,
@@ -159,7 +171,8 @@ def apply_task(shared: tuple[str, str, RowCopies | None, str, dict[str, Cut] | N
     sub = tokens.take(pa.array(row, pa.int64()))
     kept_flags = pa.array(keep)
     atomic_write_table(out_dir / "selection" / "scores" / f"{block}.parquet", pa.table(
-        {"id": sub.column("id"), "domain": sub.column("domain"), "score": part.column("score"), "kept": kept_flags}), format="parquet")
+        {"id": sub.column("id"), "domain": sub.column("domain"), "num_tokens": sub.column("num_tokens"), "score": part.column("score"),
+         "kept": kept_flags}), format="parquet")
     counters = _drops(out_dir, block, input_index, sub.filter(pc.invert(kept_flags)), STAGE_NAMES[method],
                       "below_threshold" if threshold is not None else "below_cut")
     domains = np.array(sub.column("domain").to_pylist(), dtype=object)

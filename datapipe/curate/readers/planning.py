@@ -36,14 +36,15 @@ _MAGIC = re.compile(r"[*?\[]")
 _HEAD = 1 << 16  # bytes of a JSONL file read at plan time to tell a JSON array
 
 
-def plan_units(inputs: list[InputConfig]) -> list[InputUnit]:
+def plan_units(inputs: list[InputConfig], name: str = "input") -> list[InputUnit]:
     """Expand paths/globs/URLs (via fsspec, sorted, deterministic) into units, in input order.
 
-    Raises InputError before any work, naming the input (`inputs[i].path`) and what is wrong.
+    Raises InputError before any work, naming the input (`input i ('path')`, or `name` for another kind of input
+    such as selection's target documents) and what is wrong.
     """
     units: list[InputUnit] = []
     for i, inp in enumerate(inputs):
-        where = f"input {i} ({inp.path!r})"
+        where = f"input {i} ({inp.path!r})" if name == "input" else f"{name} ({inp.path!r})"
         try:
             units.extend(_plan_input(i, inp, where))
         except InputError:

@@ -1,0 +1,134 @@
+"""Selection by a model in a curation run: the exact cut to a token budget, the scores it publishes, resume, identity."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import ASSETS, small_config
+from datapipe.core.config import ConfigError
+from datapipe.core.shards import open_shard, read_manifest
+from datapipe.curate.executors import LocalExecutor
+from datapipe.curate.identity import RunConflict
+from datapipe.curate.run import curate
+from stages.selection import SelectionModel
+
+SLICE = {"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}
+BUDGET = 6000  # tokens: about a third of the slice's training tokens under the test tokenizer
+
+
+def _config(out: Path, target: Path | None = ASSETS / "target_code.jsonl", **selection):
+    selection = {"method": "dsir", "keep_tokens": BUDGET, **selection}
+    if target is not None and "model" not in selection:
+        selection["target"] = {"path": str(target)}
+    return small_config(out, [SLICE], normalize={"enabled": False}, selection=selection,
+                        eval={"enabled": True, "fraction": 0.1})
+
+
+def _run(cfg, executor=None):
+    return curate(cfg, executor=executor or LocalExecutor(), progress=False, log=lambda *_: None)
+
+
+def _scores(out: Path) -> pa.Table:
+    return pa.concat_tables([pq.read_table(f) for f in sorted((out / "selection" / "scores").glob("*.parquet"))])
+
+
+def _trained_ids(out: Path) -> list[str]:
+    manifest = read_manifest(out)
+    return [i for s in manifest["shards"] for i in open_shard(out, s["path"]).column("id").to_pylist()]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("selected") / "out"
+    _run(_config(out))
+    return out
+
+
+def test_the_budget_keeps_the_best_scored_documents_and_no_more(finished: Path) -> None:
+    scores = _scores(finished).to_pandas().sort_values("score", ascending=False)
+    cumulative = scores["num_tokens"].cumsum().to_numpy()
+    kept = scores["kept"].to_numpy()
+    n = int(kept.sum())
+    assert kept[:n].all() and not kept[n:].any()  # a prefix by score
+    assert cumulative[n - 1] <= BUDGET < cumulative[n]  # the next document would overflow the budget
+    assert sorted(_trained_ids(finished)) == sorted(scores["id"][kept])  # the shards hold exactly the kept ones
+
+
+def test_the_published_scores_are_the_saved_model_s_scores_of_the_documents(finished: Path) -> None:
+    model = SelectionModel.from_bytes((finished / "selection" / "model.npz").read_bytes())
+    texts = {d["id"]: d["text"] for d in map(json.loads, (ASSETS / "corpus_slice.jsonl").read_text().splitlines())}
+    scores = _scores(finished)
+    ids = scores.column("id").to_pylist()
+    assert np.allclose(model.scores([texts[i] for i in ids], ids), scores.column("score").to_numpy())
+
+
+def test_eval_documents_are_never_scored_and_drops_are_counted_under_the_method(finished: Path) -> None:
+    eval_ids = set(_trained_ids(finished / "eval"))
+    assert eval_ids and not eval_ids & set(_scores(finished).column("id").to_pylist())
+    stats = json.loads((finished / "stats.json").read_text())
+    dropped = sum(n for _, stage, _, reason, n in stats["counters"]["dropped"] if stage == "dsir" and reason == "dsir:below_cut")
+    assert dropped == int((~_scores(finished).column("kept").to_numpy()).sum())
+    report = stats["model_selection"]
+    assert report["flops"] > 0
+    for domain, h in report["histogram"]["domains"].items():
+        mine = _scores(finished).filter(pa.compute.equal(_scores(finished).column("domain"), domain))
+        assert sum(h["all"]) == mine.num_rows and sum(h["kept"]) == int(mine.column("kept").to_numpy().sum())
+
+
+def test_other_blocks_and_a_saved_model_make_the_same_choice(finished: Path, tmp_path: Path) -> None:
+    """The cut is exact whatever the blocks (one block here against many there), and a model saved by one run
+    (`selection.model`) scores as it did there."""
+    cfg = _config(tmp_path / "out", target=None, model=str(finished / "selection" / "model.npz"))
+    cfg = small_config(tmp_path / "out", [SLICE], normalize={"enabled": False}, read={"block_bytes": 1 << 20},
+                       selection=json.loads(json.dumps(cfg.selection.__dict__, default=lambda o: o.__dict__)),
+                       eval={"enabled": True, "fraction": 0.1})
+    _run(cfg)
+    assert sorted(_trained_ids(tmp_path / "out")) == sorted(_trained_ids(finished))
+
+
+class _StopInSelection(LocalExecutor):
+    """Runs one task of the selection's apply step, then stops the run (a kill there)."""
+
+    def run_tasks(self, fn, shared, items, desc, *, memory=None):
+        if desc.endswith("selection apply") and len(items) > 1:
+            fn(shared, *items[0])
+            raise KeyboardInterrupt
+        return super().run_tasks(fn, shared, items, desc, memory=memory)
+
+
+def test_a_run_killed_in_selection_resumes_to_the_same_shards(finished: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        _run(_config(out), executor=_StopInSelection())
+    _run(_config(out))
+    assert [s["sha256"] for s in read_manifest(out)["shards"]] == [s["sha256"] for s in read_manifest(finished)["shards"]]
+
+
+def test_per_domain_fraction_and_threshold(tmp_path: Path) -> None:
+    _run(_config(tmp_path / "a", method="classifier", keep_tokens=None, keep_fraction=0.5, per_domain=True))
+    scores = _scores(tmp_path / "a").to_pandas()
+    for _, rows in scores.groupby("domain"):
+        assert rows["num_tokens"][rows["kept"]].sum() <= 0.5 * rows["num_tokens"].sum()
+    threshold = float(np.median(scores["score"]))
+    _run(_config(tmp_path / "b", method="classifier", keep_tokens=None, threshold=threshold))
+    again = _scores(tmp_path / "b").to_pandas()
+    assert (again["kept"] == (again["score"] >= threshold)).all() and again["kept"].any() and not again["kept"].all()
+
+
+def test_an_edited_target_refuses_the_folder_and_a_missing_one_is_named(finished: Path, tmp_path: Path) -> None:
+    target = tmp_path / "target.jsonl"
+    shutil.copy(ASSETS / "target_code.jsonl", target)
+    out = tmp_path / "out"
+    _run(_config(out, target=target))
+    target.write_text(target.read_text() + json.dumps({"id": "new", "text": "def f(): pass"}) + "\n")
+    with pytest.raises(RunConflict, match="target.jsonl"):
+        _run(_config(out, target=target))
+    with pytest.raises(ConfigError, match=r"selection.target \('.*nope.jsonl'\)"):
+        _run(_config(tmp_path / "other", target=tmp_path / "nope.jsonl"))
