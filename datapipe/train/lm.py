@@ -17,7 +17,8 @@ the shard files, and trains on the first. (Local sources only; use `eval_source`
 Evaluation (`evaluate`). Every eval document is read once per evaluation (epochs=1, no shuffle, no
 cycling), packed as training packs; every label token is scored once. The overall `eval_loss` is the
 token-weighted mean over the split (sum of token losses / label tokens, i.e. the per-domain losses weighted
-by their tokens: the distribution the data was curated to) or, with `data.eval_target` {domain: weight},
+by their tokens in the eval split, whose per-domain cap (`eval.max_tokens_per_domain`) can weigh a small domain
+far more than the training data does) or, with `data.eval_target` {domain: weight},
 that mixture of the per-domain losses; the record says which (`eval_weighting`) and always carries
 `eval_loss_tokens`, `eval_loss_domain_mean` (plain mean over domains) and `eval_domains` (loss, ppl, label
 tokens). `data.eval_batches` > 0 caps the batches (the domains come interleaved at their token shares in one
