@@ -5,8 +5,10 @@
 Per arm: the final eval loss under the runs' weighting (token-weighted over the eval split, or data.eval_target's
 mixture), the plain mean of the domains, and the token-weighted loss on each extra eval set, mean ± std over seeds;
 compute per cell (FLOPs, and with the scoring pass); then per target (the baseline's mean eval loss at 50/75/100% of
-its budget) the ratio to the baseline of the tokens and of the FLOPs (with the scoring pass) to reach it: point [95%
-bootstrap interval], how the point reads (estimate, or a bound when seeds never reach it) and the seeds that reach it.
+its budget) the ratio to the baseline of the tokens and of the FLOPs (with the scoring pass) to reach it: point (the
+geometric mean of the per-seed ratios) [95% t-interval], how the point reads (estimate, or a bound when seeds never
+reach it) and the seeds that reach it; and the tokens read to reach it (every row the loader delivered: RHO-LOSS
+reads candidate rows it does not train on), mean over the seeds that reach it (how many of how many).
 
     python -m scripts.experiment_table runs/prioritization/experiment/results.json \
         --config runs/prioritization/experiment.yaml --weights man=0.640,code=0.355,license=0.005
@@ -39,6 +41,13 @@ def _ratio(r: dict[str, Any] | None) -> str:
     interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
     reached = r["reached"]
     return f"{reads.strip()}{r['point']:.2f}{interval} ({reached['arm']}/{reached['of']})".strip()
+
+
+def _read(entry: dict[str, Any] | None) -> str:
+    spread = (entry or {}).get("spread") or {}
+    if spread.get("mean") is None:
+        return "—"
+    return f"{spread['mean']:.3g} ({spread['n']}/{spread['of']})"
 
 
 def reweighted(results: dict[str, Any], config: str, weights: dict[str, float]) -> dict[str, Any]:
@@ -99,11 +108,13 @@ def tables(results: dict[str, Any]) -> str:
     order = {"baseline_50pct": 0, "baseline_75pct": 1, "baseline_100pct": 2}
     for tname, t in sorted(results.get("targets", {}).items(), key=lambda kv: order.get(kv[0], 3)):
         lines += [f"target `{tname}`: eval loss {t['loss']:.4f} ({t['from'].split(' (')[0]})", "",
-                  "| arm | tokens to target, vs baseline | FLOPs to target, vs baseline | FLOPs with scoring, vs baseline |",
-                  "|---|---|---|---|"]
+                  ("| arm | tokens to target, vs baseline | FLOPs to target, vs baseline | FLOPs with scoring, vs baseline "
+                   "| tokens read to target |"),
+                  "|---|---|---|---|---|"]
         for name, a in arms.items():
             r = a["targets"][tname]["ratio_to_baseline"]
-            lines.append(f"| {name} | {_ratio(r.get('tokens'))} | {_ratio(r.get('flops'))} | {_ratio(r.get('flops_with_scoring'))} |")
+            lines.append(f"| {name} | {_ratio(r.get('tokens'))} | {_ratio(r.get('flops'))} | {_ratio(r.get('flops_with_scoring'))} "
+                         f"| {_read(a['targets'][tname].get('tokens_read'))} |")
         lines.append("")
     return "\n".join(lines)
 

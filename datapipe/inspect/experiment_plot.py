@@ -2,8 +2,8 @@
 (eval-loss curves, mean ± std over seeds per arm, over tokens trained; per arm, a bar of the seeds' tokens-to-target
 and a marker where the arm's mean curve reaches the target, the legend saying which is which). Results that carry
 FLOPs add a second row: the same curves over training FLOPs, and per target the compute-to-target ratio to the
-baseline with its 95% bootstrap interval (with the scoring pass's FLOPs where an arm uses it). Older results.json
-files (tokens only) draw the first row alone."""
+baseline with its 95% interval (`ci95`: a t-interval; a bootstrap one in results written before), with the
+scoring pass's FLOPs where an arm uses it. Older results.json files (tokens only) draw the first row alone."""
 
 from __future__ import annotations
 
@@ -121,6 +121,6 @@ def _draw_compute(results: dict[str, Any], curves: Any, ratios: Any) -> None:
                             label=f"{target} (loss {results['targets'][target]['loss']:.3f})")
     ratios.axhline(1.0, color="grey", linestyle="--")
     ratios.set_xticks(range(len(names)), names)
-    ratios.set(title="FLOPs to each target / the baseline's, 95% bootstrap interval\n(scoring pass included; "
-                     "unreached seeds at their budget)", ylabel="ratio of mean FLOPs")
+    ratios.set(title="FLOPs to each target / the baseline's, 95% t-interval\n(scoring pass included; "
+                     "unreached seeds at their budget)", ylabel="FLOPs ratio (geometric mean over seeds)")
     ratios.legend(fontsize=8)

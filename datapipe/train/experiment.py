@@ -31,11 +31,20 @@ What is measured (datapipe/train/lm.py):
   and seed: the tokens and the FLOPs at which the curve first reaches it (linear interpolation between evaluations;
   null when never reached).
 - **Ratios** to the baseline, per target, for tokens, FLOPs and FLOPs with scoring: per seed, paired with the
-  baseline's cell of the same seed; over seeds, the ratio of the means and a 95% bootstrap interval (10,000
-  resamples of the seeds with replacement, paired, numpy seed 0; null with fewer than 2 seeds). A seed that never
-  reaches the target is *censored at its budget* (its final tokens or FLOPs stand in for the crossing, which is
-  larger): the ratio is then a bound, and `point_is` says which (`lower_bound` when only the arm has censored seeds,
-  `upper_bound` when only the baseline has, `censored_both`), beside how many seeds of each reached it.
+  baseline's cell of the same seed; over seeds, `point` is the geometric mean of the paired ratios (the exponential
+  of their mean log) and `ci95` its 95% t-interval (mean log ratio ± t_{0.975, n-1} x sd / sqrt(n), exponentiated;
+  null with fewer than 2 seeds): with the few seeds an experiment runs (2 to 5) a percentile bootstrap covers well
+  short of 95% (about 85% with 5 seeds, about half with 2) and is narrower than the t-interval, so the t-interval is
+  the one reported. The point used to be the ratio of the means; it is the geometric mean of the paired ratios now so
+  that the point and the interval measure the same thing. The ratio of the means is kept as `ratio_of_means`, with
+  its 95% paired percentile bootstrap as `bootstrap_ci95` (10,000 resamples of the seeds with replacement, numpy seed
+  0; null with fewer than 2 seeds). A seed that never reaches the target is *censored at its budget* (its final tokens
+  or FLOPs stand in for the crossing, which is larger) in the point and in both intervals: the ratio is then a bound,
+  and `point_is` says which (`lower_bound` when only the arm has censored seeds, `upper_bound` when only the baseline
+  has, `censored_both`), beside how many seeds of each reached it.
+- **Tokens read**: per target (`tokens_read`), each seed's tokens read to its crossing (its tokens to the target x
+  the cell's tokens read / tokens trained: RHO-LOSS reads several candidate rows per row it trains on) and their
+  mean over the seeds that reach it; per arm, the same for the single target (`tokens_read_to_target`).
 
 Each cell (arm, seed) is one training run in OUTPUT/cells/ARM/seed-N. Rerunning the command reads back a finished
 cell (its checkpoint reached budget.steps); a cell killed after a checkpoint continues from it with `--resume`
@@ -45,10 +54,11 @@ Progress is one line per cell when it is done (its final eval loss, tokens train
 OUTPUT/results.json (written atomically) holds every cell's eval-loss curve over tokens trained and FLOPs, its final
 eval loss, compute and crossings; per arm the mean ± std over seeds, the `targets` with their ratios and intervals,
 and the older single-target fields (`target`: the configured one, else the baseline's mean final loss;
-`tokens_to_target`, `ratio_to_baseline` with `of_means` over the seeds that reach it and `of_mean_curve`, the tokens
-at which the arm's mean curve reaches it against the baseline's). `final_by_eval_set` holds the final losses, overall
-(both weightings) and per domain, on the eval set and on each of `extra_evals` (e.g. the clean part of the split:
-the held-out documents every filter keeps), whose evaluations of a cell's final model are cached in the cell.
+`tokens_to_target`, `tokens_read_to_target`, `ratio_to_baseline` with `of_means` over the seeds that reach it and
+`of_mean_curve`, the tokens at which the arm's mean curve reaches it against the baseline's). `final_by_eval_set`
+holds the final losses, overall (both weightings) and per domain, on the eval set and on each of `extra_evals` (e.g.
+the clean part of the split: the held-out documents every filter keeps), whose evaluations of a cell's final model
+are cached in the cell.
 """
 
 from __future__ import annotations
@@ -389,12 +399,17 @@ NOTES = {
     "scoring": "flops_with_scoring adds, to every cell of an arm that uses reference-model losses, the FLOPs of its "
                "data's scoring pass (training the reference models and scoring the pool): a one-off cost that runs on "
                "the same scored data can share (amortise); flops leaves it out",
-    "ratios": "per target and measure: per seed, arm / baseline cell of the same seed; point = mean over seeds of the "
-              "arm / mean of the baseline; ci95 = 2.5 and 97.5 percentiles of that ratio over 10,000 paired resamples "
-              "of the seeds with replacement (numpy seed 0; null with fewer than 2 seeds). A seed that never reaches "
-              "the target is censored at its budget (its final tokens or FLOPs stand in for its crossing, which is "
-              "larger): point_is says whether the point is an estimate or a lower/upper bound; reached counts the seeds "
-              "that reach it",
+    "ratios": "per target and measure: per seed, arm / baseline cell of the same seed; point = geometric mean of "
+              "those paired ratios over seeds; ci95 = its 95% t-interval (mean log ratio +- t(0.975, n - 1) x sd / "
+              "sqrt(n), exponentiated; null with fewer than 2 seeds: with few seeds a percentile bootstrap covers well "
+              "short of 95%). ratio_of_means = mean over seeds of the arm / mean of the baseline (the point before), "
+              "bootstrap_ci95 = 2.5 and 97.5 percentiles of it over 10,000 paired resamples of the seeds with "
+              "replacement (numpy seed 0). A seed that never reaches the target is censored at its budget (its final "
+              "tokens or FLOPs stand in for its crossing, which is larger): point_is says whether the point is an "
+              "estimate or a lower/upper bound; reached counts the seeds that reach it",
+    "tokens_read": "tokens the loader delivered to the crossing: tokens to the target x the cell's tokens_read / "
+                   "tokens_trained (RHO-LOSS reads candidate rows it does not train on); mean over the seeds that "
+                   "reach it",
 }
 
 
@@ -411,16 +426,35 @@ def bootstrap_ratio(arm: list[float], base: list[float], *, resamples: int = BOO
     return [float(lo), float(hi)]
 
 
+def t_interval_ratio(arm: list[float], base: list[float]) -> tuple[float, float | None, float | None] | None:
+    """The geometric mean of the paired ratios arm[i] / base[i] and its two-sided 95% t-interval: per seed the log
+    ratio; exp(mean), exp(mean -+ t_{0.975, n-1} x sd / sqrt(n)) with the sample sd (n - 1). Lower and upper are None
+    below 2 seeds; None without seeds or with a value <= 0. Censoring is the caller's: `paired_ratio` passes a censored
+    seed's budget as its value, so the result is then a bound (`point_is`)."""
+    n = len(arm)
+    if n == 0 or len(base) != n or any(v <= 0 for v in (*arm, *base)):
+        return None
+    logs = [math.log(a / b) for a, b in zip(arm, base)]
+    mean = statistics.fmean(logs)
+    if n < 2:
+        return math.exp(mean), None, None
+    import scipy.stats  # a dependency of datasketch's; only needed here
+
+    half = float(scipy.stats.t.ppf(0.975, n - 1)) * statistics.stdev(logs) / math.sqrt(n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 def paired_ratio(arm: dict[int, float | None], arm_budget: dict[int, float | None], base: dict[int, float | None],
                  base_budget: dict[int, float | None], seeds: list[int], *, same: bool = False) -> dict[str, Any] | None:
     """Arm against baseline for one target and measure. `arm`/`base`: each seed's crossing (None: never reached),
     `*_budget`: each seed's final value, which stands in for a crossing never reached (censored at the budget).
-    None when a value is unknown (a run logged before FLOPs were)."""
+    `point` and `ci95`: `t_interval_ratio`; `ratio_of_means` and `bootstrap_ci95`: `bootstrap_ratio`.
+    None when a value is unknown (a run logged before FLOPs were) or not positive."""
     a, b, per_seed = [], [], {}
     for seed in seeds:
         av = arm[seed] if arm[seed] is not None else arm_budget[seed]
         bv = base[seed] if base[seed] is not None else base_budget[seed]
-        if av is None or bv is None or bv <= 0:
+        if av is None or bv is None or bv <= 0 or av <= 0:
             return None
         a.append(av)
         b.append(bv)
@@ -430,7 +464,10 @@ def paired_ratio(arm: dict[int, float | None], arm_budget: dict[int, float | Non
     base_cens = any(base[s] is None for s in seeds)
     point_is = ("baseline" if same else "censored_both" if arm_cens and base_cens else
                 "lower_bound" if arm_cens else "upper_bound" if base_cens else "estimate")
-    return {"point": statistics.fmean(a) / statistics.fmean(b), "ci95": bootstrap_ratio(a, b), "point_is": point_is,
+    point, low, high = t_interval_ratio(a, b)
+    return {"point": point, "ci95": [low, high] if low is not None else None,
+            "ratio_of_means": statistics.fmean(a) / statistics.fmean(b), "bootstrap_ci95": bootstrap_ratio(a, b),
+            "point_is": point_is,
             "reached": {"arm": sum(arm[s] is not None for s in seeds), "baseline": sum(base[s] is not None for s in seeds),
                         "of": len(seeds)},
             "per_seed": per_seed, "paired": _spread([r["ratio"] for r in per_seed.values()])}
@@ -487,8 +524,10 @@ def summarize(exp: ExperimentConfig, curves: dict[str, dict[int, list[tuple]]],
             "targets": targets, "seeds": seeds, "budget": to_dict(exp.budget) | {"eval_every": exp.budget.eval_interval},
             "eval_source": base_cfg.data.eval_source if base_cfg else exp.eval_source,
             "eval_weighting": "target" if eval_target is not None else "tokens", "eval_target": eval_target,
+            "interval": {"method": "t-interval of the mean per-seed log ratio (df = seeds - 1), exponentiated",
+                         "level": 0.95, "min_seeds": 2, "not_reached": "censored at the seed's budget"},
             "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "level": 0.95,
-                          "min_seeds": 2, "not_reached": "censored at the seed's budget"},
+                          "of": "ratio_of_means", "min_seeds": 2, "not_reached": "censored at the seed's budget"},
             "notes": NOTES, "arms": arms}
 
 
@@ -530,6 +569,7 @@ def _arm_summary(exp: ExperimentConfig, arm: str, by_seed: dict[int, list[tuple[
     paired = [reach[arm][s] / base_reach[s] if reach[arm][s] is not None and base_reach[s] else None for s in seeds]
     arm_tt, base_tt = _spread(list(reach[arm].values())), _spread(list(base_reach.values()))
     cell_compute_of = _compute_with_scoring(by_seed, compute, scoring)
+    read = {s: _read_per_trained(cell_compute_of[s]) for s in seeds}
     return {
         "overrides": list(exp.arms[arm].set),
         "data": cells[arm][seeds[0]].data.source if cells else exp.arms[arm].data,
@@ -545,12 +585,23 @@ def _arm_summary(exp: ExperimentConfig, arm: str, by_seed: dict[int, list[tuple[
         "final_eval_loss": _spread(list(finals.values())),
         "final_by_eval_set": _by_eval_set(finals_by_set[arm]) if finals_by_set else {},
         "compute": {k: _spread([cell_compute_of[s].get(k) for s in seeds]) for k in (*COMPUTE_KEYS, "flops_with_scoring")},
-        "targets": _per_target(exp, arm, seeds, targets, crossings),
+        "targets": _per_target(exp, arm, seeds, targets, crossings, read),
         "tokens_to_target": arm_tt,
+        "tokens_read_to_target": _spread([_times(reach[arm][s], read[s]) for s in seeds]),
         "ratio_to_baseline": {
             "of_means": arm_tt["mean"] / base_tt["mean"] if arm_tt["mean"] is not None and base_tt["mean"] else None,
             "per_seed": _spread(paired)},
     }
+
+
+def _read_per_trained(cell: dict[str, Any]) -> float | None:
+    """A cell's tokens read / tokens trained (None when either is unknown or nothing was trained)."""
+    read, trained = cell.get("tokens_read"), cell.get("tokens_trained")
+    return read / trained if read is not None and trained else None
+
+
+def _times(x: float | None, factor: float | None) -> float | None:
+    return x * factor if x is not None and factor is not None else None
 
 
 def _compute_with_scoring(by_seed: dict[int, list[tuple[float, float, float | None]]],
@@ -567,8 +618,10 @@ def _compute_with_scoring(by_seed: dict[int, list[tuple[float, float, float | No
 
 
 def _per_target(exp: ExperimentConfig, arm: str, seeds: list[int], targets: dict[str, dict[str, Any]],
-                crossings: dict[str, dict[str, dict[int, dict[str, Any]]]]) -> dict[str, dict[str, Any]]:
-    """Per target and measure: each seed's crossing and their spread, and the ratio to the baseline's (`paired_ratio`)."""
+                crossings: dict[str, dict[str, dict[int, dict[str, Any]]]],
+                read: dict[int, float | None]) -> dict[str, dict[str, Any]]:
+    """Per target and measure: each seed's crossing and their spread, and the ratio to the baseline's (`paired_ratio`);
+    the tokens read to each seed's crossing (`read`: seed -> the cell's tokens read / tokens trained)."""
     per_target = {}
     for name, t in targets.items():
         cross = crossings[name]
@@ -576,6 +629,9 @@ def _per_target(exp: ExperimentConfig, arm: str, seeds: list[int], targets: dict
         for m in MEASURES:
             values = {s: cross[arm][s]["at"][m] for s in seeds}
             entry[m] = {"per_seed": {str(s): v for s, v in values.items()}, "spread": _spread(list(values.values()))}
+        reads = {s: _times(cross[arm][s]["at"]["tokens"], read[s]) for s in seeds}
+        entry["tokens_read"] = {"per_seed": {str(s): v for s, v in reads.items()},
+                                "spread": _spread(list(reads.values()))}
         entry["ratio_to_baseline"] = {
             m: paired_ratio({s: cross[arm][s]["at"][m] for s in seeds}, {s: cross[arm][s]["budget"][m] for s in seeds},
                             {s: cross[exp.baseline][s]["at"][m] for s in seeds},

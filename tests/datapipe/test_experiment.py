@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import yaml
 from datapipe.cli import main
 from datapipe.core.config import ConfigError, to_dict
 from datapipe.train.experiment import (ArmConfig, BudgetConfig, ExperimentConfig, load_experiment_config,
-                                       resolve_cells, summarize, tokens_to_target)
+                                       paired_ratio, resolve_cells, summarize, t_interval_ratio, tokens_to_target)
 from helpers import VOCAB, write_train_source
 
 TINY = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.max_seq_len=64", "train.ckpt_every=3",
@@ -188,7 +189,7 @@ def test_tokens_to_target_interpolates_between_evaluations():
 N = 1000  # FLOPs per token in the hand-built curves: 6N a token trained
 
 
-def _hand_built(scoring: float | None = 0.0, seeds=(0, 1, 2)) -> dict:
+def _hand_built(scoring: float | None = 0.0, seeds=(0, 1, 2), compute: dict | None = None) -> dict:
     """Three seeds; baseline seed 2 never reaches the baseline's mean final loss (5/3), the other arm reaches it on
     every seed. Curves are (tokens, eval loss, FLOPs = 6N tokens)."""
     base = {0: [(100, 3.0), (200, 2.0), (300, 1.0)], 1: [(100, 3.5), (200, 2.5), (300, 1.5)],
@@ -198,7 +199,7 @@ def _hand_built(scoring: float | None = 0.0, seeds=(0, 1, 2)) -> dict:
     curves = {arm: {s: [(t, v, 6 * N * t) for t, v in c[s]] for s in seeds} for arm, c in (("base", base), ("new", new))}
     exp = ExperimentConfig(arms={"base": ArmConfig(), "new": ArmConfig()}, baseline="base", seeds=list(seeds),
                            budget=BudgetConfig(steps=30, eval_every=10))
-    return summarize(exp, curves, scoring={"new": scoring})
+    return summarize(exp, curves, compute=compute, scoring={"new": scoring})
 
 
 def test_summarize_on_hand_built_curves_where_a_baseline_seed_never_reaches_the_target():
@@ -222,15 +223,22 @@ def test_summarize_on_hand_built_curves_where_a_baseline_seed_never_reaches_the_
                                                                            (800 / 3) / 300])
     assert [ratio["per_seed"][s]["baseline_censored"] for s in "012"] == [False, False, True]
     assert ratio["reached"] == {"arm": 3, "baseline": 2, "of": 3}
-    # ratio of the means over all seeds, the censored one at its budget: an upper bound (the baseline's true mean is larger)
-    assert ratio["point"] == pytest.approx((6250 / 27) / (2450 / 9)) and ratio["point_is"] == "upper_bound"
+    # the geometric mean of the per-seed ratios (11/14, 44/51, 8/9), the censored one at its budget: an upper bound
+    # (the baseline's true crossing is later); the ratio of the means over all seeds beside it, a bound the same way
+    assert ratio["point"] == pytest.approx((11 / 14 * 44 / 51 * 8 / 9) ** (1 / 3)) and ratio["point_is"] == "upper_bound"
+    assert ratio["ratio_of_means"] == pytest.approx((6250 / 27) / (2450 / 9))
     lo, hi = ratio["ci95"]
     assert lo < ratio["point"] < hi and lo > 0.7 and hi < 1.0
-    assert _hand_built(scoring=6 * N * 100)["arms"]["new"]["targets"]["baseline_100pct"]["ratio_to_baseline"]["tokens"]["ci95"] == [lo, hi]
+    lo, hi = ratio["bootstrap_ci95"]
+    assert lo < ratio["ratio_of_means"] < hi and lo > 0.7 and hi < 1.0
+    again = _hand_built(scoring=6 * N * 100)["arms"]["new"]["targets"]["baseline_100pct"]["ratio_to_baseline"]["tokens"]
+    assert again["ci95"] == ratio["ci95"] and again["bootstrap_ci95"] == [lo, hi]
     # compute: without the scoring pass, FLOPs are 6N tokens here, so the ratio is the tokens'; with it, each cell pays
-    # 100 tokens' worth more: (6250/27 + 100) / (2450/9)
+    # 100 tokens' worth more: per seed (550/3 + 100) / (700/3) = 17/14, (2200/9 + 100) / (850/3) = 62/51 and
+    # (800/3 + 100) / 300 = 11/9; of the means (6250/27 + 100) / (2450/9)
     assert mine["ratio_to_baseline"]["flops"]["point"] == pytest.approx(ratio["point"])
-    assert mine["ratio_to_baseline"]["flops_with_scoring"]["point"] == pytest.approx(8950 / 7350)
+    assert mine["ratio_to_baseline"]["flops_with_scoring"]["point"] == pytest.approx((17 / 14 * 62 / 51 * 11 / 9) ** (1 / 3))
+    assert mine["ratio_to_baseline"]["flops_with_scoring"]["ratio_of_means"] == pytest.approx(8950 / 7350)
     assert new["uses_scoring"] and new["scoring_flops"] == 6 * N * 100 and not base["uses_scoring"]
     assert new["seeds"]["0"]["compute"]["flops_with_scoring"] == 6 * N * 300 + 6 * N * 100
     # the baseline against itself: 1, said to be the baseline
@@ -251,6 +259,100 @@ def test_summarize_without_scoring_flops_or_with_one_seed_leaves_the_unknown_nul
     one = _hand_built(seeds=(0,))["arms"]["new"]["targets"]["baseline_100pct"]["ratio_to_baseline"]["tokens"]
     # one seed: the target is its final loss 1.0, which both arms reach at their last evaluation; no interval
     assert one["ci95"] is None and one["point"] == pytest.approx(1.0) and one["paired"]["n"] == 1
+    assert one["bootstrap_ci95"] is None and one["ratio_of_means"] == pytest.approx(1.0)
+
+
+# t(0.975) with 2 degrees of freedom, written out rather than computed by scipy. (The brief's 4.302652729911275 is an
+# old table value, wrong from the 10th digit: with df = 2 the quantile is (2p - 1) / sqrt(2p(1 - p)) exactly.)
+T_975_2 = 4.302652729749464
+
+
+def test_the_t_quantile_written_out_is_the_closed_form_one():
+    assert T_975_2 == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), rel=1e-15)
+
+
+def test_t_interval_ratio_of_three_seeds_by_hand():
+    # log ratios 0, 0.1, -0.1: mean 0 (ratio 1), sample sd sqrt((0 + 0.01 + 0.01) / 2) = 0.1
+    arm, base = [2.0, 3.0 * math.exp(0.1), 5.0 * math.exp(-0.1)], [2.0, 3.0, 5.0]
+    point, low, high = t_interval_ratio(arm, base)
+    half = T_975_2 * 0.1 / math.sqrt(3)  # 0.24841
+    assert point == pytest.approx(1.0, rel=1e-12)
+    assert (low, high) == pytest.approx((math.exp(-half), math.exp(half)), rel=1e-12)
+    assert (low, high) == pytest.approx((0.78003, 1.28199), abs=1e-5)
+    # a constant ratio: a point interval; the order of the seeds does not matter
+    assert t_interval_ratio([2, 4, 6], [1, 2, 3]) == pytest.approx((2.0, 2.0, 2.0), rel=1e-12)
+    assert t_interval_ratio(arm[::-1], base[::-1]) == pytest.approx((point, low, high), rel=1e-12)
+
+
+def test_t_interval_ratio_of_one_seed_has_no_interval():
+    assert t_interval_ratio([5.0], [4.0]) == (1.25, None, None)
+    assert t_interval_ratio([], []) is None and t_interval_ratio([1.0, 0.0], [1.0, 1.0]) is None
+
+
+def test_a_censored_seed_enters_the_t_interval_at_its_budget():
+    # seed 1 of the arm never reaches the target: its budget 400 stands in (ratio 400 / 200 = 2, a lower bound);
+    # the others 100 / 100 = 1 and 150 / 300 = 1/2. Logs 0, ln 2, -ln 2: mean 0, sd ln 2
+    r = paired_ratio({0: 100.0, 1: None, 2: 150.0}, {0: 400.0, 1: 400.0, 2: 400.0},
+                     {0: 100.0, 1: 200.0, 2: 300.0}, {0: 400.0, 1: 400.0, 2: 400.0}, [0, 1, 2])
+    half = T_975_2 * math.log(2) / math.sqrt(3)
+    assert r["point_is"] == "lower_bound" and r["reached"] == {"arm": 2, "baseline": 3, "of": 3}
+    assert r["point"] == pytest.approx(1.0, rel=1e-12)
+    assert r["ci95"] == pytest.approx([math.exp(-half), math.exp(half)], rel=1e-12)
+    assert r["ratio_of_means"] == pytest.approx(650 / 600, rel=1e-12)
+    # 3 seeds: every seed drawn three times is a resample with probability 1/27 > 2.5%, so the bootstrap's 2.5 and
+    # 97.5 percentiles are the smallest and largest per-seed ratio
+    assert r["bootstrap_ci95"] == pytest.approx([0.5, 2.0], rel=1e-12)
+    # a censored baseline seed: its budget in the denominator, an upper bound
+    up = paired_ratio({0: 100.0, 1: 300.0}, {0: 400.0, 1: 400.0}, {0: 100.0, 1: None}, {0: 400.0, 1: 400.0}, [0, 1])
+    assert up["point_is"] == "upper_bound" and up["point"] == pytest.approx(math.sqrt(3 / 4), rel=1e-12)
+
+
+def test_summarize_carries_the_t_interval_with_the_bootstrap_beside_it():
+    ratio = _hand_built()["arms"]["new"]["targets"]["baseline_100pct"]["ratio_to_baseline"]["tokens"]
+    logs = [math.log(r) for r in (11 / 14, 44 / 51, 8 / 9)]  # the per-seed ratios (see the test above)
+    mean = sum(logs) / 3
+    half = T_975_2 * math.sqrt(sum((x - mean) ** 2 for x in logs) / 2) / math.sqrt(3)
+    assert ratio["point"] == pytest.approx(math.exp(mean), rel=1e-12)
+    assert ratio["ci95"] == pytest.approx([math.exp(mean - half), math.exp(mean + half)], rel=1e-12)
+    assert ratio["ci95"] == pytest.approx([0.71981, 0.99108], abs=1e-5)
+    assert ratio["bootstrap_ci95"] == pytest.approx([11 / 14, 8 / 9], rel=1e-12)  # 3 seeds: the per-seed range
+    results = _hand_built()
+    assert results["interval"]["level"] == 0.95 and "t-interval" in results["interval"]["method"]
+    assert results["bootstrap"]["of"] == "ratio_of_means"
+
+
+def _read_four_a_trained() -> dict:
+    """Each cell trains 300 tokens; `new` reads 1,200 (4 a token trained), the baseline 300."""
+    return {arm: {s: {"tokens_trained": 300, "tokens_read": 300 * k} for s in (0, 1, 2)} for arm, k in (("base", 1), ("new", 4))}
+
+
+def test_summarize_publishes_tokens_read_to_each_target():
+    results = _hand_built(compute=_read_four_a_trained())
+    new, base = results["arms"]["new"], results["arms"]["base"]
+    # to 5/3: the arm at 550/3, 2200/9, 800/3 tokens trained, 4 read each: mean 4 x 6250/27; the baseline's seed 2
+    # never reaches it: the mean of its other two, (700/3 + 850/3) / 2
+    read = new["targets"]["baseline_100pct"]["tokens_read"]
+    assert [read["per_seed"][s] for s in "012"] == pytest.approx([2200 / 3, 8800 / 9, 3200 / 3], rel=1e-12)
+    assert read["spread"]["mean"] == pytest.approx(25000 / 27, rel=1e-12) and read["spread"]["n"] == 3
+    top = base["targets"]["baseline_100pct"]["tokens_read"]
+    assert top["per_seed"]["2"] is None and top["spread"]["mean"] == pytest.approx(775 / 3, rel=1e-12)
+    assert top["spread"]["n"] == 2 and top["spread"]["of"] == 3
+    # the single target (the baseline's mean final loss, 5/3 here) too
+    assert new["tokens_read_to_target"]["mean"] == pytest.approx(25000 / 27, rel=1e-12)
+    # without tokens read (older cells): unknown
+    assert _hand_built()["arms"]["new"]["targets"]["baseline_100pct"]["tokens_read"]["spread"]["mean"] is None
+
+
+def test_experiment_table_prints_tokens_read_to_each_target():
+    from scripts.experiment_table import tables
+
+    lines = tables(_hand_built(compute=_read_four_a_trained())).split("\n")
+    at = lines.index("target `baseline_100pct`: eval loss 1.6667 (the baseline's mean eval loss at 100% of its budget)")
+    assert lines[at + 2].endswith("| FLOPs with scoring, vs baseline | tokens read to target |")
+    # tokens: the geometric mean 0.845 [0.720, 0.991] (test above), an upper bound; tokens read 925.9 and 258.3
+    assert lines[at + 4] == "| base | 1.00 [1.00, 1.00] (2/3) | 1.00 [1.00, 1.00] (2/3) | 1.00 [1.00, 1.00] (2/3) | 258 (2/3) |"
+    assert lines[at + 5].startswith("| new | ≤0.84 [0.72, 0.99] (3/3) | ≤0.84 [0.72, 0.99] (3/3) |")
+    assert lines[at + 5].endswith("| 926 (3/3) |")
 
 
 def test_the_scoring_pass_is_charged_to_the_arms_that_use_reference_losses(tmp_path):

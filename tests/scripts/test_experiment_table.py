@@ -14,8 +14,9 @@ from datapipe.train.experiment import ArmConfig, BudgetConfig, ExperimentConfig,
 from scripts.experiment_table import main
 
 REPO = Path(__file__).resolve().parents[2]
-HEAD = ["| arm | tokens to target, vs baseline | FLOPs to target, vs baseline | FLOPs with scoring, vs baseline |",
-        "|---|---|---|---|"]
+HEAD = [("| arm | tokens to target, vs baseline | FLOPs to target, vs baseline | FLOPs with scoring, vs baseline "
+         "| tokens read to target |"),
+        "|---|---|---|---|---|"]
 
 
 def _spread(mean, std=0.0, n=3):
@@ -28,8 +29,8 @@ def _ratio(point, point_is, ci, arm, baseline=3, of=3):
 
 def _hand_written_results() -> dict:
     """A results.json as `datapipe experiment` writes it, cut to what the tables read: two arms, an extra eval set,
-    two domains, three targets given out of order, and a ratio of each kind (estimate, each bound, no interval,
-    unknown)."""
+    two domains, three targets given out of order, a ratio of each kind (estimate, each bound, no interval,
+    unknown), and tokens read to two of rho's targets (none to the others: "—")."""
     est = _ratio(0.714, "estimate", [0.6667, 0.75], 3)
     targets = {"config": {"loss": 2.0, "from": "the experiment's target"},
                "baseline_100pct": {"loss": 1.5, "from": "the baseline's mean eval loss at 100% of its budget (its mean "
@@ -56,8 +57,12 @@ def _hand_written_results() -> dict:
                 "compute": {"flops": _spread(3.2e12), "flops_with_scoring": _spread(None, None, 0)},
                 "targets": {
                     "baseline_50pct": {"ratio_to_baseline": {"tokens": est, "flops": _ratio(0.952, "estimate", None, 1, 1, 1),
-                                                             "flops_with_scoring": None}},
-                    "baseline_100pct": {"ratio_to_baseline": {"tokens": _ratio(0.8696, "upper_bound", [0.75, 1.0], 3, 2),
+                                                             "flops_with_scoring": None},
+                                       "tokens_read": {"per_seed": {"0": 2.7e6, "1": 2.85e6, "2": 3.0e6},
+                                                       "spread": _spread(2.85e6, 122474.5)}},
+                    "baseline_100pct": {"tokens_read": {"per_seed": {"0": 1.2e6, "1": None, "2": 1.26e6},
+                                                        "spread": {"mean": 1.23e6, "std": 3e4, "n": 2, "of": 3}},
+                                        "ratio_to_baseline": {"tokens": _ratio(0.8696, "upper_bound", [0.75, 1.0], 3, 2),
                                                               "flops": _ratio(1.0476, "lower_bound", [0.75, 1.3333], 2),
                                                               "flops_with_scoring": _ratio(1.0435, "censored_both",
                                                                                            [1.0, 1.1429], 1, 2)}},
@@ -85,20 +90,20 @@ EXPECTED = "\n".join([
     "target `baseline_50pct`: eval loss 3.3333 (the baseline's mean eval loss at 50% of its budget)",
     "",
     *HEAD,
-    "| raw | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) |",
-    "| rho | 0.71 [0.67, 0.75] (3/3) | 0.95 (1/1) | — |",  # no interval (one seed); unknown
+    "| raw | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) | — |",
+    "| rho | 0.71 [0.67, 0.75] (3/3) | 0.95 (1/1) | — | 2.85e+06 (3/3) |",  # no interval (one seed); unknown
     "",
     "target `baseline_100pct`: eval loss 1.5000 (the baseline's mean eval loss at 100% of its budget)",
     "",
     *HEAD,
-    "| raw | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) |",
-    "| rho | ≤0.87 [0.75, 1.00] (3/3) | ≥1.05 [0.75, 1.33] (2/3) | ~1.04 [1.00, 1.14] (1/3) |",
+    "| raw | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) | — |",
+    "| rho | ≤0.87 [0.75, 1.00] (3/3) | ≥1.05 [0.75, 1.33] (2/3) | ~1.04 [1.00, 1.14] (1/3) | 1.23e+06 (2/3) |",
     "",
     "target `config`: eval loss 2.0000 (the experiment's target)",
     "",
     *HEAD,
-    "| raw | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) |",
-    "| rho | 0.71 [0.67, 0.75] (3/3) | 0.71 [0.67, 0.75] (3/3) | 0.71 [0.67, 0.75] (3/3) |",
+    "| raw | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) | — |",
+    "| rho | 0.71 [0.67, 0.75] (3/3) | 0.71 [0.67, 0.75] (3/3) | 0.71 [0.67, 0.75] (3/3) | — |",
     "",
 ]) + "\n"  # print's own newline
 
@@ -157,20 +162,24 @@ def test_the_tables_of_a_summary_mark_estimates_and_bounds(tmp_path, capsys):
     full = at["target `baseline_100pct`: eval loss 1.5000 (the baseline's mean eval loss at 100% of its budget)"]
     config = at["target `config`: eval loss 2.0000 (the experiment's target)"]
     assert full < config
-    # 1.5: base seed 2 never reaches it. fast tokens (300, 300, 400) / (350, 400, 400) = 20/23, per seed 6/7, 3/4, 1;
-    # FLOPs 8/6 of that = 8000/6900, per seed 8/7, 1, 4/3; with scoring 11000/6900, per seed 34/21, 17/12, 7/4.
-    # slow (400, 400, 400) with only seed 2 reaching it: 24/23, per seed 8/7, 1, 1
+    # Each cell: point = the geometric mean g of the per-seed ratios r, interval g x/÷ exp(t sd(log r) / sqrt(3)),
+    # t = t(0.975, 2) = 4.3027 (worked out in tests/datapipe/test_experiment.py). No compute given: no tokens read.
+    # 1.5: base seed 2 never reaches it. fast tokens per seed 6/7, 3/4, 1: g = (9/14)^(1/3) = 0.863, [0.604, 1.234];
+    # FLOPs 8/6 of that, per seed 8/7, 1, 4/3: g = 1.151, [0.805, 1.645]; with scoring, per seed 34/21, 17/12,
+    # 7/4: g = 1.589, [1.219, 2.072]. slow (400, 400, 400) with only seed 2 reaching it: per seed 8/7, 1, 1:
+    # g = (8/7)^(1/3) = 1.046, [0.863, 1.266]
     assert out[full + 2:full + 8] == HEAD + [
-        "| base | 1.00 [1.00, 1.00] (2/3) | 1.00 [1.00, 1.00] (2/3) | 1.00 [1.00, 1.00] (2/3) |",
-        "| fast | ≤0.87 [0.75, 1.00] (3/3) | ≤1.16 [1.00, 1.33] (3/3) | ≤1.59 [1.42, 1.75] (3/3) |",
-        "| slow | ~1.04 [1.00, 1.14] (1/3) | ~1.04 [1.00, 1.14] (1/3) | ~1.04 [1.00, 1.14] (1/3) |", ""]
-    # 2.0: every base seed reaches it (300, 350, 400). fast (200, 250, 300): 5/7, per seed 2/3, 5/7, 3/4; FLOPs
-    # 2000/2100, per seed 8/9, 20/21, 1; with scoring 3000/2100, per seed 13/9, 10/7, 17/12. slow (never -> 400, 400,
-    # 300): 22/21, per seed 4/3, 8/7, 3/4
+        "| base | 1.00 [1.00, 1.00] (2/3) | 1.00 [1.00, 1.00] (2/3) | 1.00 [1.00, 1.00] (2/3) | — |",
+        "| fast | ≤0.86 [0.60, 1.23] (3/3) | ≤1.15 [0.80, 1.65] (3/3) | ≤1.59 [1.22, 2.07] (3/3) | — |",
+        "| slow | ~1.05 [0.86, 1.27] (1/3) | ~1.05 [0.86, 1.27] (1/3) | ~1.05 [0.86, 1.27] (1/3) | — |", ""]
+    # 2.0: every base seed reaches it (300, 350, 400). fast (200, 250, 300), per seed 2/3, 5/7, 3/4: g = 0.709,
+    # [0.612, 0.822]; FLOPs per seed 8/9, 20/21, 1: g = 0.946, [0.817, 1.096]; with scoring per seed 13/9, 10/7,
+    # 17/12: g = 1.430, [1.396, 1.465]. slow (never -> 400, 400, 300), per seed 4/3, 8/7, 3/4: g = (8/7)^(1/3) = 1.046,
+    # [0.499, 2.191]
     assert out[config + 2:config + 8] == HEAD + [
-        "| base | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) |",
-        "| fast | 0.71 [0.67, 0.75] (3/3) | 0.95 [0.89, 1.00] (3/3) | 1.43 [1.42, 1.44] (3/3) |",
-        "| slow | ≥1.05 [0.75, 1.33] (2/3) | ≥1.05 [0.75, 1.33] (2/3) | ≥1.05 [0.75, 1.33] (2/3) |", ""]
+        "| base | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) | 1.00 [1.00, 1.00] (3/3) | — |",
+        "| fast | 0.71 [0.61, 0.82] (3/3) | 0.95 [0.82, 1.10] (3/3) | 1.43 [1.40, 1.46] (3/3) | — |",
+        "| slow | ≥1.05 [0.50, 2.19] (2/3) | ≥1.05 [0.50, 2.19] (2/3) | ≥1.05 [0.50, 2.19] (2/3) | — |", ""]
 
 
 def _metrics_line(step: int, tokens: int, code: float, man: float) -> str:
@@ -180,7 +189,9 @@ def _metrics_line(step: int, tokens: int, code: float, man: float) -> str:
 
 def test_weights_recompute_the_summary_from_each_evaluations_domain_losses(tmp_path, capsys):
     """--weights code=0.25,man=0.75: every evaluation's loss becomes 0.25 code + 0.75 man, and the targets, crossings
-    and ratios are those of the re-weighted curves (two seeds: each interval is the range of the per-seed ratios)."""
+    and ratios are those of the re-weighted curves (two seeds: each interval is the geometric mean g of the two
+    per-seed ratios x/÷ exp(t(0.975, 1) x |log(r0 / r1)| / 2), t(0.975, 1) = 12.7062: sd / sqrt(2) of two logs is
+    half their distance); `filt` reads 4 rows a row it trains on, so its tokens read to a target are 4 x its tokens."""
     domain_losses = {  # arm -> seed -> (code, man) at 100 and 200 tokens; re-weighted in the comments
         "raw": {0: [(3.0, 3.0), (1.0, 2.0)],   # 3.0, 1.75
                 1: [(3.0, 3.0), (2.0, 2.0)]},  # 3.0, 2.0
@@ -202,7 +213,8 @@ def test_weights_recompute_the_summary_from_each_evaluations_domain_losses(tmp_p
             lines[-2], lines[-1] = lines[-1], lines[-2]  # ...so the real one is written last
             (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
             seeds[str(seed)] = {"run_dir": str(run_dir), "curve": {"tokens": [100, 200]},
-                                "compute": {"flops": 1200.0, "tokens_trained": 200}}
+                                "compute": {"flops": 1200.0, "tokens_trained": 200,
+                                            "tokens_read": {"raw": 200, "filt": 800}[arm]}}
         arms[arm] = {"seeds": seeds, "scoring_flops": 0.0}
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"arms": arms}))
@@ -216,16 +228,19 @@ def test_weights_recompute_the_summary_from_each_evaluations_domain_losses(tmp_p
         "| raw | 1.875 ± 0.125 | — | 1.2e+03 | 1.2e+03 |",
         "| filt | 1.438 ± 0.188 | — | 1.2e+03 | 1.2e+03 |", ""]
     # raw's mean curve: 3.0, 1.875 -> targets 3.0 (50%: 100 tokens), 2.4375 (75%: 150), 1.875 (100%)
-    # 3.0: raw (100, 100), filt (100, 100 + 0.5/2.25 x 100 = 122.2): 1.11, per seed 1, 1.22
-    # 2.4375: raw (145, 156.25), filt (107.1, 147.2): 0.84, per seed 0.74, 0.94
-    # 1.875: raw (190, never: 200), filt (171.4, 172.2): an upper bound 0.88, per seed 0.90, 0.86
+    # 3.0: raw (100, 100), filt (100, 100 + 0.5/2.25 x 100 = 122.2), per seed 1, 11/9: g = 1.106, [0.309, 3.956];
+    #   tokens read: raw 100, filt 4 x (100, 122.2) = 400, 488.9: mean 444.4
+    # 2.4375: raw (145, 156.25), filt (107.1, 147.2), per seed 0.739, 0.942: g = 0.834, [0.178, 3.908];
+    #   tokens read: raw 150.6, filt 4 x 127.2 = 508.7
+    # 1.875: raw (190, never: 200), filt (171.4, 172.2), per seed 0.902, 0.861: an upper bound g = 0.881,
+    #   [0.655, 1.186]; tokens read: raw 190 (its one seed that reaches it), filt 4 x 171.8 = 687.3
     assert out[7:] == [
         "target `baseline_50pct`: eval loss 3.0000 (the baseline's mean eval loss at 50% of its budget)", "", *HEAD,
-        "| raw | 1.00 [1.00, 1.00] (2/2) | 1.00 [1.00, 1.00] (2/2) | 1.00 [1.00, 1.00] (2/2) |",
-        "| filt | 1.11 [1.00, 1.22] (2/2) | 1.11 [1.00, 1.22] (2/2) | 1.11 [1.00, 1.22] (2/2) |", "",
+        "| raw | 1.00 [1.00, 1.00] (2/2) | 1.00 [1.00, 1.00] (2/2) | 1.00 [1.00, 1.00] (2/2) | 100 (2/2) |",
+        "| filt | 1.11 [0.31, 3.96] (2/2) | 1.11 [0.31, 3.96] (2/2) | 1.11 [0.31, 3.96] (2/2) | 444 (2/2) |", "",
         "target `baseline_75pct`: eval loss 2.4375 (the baseline's mean eval loss at 75% of its budget)", "", *HEAD,
-        "| raw | 1.00 [1.00, 1.00] (2/2) | 1.00 [1.00, 1.00] (2/2) | 1.00 [1.00, 1.00] (2/2) |",
-        "| filt | 0.84 [0.74, 0.94] (2/2) | 0.84 [0.74, 0.94] (2/2) | 0.84 [0.74, 0.94] (2/2) |", "",
+        "| raw | 1.00 [1.00, 1.00] (2/2) | 1.00 [1.00, 1.00] (2/2) | 1.00 [1.00, 1.00] (2/2) | 151 (2/2) |",
+        "| filt | 0.83 [0.18, 3.91] (2/2) | 0.83 [0.18, 3.91] (2/2) | 0.83 [0.18, 3.91] (2/2) | 509 (2/2) |", "",
         "target `baseline_100pct`: eval loss 1.8750 (the baseline's mean eval loss at 100% of its budget)", "", *HEAD,
-        "| raw | 1.00 [1.00, 1.00] (1/2) | 1.00 [1.00, 1.00] (1/2) | 1.00 [1.00, 1.00] (1/2) |",
-        "| filt | ≤0.88 [0.86, 0.90] (2/2) | ≤0.88 [0.86, 0.90] (2/2) | ≤0.88 [0.86, 0.90] (2/2) |", "", ""]
+        "| raw | 1.00 [1.00, 1.00] (1/2) | 1.00 [1.00, 1.00] (1/2) | 1.00 [1.00, 1.00] (1/2) | 190 (1/2) |",
+        "| filt | ≤0.88 [0.66, 1.19] (2/2) | ≤0.88 [0.66, 1.19] (2/2) | ≤0.88 [0.66, 1.19] (2/2) | 687 (2/2) |", "", ""]

@@ -1,6 +1,7 @@
 """Exact answers for the experiment analysis (datapipe/train/experiment.py): the paired percentile bootstrap of the
 ratio of means (`bootstrap_ratio`, checked against the resampling distribution enumerated in plain Python, not
-against numpy), and `summarize` on hand-built curves whose crossings, bounds and intervals are worked out by hand:
+against numpy; kept beside the t-interval as `bootstrap_ci95`), and `summarize` on hand-built curves whose
+crossings, bounds, geometric means and intervals are worked out by hand:
 an arm whose seeds all reach a target (an estimate), one with a seed that never does (a lower bound), a baseline
 seed that never does (an upper bound), and both (censored_both)."""
 
@@ -29,6 +30,19 @@ def _quantile(values: list, p: float):
 
 def _ratio_of_means(arm, base):
     return lambda t: F(sum(arm[i] for i in t), sum(base[i] for i in t))
+
+
+# t(0.975) with 2 degrees of freedom, not computed by scipy: with df = 2 the quantile has the closed form
+# (2p - 1) / sqrt(2p(1 - p)) = 0.95 / sqrt(0.04875) (checked in tests/datapipe/test_experiment.py)
+T_975_2 = 4.302652729749464
+
+
+def _t_interval_of_three(ratios) -> list:
+    """exp(mean log r -+ t(0.975, 2) x sd(log r) / sqrt(3)): the 95% t-interval of the geometric mean of 3 ratios."""
+    logs = [math.log(r) for r in ratios]
+    mean = sum(logs) / 3
+    half = T_975_2 * math.sqrt(sum((x - mean) ** 2 for x in logs) / 2) / math.sqrt(3)
+    return [math.exp(mean - half), math.exp(mean + half)]
 
 
 # --- bootstrap_ratio -------------------------------------------------------------------------------------------------
@@ -152,42 +166,57 @@ def test_summarize_ratios_say_whether_the_point_is_an_estimate_or_a_bound():
     arms = _summarize()["arms"]
     ratio = {(a, t): arms[a]["targets"][t]["ratio_to_baseline"] for a in arms for t in ("config", "baseline_100pct")}
 
-    # config target, every seed of both arms reaches it: an estimate, the ratio of the means 250 / 350
+    # config target, every seed of both arms reaches it: an estimate, the geometric mean of the per-seed ratios
+    # (2/3 x 5/7 x 3/4)^(1/3) = (5/14)^(1/3) with its t-interval; the ratio of the means 250 / 350 beside it
     fast = ratio["fast", "config"]
-    assert fast["tokens"]["point"] == pytest.approx(5 / 7, rel=1e-12) and fast["tokens"]["point_is"] == "estimate"
+    assert fast["tokens"]["point"] == pytest.approx((5 / 14) ** (1 / 3), rel=1e-12)
+    assert fast["tokens"]["point_is"] == "estimate"
+    assert fast["tokens"]["ci95"] == pytest.approx(_t_interval_of_three([2 / 3, 5 / 7, 3 / 4]), rel=1e-12)
+    assert fast["tokens"]["ci95"] == pytest.approx([0.61249, 0.82185], abs=1e-5)
+    assert fast["tokens"]["ratio_of_means"] == pytest.approx(5 / 7, rel=1e-12)
     assert [fast["tokens"]["per_seed"][s]["ratio"] for s in "012"] == pytest.approx([2 / 3, 5 / 7, 3 / 4], rel=1e-12)
-    assert fast["tokens"]["ci95"] == [2 / 3, 3 / 4]  # 3 seeds: the range of the per-seed ratios (see above)
+    assert fast["tokens"]["bootstrap_ci95"] == [2 / 3, 3 / 4]  # 3 seeds: the range of the per-seed ratios (see above)
     assert fast["tokens"]["reached"] == {"arm": 3, "baseline": 3, "of": 3}
-    assert fast["flops"]["point"] == pytest.approx(2000 / 2100, rel=1e-12)  # 8 against 6 FLOPs a token
-    assert fast["flops_with_scoring"]["point"] == pytest.approx(3000 / 2100, rel=1e-12)
-    assert fast["flops_with_scoring"]["ci95"] == pytest.approx([3400 / 2400, 2600 / 1800], rel=1e-12)  # 1.417, 1.444
+    assert fast["flops"]["ratio_of_means"] == pytest.approx(2000 / 2100, rel=1e-12)  # 8 against 6 FLOPs a token
+    assert fast["flops"]["point"] == pytest.approx((8 / 9 * 20 / 21 * 1) ** (1 / 3), rel=1e-12)
+    assert fast["flops_with_scoring"]["ratio_of_means"] == pytest.approx(3000 / 2100, rel=1e-12)
+    assert fast["flops_with_scoring"]["point"] == pytest.approx((13 / 9 * 10 / 7 * 17 / 12) ** (1 / 3), rel=1e-12)
+    assert fast["flops_with_scoring"]["bootstrap_ci95"] == pytest.approx([3400 / 2400, 2600 / 1800], rel=1e-12)  # 1.417, 1.444
     assert fast["flops_with_scoring"]["point_is"] == "estimate"
 
     # config target, `slow`'s seed 0 never reaches it: censored at its budget (400 < its true crossing), so the
-    # arm's mean and the ratio (400 + 400 + 300) / 3 / 350 are at most what they would be: a lower bound
+    # arm's ratios, their geometric mean (4/3 x 8/7 x 3/4)^(1/3) = (8/7)^(1/3) and the ratio of means
+    # (400 + 400 + 300) / 3 / 350 are at most what they would be: a lower bound; the t-interval takes the budget too
     slow = ratio["slow", "config"]["tokens"]
-    assert slow["point"] == pytest.approx(22 / 21, rel=1e-12) and slow["point_is"] == "lower_bound"
+    assert slow["point"] == pytest.approx((8 / 7) ** (1 / 3), rel=1e-12) and slow["point_is"] == "lower_bound"
+    assert slow["ci95"] == pytest.approx(_t_interval_of_three([4 / 3, 8 / 7, 3 / 4]), rel=1e-12)
+    assert slow["ratio_of_means"] == pytest.approx(22 / 21, rel=1e-12)
     assert [slow["per_seed"][s] for s in "012"] == [
         {"ratio": 400 / 300, "arm_censored": True, "baseline_censored": False},
         {"ratio": 400 / 350, "arm_censored": False, "baseline_censored": False},
         {"ratio": 300 / 400, "arm_censored": False, "baseline_censored": False}]
     assert slow["reached"] == {"arm": 2, "baseline": 3, "of": 3}
-    assert slow["ci95"] == [0.75, 400 / 300]
+    assert slow["bootstrap_ci95"] == [0.75, 400 / 300]
     assert slow["paired"]["n"] == 3 and slow["paired"]["mean"] == pytest.approx((4 / 3 + 8 / 7 + 3 / 4) / 3, rel=1e-12)
 
     # 100% target (1.5): the baseline's seed 2 never reaches it (censored at 400): its mean is understated, so
-    # `fast`'s ratio (300 + 300 + 400) / (350 + 400 + 400) is at least what it would be: an upper bound
+    # `fast`'s ratios (6/7, 3/4, 1: geometric mean (9/14)^(1/3)) and ratio of means (300 + 300 + 400) / (350 + 400 +
+    # 400) are at least what they would be: an upper bound
     up = ratio["fast", "baseline_100pct"]["tokens"]
-    assert up["point"] == pytest.approx(20 / 23, rel=1e-12) and up["point_is"] == "upper_bound"
+    assert up["point"] == pytest.approx((9 / 14) ** (1 / 3), rel=1e-12) and up["point_is"] == "upper_bound"
+    assert up["ratio_of_means"] == pytest.approx(20 / 23, rel=1e-12)
     assert up["reached"] == {"arm": 3, "baseline": 2, "of": 3}
     assert [up["per_seed"][s]["baseline_censored"] for s in "012"] == [False, False, True]
-    # both censored (`slow` reaches 1.5 on seed 2 only): (400 + 400 + 400) / (350 + 400 + 400), a bound neither way
+    # both censored (`slow` reaches 1.5 on seed 2 only): per seed 8/7, 1, 1 (geometric mean (8/7)^(1/3)), ratio of
+    # means (400 + 400 + 400) / (350 + 400 + 400), a bound neither way
     both = ratio["slow", "baseline_100pct"]["tokens"]
-    assert both["point"] == pytest.approx(24 / 23, rel=1e-12) and both["point_is"] == "censored_both"
+    assert both["point"] == pytest.approx((8 / 7) ** (1 / 3), rel=1e-12) and both["point_is"] == "censored_both"
+    assert both["ratio_of_means"] == pytest.approx(24 / 23, rel=1e-12)
     assert both["reached"] == {"arm": 1, "baseline": 2, "of": 3}
-    assert both["ci95"] == [1.0, 400 / 350]
+    assert both["ci95"] == pytest.approx(_t_interval_of_three([8 / 7, 1, 1]), rel=1e-12)
+    assert both["bootstrap_ci95"] == [1.0, 400 / 350]
     # in FLOPs with a bound too (FLOPs are 6 a token for both)
-    assert ratio["slow", "baseline_100pct"]["flops"]["point"] == pytest.approx(24 / 23, rel=1e-12)
+    assert ratio["slow", "baseline_100pct"]["flops"]["point"] == pytest.approx((8 / 7) ** (1 / 3), rel=1e-12)
     assert ratio["slow", "baseline_100pct"]["flops"]["point_is"] == "censored_both"
 
     # the baseline against itself: exactly 1, said to be the baseline even where its own seeds are censored
@@ -195,6 +224,7 @@ def test_summarize_ratios_say_whether_the_point_is_an_estimate_or_a_bound():
         for m in ("tokens", "flops", "flops_with_scoring"):
             own = ratio["base", t][m]
             assert (own["point"], own["point_is"], own["ci95"]) == (1.0, "baseline", [1.0, 1.0])
+            assert (own["ratio_of_means"], own["bootstrap_ci95"]) == (1.0, [1.0, 1.0])
 
 
 def test_the_bounds_hold_when_the_runs_are_continued():
@@ -206,15 +236,20 @@ def test_the_bounds_hold_when_the_runs_are_continued():
     assert long["slow"]["targets"]["config"]["tokens"]["per_seed"]["0"] == 425
     was = short["slow"]["targets"]["config"]["ratio_to_baseline"]["tokens"]
     now = long["slow"]["targets"]["config"]["ratio_to_baseline"]["tokens"]
-    assert now["point_is"] == "estimate" and now["point"] == pytest.approx(1125 / 1050, rel=1e-12)
-    assert now["point"] > was["point"]
+    # per seed 425/300, 400/350, 300/400: geometric mean (17/14)^(1/3), was (8/7)^(1/3); ratio of means 1125/1050
+    assert now["point_is"] == "estimate" and now["point"] == pytest.approx((17 / 14) ** (1 / 3), rel=1e-12)
+    assert now["ratio_of_means"] == pytest.approx(1125 / 1050, rel=1e-12)
+    assert now["point"] > was["point"] and now["ratio_of_means"] > was["ratio_of_means"]
     # an upper bound (baseline censored) is checked with the old 1.5 target as a configured one: the baseline's
     # seed 2 crosses at 400 + (2 - 1.5) / (2 - 0.5) x 100 = 433.3 > 400, so the ratio drops
     was = _summarize(target=1.5)["arms"]["fast"]["targets"]["config"]["ratio_to_baseline"]["tokens"]
     now = _summarize(longer, TOKENS + (500,), target=1.5)["arms"]["fast"]["targets"]["config"]["ratio_to_baseline"]["tokens"]
-    assert was["point_is"] == "upper_bound" and was["point"] == pytest.approx(20 / 23, rel=1e-12)
-    assert now["point_is"] == "estimate" and now["point"] == pytest.approx(1000 / (750 + 1300 / 3), rel=1e-12)
-    assert now["point"] < was["point"]
+    # per seed 6/7, 3/4, 1 -> 6/7, 3/4, 400/(1300/3) = 12/13: geometric mean (9/14)^(1/3) -> (54/91)^(1/3)
+    assert was["point_is"] == "upper_bound" and was["point"] == pytest.approx((9 / 14) ** (1 / 3), rel=1e-12)
+    assert was["ratio_of_means"] == pytest.approx(20 / 23, rel=1e-12)
+    assert now["point_is"] == "estimate" and now["point"] == pytest.approx((54 / 91) ** (1 / 3), rel=1e-12)
+    assert now["ratio_of_means"] == pytest.approx(1000 / (750 + 1300 / 3), rel=1e-12)
+    assert now["point"] < was["point"] and now["ratio_of_means"] < was["ratio_of_means"]
 
 
 def test_summarize_single_target_figures_and_compute():
