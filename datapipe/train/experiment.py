@@ -1,6 +1,6 @@
 """The experiment runner (`datapipe experiment CONFIG`): arms × seeds of the bundled trainer at the same budget,
 compared by eval loss on one declared eval distribution and by the tokens and the compute each arm needs to reach
-target eval losses, with paired per-seed ratios and bootstrap intervals.
+target eval losses, with paired per-seed ratios and t-intervals over seeds.
 
     datapipe experiment configs/experiment-tiny.yaml
 
@@ -15,7 +15,7 @@ and, on the same data, the same data order.
 What is measured (datapipe/train/lm.py):
 - **Eval loss**: each evaluation reads every eval document once (no cycling; data.eval_batches is 0 in every cell,
   whatever the base config sets); the overall loss is token-weighted over the eval split (sum of token losses /
-  tokens: the distribution the data was curated to) or, with `data.eval_target` (set in `base`, the same for every
+  tokens in the eval split, whose per-domain cap can weigh a small domain far more than training does) or, with `data.eval_target` (set in `base`, the same for every
   arm), the target mixture's weighted mean of the domain losses. Both the token-weighted and the plain domain-mean
   figures are kept per cell (`final_by_eval_set`).
 - **Compute**: FLOPs = 6·N·(tokens trained) + 2·N·(tokens forwarded only, e.g. RHO's selection forward), N = the
