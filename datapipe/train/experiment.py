@@ -24,7 +24,8 @@ What is measured (datapipe/train/lm.py):
   arm that uses reference-model losses (`uses_scoring`, default: when `train.rho.enabled`) has the scoring pass's
   FLOPs (`manifest["scoring"]["flops"]` of its data: training the reference models and scoring the pool) added to
   every cell (`flops_with_scoring`): a one-off cost that runs on the same scored data could share, so both figures
-  are reported. Also per cell: tokens trained, tokens read (every row the loader delivered), distinct tokens (of the
+  are reported. Data curated with selection by a model always has that selection's FLOPs
+  (`manifest["model_selection"]["flops"]`) in `flops_with_scoring`. Also per cell: tokens trained, tokens read (every row the loader delivered), distinct tokens (of the
   distinct pieces delivered) and wall time (training loop + evaluations).
 - **Targets**: the baseline's mean eval loss at 50%, 75% and 100% of its budget (its mean curve over seeds,
   interpolated linearly at those fractions of its final tokens), and `target` when configured. For each target, arm
@@ -319,17 +320,15 @@ def cell_compute(run_dir: str | Path, records: list[dict[str, Any]] | None = Non
     return {k: last.get(k) for k in COMPUTE_KEYS}
 
 
-def scoring_flops(data: str) -> float | None:
-    """The selection FLOPs a curated folder records: `manifest["scoring"]["flops"]` (training its reference models and
-    scoring its documents, written by `datapipe score`) plus `manifest["model_selection"]["flops"]` (fitting and
-    scoring with a selection model during curation); None when it records neither."""
+def scoring_flops(data: str, key: str = "scoring") -> float | None:
+    """FLOPs a curated folder records under `manifest[key]["flops"]`: `scoring` (training its reference models and
+    scoring its documents, written by `datapipe score`) or `model_selection` (fitting and scoring with a selection
+    model during curation); None when it records none."""
     try:
-        manifest = shards.read_manifest(data)
+        flops = (shards.read_manifest(data).get(key) or {}).get("flops")
     except (OSError, ValueError, KeyError):
         return None
-    parts = [(manifest.get(key) or {}).get("flops") for key in ("scoring", "model_selection")]
-    parts = [float(f) for f in parts if isinstance(f, (int, float))]
-    return sum(parts) if parts else None
+    return float(flops) if isinstance(flops, (int, float)) else None
 
 
 def _cell_state(cfg: TrainConfig) -> str:
@@ -675,15 +674,18 @@ def _by_eval_set(per_seed: dict[int, dict[str, dict[str, Any]]]) -> dict[str, An
 
 
 def arm_scoring(exp: ExperimentConfig, cells: dict[str, dict[int, TrainConfig]]) -> dict[str, float | None]:
-    """The scoring FLOPs each arm's cells are charged: its data's `manifest["scoring"]["flops"]` when the arm uses
-    reference-model losses (`uses_scoring`, null: `train.rho.enabled`), None when it does but its data records
-    none; 0.0 for an arm that does not."""
+    """The data-side FLOPs each arm's cells are charged: always the selection by a model its data was curated with
+    (`manifest["model_selection"]["flops"]`: the data cost it), plus its data's reference-model scoring pass
+    (`manifest["scoring"]["flops"]`) when the arm uses those losses (`uses_scoring`, null: `train.rho.enabled`);
+    None when it uses them but its data records none."""
     out: dict[str, float | None] = {}
     for arm, by_seed in cells.items():
         cfg = by_seed[exp.seeds[0]]
         uses = exp.arms[arm].uses_scoring
         uses = cfg.train.rho.enabled if uses is None else uses
-        out[arm] = scoring_flops(cfg.data.source) if uses else 0.0
+        selection = scoring_flops(cfg.data.source, "model_selection") or 0.0
+        reference = scoring_flops(cfg.data.source) if uses else 0.0
+        out[arm] = None if reference is None else reference + selection
     return out
 
 

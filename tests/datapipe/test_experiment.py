@@ -371,6 +371,11 @@ def test_the_scoring_pass_is_charged_to_the_arms_that_use_reference_losses(tmp_p
     assert arm_scoring(exp, resolve_cells(exp)) == {"base": 0.0, "rho": 1.5e12, "static": 1.5e12, "plain": 0.0,
                                                     "optout": 0.0, "unscored": None}  # None: uses it, records none
 
+    # data selected by a model is charged its selection, whether or not the arm uses reference losses
+    shards.write_manifest(scored, {**manifest, "scoring": {"flops": 1.5e12}, "model_selection": {"flops": 2.0e9}})
+    assert arm_scoring(exp, resolve_cells(exp)) == {"base": 0.0, "rho": 1.502e12, "static": 1.502e12, "plain": 2.0e9,
+                                                    "optout": 2.0e9, "unscored": None}
+
 
 def test_a_killed_cell_resumes_from_its_checkpoint_to_the_same_curve(tmp_path):
     from datapipe.train.experiment import run_experiment
