@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -134,13 +133,3 @@ def test_an_edited_target_refuses_the_folder_and_a_missing_one_is_named(finished
     with pytest.raises(ConfigError, match=r"selection.target \('.*nope.jsonl'\)"):
         _run(_config(tmp_path / "other", target=tmp_path / "nope.jsonl"))
 
-
-def test_on_ray_workers_the_choice_is_the_one_made_in_one_process(finished: Path, tmp_path: Path, ray_local) -> None:
-    """The model is fit in the driver and read by Ray's worker processes from the work folder: same shards."""
-    from datapipe.curate.executors import RayExecutor
-
-    out = tmp_path / "ray"
-    cfg = _config(out)
-    cfg = dataclasses.replace(cfg, read=dataclasses.replace(cfg.read, block_bytes=1 << 20))  # one block: few tasks
-    _run(cfg, executor=RayExecutor(progress=False))
-    assert sorted(_trained_ids(out)) == sorted(_trained_ids(finished))

@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from helpers import ASSETS, STALL_S
 from datapipe.cli import main
 from datapipe.core.config import ConfigError
+from datapipe.core.shards import open_shard, read_manifest
 from datapipe.curate.config import StageConfig, config_hash, load_config, result_affecting
 from datapipe.curate.executors import LocalExecutor
 from datapipe.curate.user_stages import worker_modules
@@ -220,11 +223,18 @@ def test_a_filter_in_a_file_of_the_users_runs_on_a_ray_cluster(tmp_path, two_nod
     work.mkdir()
     (mods / "cluster_user_filters.py").write_text(FILTER)
     recipe = _recipe(tmp_path, "[{path: 'cluster_user_filters:ShortDocs', args: {min_words: 200}}]")
+    # selection by a model too: its model is fit in the driver and read by the cluster's workers from the work folder
     cmd = [sys.executable, "-m", "datapipe", "curate", str(recipe), "--no-progress", "--ray-address", address,
-           "--set", f"ray.stall_timeout_s={STALL_S}"]
+           "--set", f"ray.stall_timeout_s={STALL_S}", "--set", "selection.method=classifier",
+           "--set", f"selection.target.path={ASSETS / 'target_code.jsonl'}", "--set", "selection.keep_fraction=0.5"]
     done = subprocess.run(cmd, cwd=work, env={**env, "PYTHONPATH": str(mods)}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    scores = pa.concat_tables([pq.read_table(f) for f in sorted((tmp_path / "out" / "selection" / "scores").glob("*.parquet"))])
+    kept = set(scores.filter(scores.column("kept")).column("id").to_pylist())
+    manifest = read_manifest(tmp_path / "out")
+    trained = {i for s in manifest["shards"] for i in open_shard(tmp_path / "out", s["path"]).column("id").to_pylist()}
+    assert kept and trained == kept and len(kept) < scores.num_rows
     assert stats["dropped"]["short_docs"] == {"code": {"short_docs:too_few_words": 7},
                                               "license": {"short_docs:too_few_words": 4},
                                               "man": {"short_docs:too_few_words": 5}}
