@@ -61,6 +61,17 @@ def test_the_budget_keeps_the_best_scored_documents_and_no_more(finished: Path) 
     assert sorted(_trained_ids(finished)) == sorted(scores["id"][kept])  # the shards hold exactly the kept ones
 
 
+def test_the_shards_carry_each_document_s_score_and_the_loader_reads_them(finished: Path) -> None:
+    from datapipe.loader import PackedLoader
+
+    manifest = read_manifest(finished)
+    shards = pa.concat_tables([open_shard(finished, s["path"]) for s in manifest["shards"]])
+    published = dict(zip(_scores(finished).column("id").to_pylist(), _scores(finished).column("score").to_pylist()))
+    assert shards.column("selection_score").to_pylist() == [published[i] for i in shards.column("id").to_pylist()]
+    batch = next(iter(PackedLoader(str(finished), seq_len=64, batch_size=2)))
+    assert batch["input_ids"].shape == (2, 64)
+
+
 def test_the_published_scores_are_the_saved_model_s_scores_of_the_documents(finished: Path) -> None:
     model = SelectionModel.from_bytes((finished / "selection" / "model.npz").read_bytes())
     texts = {d["id"]: d["text"] for d in map(json.loads, (ASSETS / "corpus_slice.jsonl").read_text().splitlines())}

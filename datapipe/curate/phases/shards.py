@@ -20,6 +20,7 @@ from datapipe.core.workfiles import read_work_table
 from datapipe.curate.phases import eval_split
 from datapipe.curate.config import auto_shard_bytes, config_hash, result_affecting
 from datapipe.curate.plan import Plan, block_name
+from datapipe.curate.phases import model_selection
 from datapipe.curate.phases.cuts import RowCopies
 
 
@@ -109,9 +110,20 @@ def _piece_rows(copies: RowCopies | None, name: str, k: int, start: int, stop: i
     return np.arange(start, stop) if copies is None else np.flatnonzero(copies.of(name) > k)[start:stop]
 
 
-def _shard_table(plan: Plan, pieces: list[Piece], copies: RowCopies | None) -> pa.Table:
-    parts = [read_work_table(plan.work / "tokens" / f"{name}.arrow").take(pa.array(_piece_rows(copies, name, k, start, stop)))
-             for name, k, start, stop in pieces]
+SCORE_COLUMN = "selection_score"  # training shards' column when selection by a model ran: each document's score
+
+
+def _shard_table(plan: Plan, pieces: list[Piece], copies: RowCopies | None, scores: bool = False) -> pa.Table:
+    parts = []
+    for name, k, start, stop in pieces:
+        rows = _piece_rows(copies, name, k, start, stop)
+        part = read_work_table(plan.work / "tokens" / f"{name}.arrow").take(pa.array(rows))
+        if scores:  # every training row was scored (work/model_select/<block>.arrow: row, score)
+            scored = read_work_table(plan.work / model_selection.FOLDER / f"{name}.arrow").select(["row", "score"])
+            by_row = np.full(int(scored.column("row").to_numpy().max(initial=-1)) + 1, np.nan)
+            by_row[scored.column("row").to_numpy()] = scored.column("score").to_numpy()
+            part = part.append_column(SCORE_COLUMN, pa.array(by_row[rows], pa.float64()))
+        parts.append(part)
     return pa.concat_tables(parts)
 
 
@@ -120,8 +132,10 @@ def shard_record_at(plan: Plan, index: int, *_: Any) -> Location:
 
 
 def shard_task(plan: Plan, index: int, pieces: list[Piece], copies: RowCopies | None = None) -> dict[str, Any]:
-    """One training shard, OUT/shards/shard-NNNNN.arrow: its pieces' rows, in order."""
-    return dataclasses.asdict(write_shard(plan.out_dir, index, _shard_table(plan, pieces, copies)))
+    """One training shard, OUT/shards/shard-NNNNN.arrow: its pieces' rows, in order (with their selection score when
+    selection by a model ran)."""
+    table = _shard_table(plan, pieces, copies, scores=plan.cfg.selection.enabled)
+    return dataclasses.asdict(write_shard(plan.out_dir, index, table))
 
 
 def eval_shard_record_at(plan: Plan, index: int, *_: Any) -> Location:
