@@ -221,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-whole-clusters", action="store_true",
                         help="with --pool-docs: sample whole duplicate clusters (those --eval-from's `near` arm found), "
                              "so the pool keeps the corpus's duplicates")
+    parser.add_argument("--pool-seed", type=int, default=0,
+                        help="with --pool-docs: the seed of the pool's sample (0 drew the pools published so far; draw "
+                             "others to replicate over pools, as scripts/experiment_selection does)")
     parser.add_argument("--jobs", type=int, default=1, help="cells trained at once (processes, seeds split among them)")
     parser.add_argument("--eval-from", default=None,
                         help="with --pool-docs: the full-corpus ablation's folder, whose eval split, clean part and tokenizer every arm uses")
@@ -239,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     if pool:
         corpus = str(out / "input" / "pool.jsonl.gz")
         clusters = duplicate_clusters(Path(args.eval_from) / "data" / "near") if args.pool_whole_clusters else None
-        report["pool_docs"] = write_pool(args.recipe, args.input, args.pool_docs, Path(corpus), clusters=clusters)
+        report["pool_docs"] = write_pool(args.recipe, args.input, args.pool_docs, Path(corpus), seed=args.pool_seed,
+                                         clusters=clusters)
     inputs = ([f"inputs=[{{path: {corpus}, domain_field: {args.domain_field}}}]"] if corpus else [])
     t0 = time.perf_counter()
     curated = {arm: curate_arm(args.recipe, out, arm, inputs, raw, shared_eval=pool) for arm in arms}
