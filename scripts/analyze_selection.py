@@ -128,6 +128,12 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {arm} | {fmt(f['ratio'])} [{fmt(f['low'])}, {fmt(f['high'])}]{extra} | {fmt(t['ratio'])} "
                      f"[{fmt(t['low'])}, {fmt(t['high'])}] | {fmt(rd['ratio'])} | {r['censored_pools']} / {f['n']} | "
                      f"{r['selection_cpu_seconds_mean']:.1f} | {r['verdict']} |")
+    pools = result["pools"]
+    lines += ["", "| pool | target loss | " + " | ".join(result["arms"]) + " |", "|---|---|" + "---|" * len(result["arms"])]
+    for pool in pools:
+        row = result["per_pool"][pool]
+        cells = [f"{r['per_pool_flops_ratio'][pool]:.2f}{'*' if row[arm]['censored'] else ''}" for arm, r in result["arms"].items()]
+        lines.append(f"| {pool} | {row['target_loss']:.3f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
