@@ -15,13 +15,13 @@ import io
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.optimize
-import scipy.sparse as sp
 
 from stages.selection._ngrams import count_matrix
 
 
-def _features(texts: list[str], buckets: int) -> sp.csr_matrix:
+def _features(texts: list[str], buckets: int) -> "scipy.sparse.csr_matrix":  # noqa: F821
+    import scipy.sparse as sp  # imported when used (see `_ngrams.count_matrix`)
+
     m = count_matrix(texts, buckets)
     m.data = np.log1p(m.data)
     norms = np.sqrt(np.asarray(m.multiply(m).sum(1)).ravel())
@@ -40,6 +40,9 @@ class QualityClassifier:
     @classmethod
     def fit(cls, positives: list[str], negatives: list[str], *, buckets: int = 1 << 18, l2: float = 1e-4,
             iterations: int = 200) -> "QualityClassifier":
+        import scipy.optimize
+        import scipy.sparse as sp
+
         x = sp.vstack([_features(positives, buckets), _features(negatives, buckets)]).tocsr()
         y = np.concatenate([np.ones(len(positives)), np.zeros(len(negatives))])
         w = np.where(y == 1, 0.5 / max(len(positives), 1), 0.5 / max(len(negatives), 1))  # each class weighs 1/2

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import scipy.sparse as sp
 import xxhash
 
 WORD = re.compile(r"\w+")
@@ -51,8 +50,10 @@ def ngram_buckets(words: np.ndarray, buckets: int) -> np.ndarray:
     return np.concatenate([unigram_buckets(words, buckets), bigram_buckets(words, buckets)])
 
 
-def count_matrix(texts: list[str], buckets: int) -> sp.csr_matrix:
+def count_matrix(texts: list[str], buckets: int) -> "scipy.sparse.csr_matrix":  # noqa: F821
     """(documents, buckets) counts of each document's unigrams and bigrams."""
+    import scipy.sparse as sp  # here, not at import: scipy costs every process that imports the curation phases ~0.5 s
+
     indptr, indices = [0], []
     for text in texts:
         grams = ngram_buckets(word_hashes(text), buckets)
