@@ -174,19 +174,28 @@ class KilledAt(LocalExecutor):
         return results
 
 
+@pytest.fixture(scope="module")
+def unkilled(tmp_path_factory):
+    """(the corpus, the run that no kill interrupted), with several resolve tasks per step; shared by the kill cases."""
+    tmp = tmp_path_factory.mktemp("unkilled")
+    path, _ = _corpus(tmp)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(near_dedup, "GROUP_DOCS", 16)  # several resolve tasks per step (one by default here)
+        return path, tmp / "ref", _minhash_run(tmp / "ref", path, LocalExecutor())
+
+
 @pytest.mark.parametrize("desc, after", [("minhash pairs", 1), ("minhash gather", 1), ("minhash attach", 1), ("minhash verify", 2), ("minhash components", 0), ("minhash members", 2), ("minhash keep", 1)])
-def test_run_killed_in_the_resolve_resumes_to_the_same_result(tmp_path, monkeypatch, desc, after):
-    monkeypatch.setattr(near_dedup, "GROUP_DOCS", 16)  # several resolve tasks per step (one by default here)
-    path, _ = _corpus(tmp_path)
-    ref = _minhash_run(tmp_path / "ref", path, LocalExecutor())
+def test_run_killed_in_the_resolve_resumes_to_the_same_result(tmp_path, monkeypatch, unkilled, desc, after):
+    monkeypatch.setattr(near_dedup, "GROUP_DOCS", 16)
+    path, ref_dir, ref = unkilled
     assert ref.stats["global_stages"]["minhash"]["tasks"] > max(after, 1)
     assert ref.stats["global_stages"]["minhash"]["exact_checked"] > 0  # the exact step really runs
     with pytest.raises(_Killed):
         _minhash_run(tmp_path / "out", path, KilledAt(desc, after))
     result = _minhash_run(tmp_path / "out", path, LocalExecutor())
-    assert read_manifest(tmp_path / "out") == read_manifest(tmp_path / "ref")
+    assert read_manifest(tmp_path / "out") == read_manifest(ref_dir)
     a = pq.read_table(tmp_path / "out" / "near_duplicates" / "clusters.parquet")
-    assert a.equals(pq.read_table(tmp_path / "ref" / "near_duplicates" / "clusters.parquet"))
+    assert a.equals(pq.read_table(ref_dir / "near_duplicates" / "clusters.parquet"))
     assert result.stats["global_stages"]["minhash"] == ref.stats["global_stages"]["minhash"]
 
 
