@@ -11,6 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datapipe.core.schema import DROPPED_SCHEMA
+
 class Counters:
     def __init__(self) -> None:
         # (stage, domain) -> [docs_in, docs_out, bytes_in, bytes_out]
@@ -41,6 +43,21 @@ class Counters:
         table = pa.table({"stage": dropped.column("stage"), "domain": dropped.column("domain"), "reason": dropped.column("reason")})
         for row in table.group_by(["stage", "domain", "reason"]).aggregate([("reason", "count")]).to_pylist():
             self.dropped[(input_index, row["stage"], row["domain"], row["reason"])] += row["reason_count"]
+
+    def selection_drops(self, input_index: int, rows: pa.Table, stage: str, reason: str) -> pa.Table:
+        """Rows (id, domain, num_tokens) a selection step dropped after tokenizing: their records (DROPPED_SCHEMA), counted
+        as drops and taken out of the kept documents and tokens."""
+        n = rows.num_rows
+        table = pa.table({
+            "id": rows.column("id"), "domain": rows.column("domain"), "order": pa.nulls(n, pa.int64()),
+            "stage": pa.array([stage] * n, pa.string()), "reason": pa.array([reason] * n, pa.string()),
+            "kept_id": pa.nulls(n, pa.string()), "text": pa.nulls(n, pa.large_string()),
+        }, schema=DROPPED_SCHEMA)
+        for d, k in zip(rows.column("domain").to_pylist(), rows.column("num_tokens").to_pylist()):
+            self.kept[(input_index, d)][0] -= 1
+            self.kept[(input_index, d)][1] -= k
+        self.count_dropped(input_index, table)
+        return table
 
     def merge(self, other: "Counters") -> None:
         for k, v in other.funnel.items():

@@ -666,16 +666,29 @@ def _plot_share(figures: dict[str, Any], domains: list[str], colors: dict, name:
     return fig
 
 
-def _plot_lengths(figures: dict[str, Any], domains: list[str], colors: dict, name: str):
+def _domain_grid(shown: list, xlabel: str):
+    """A figure with one axis per domain (three a row), each labelled and gridded alike; unused axes hidden."""
     from matplotlib.ticker import MaxNLocator
 
-    hist = figures["length_histogram"]
-    lengths = {r["domain"]: r for r in figures["lengths"]}
-    shown = [d for d in domains if d in hist["counts"]] or domains[:1]
     ncols = min(3, max(len(shown), 1))
     nrows = math.ceil(max(len(shown), 1) / ncols)
     fig = _figure(4.2 * ncols, 3.2 * nrows)
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[: len(shown)]:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("documents")
+        ax.grid(True, alpha=0.3)
+    for ax in axes[len(shown):]:
+        ax.set_visible(False)
+    return fig, axes
+
+
+def _plot_lengths(figures: dict[str, Any], domains: list[str], colors: dict, name: str):
+    hist = figures["length_histogram"]
+    lengths = {r["domain"]: r for r in figures["lengths"]}
+    shown = [d for d in domains if d in hist["counts"]] or domains[:1]
+    fig, axes = _domain_grid(shown, "document length (tokens, log scale)")
     edges = hist["edges"]
     for ax, d in zip(axes, shown):
         counts = hist["counts"].get(d)
@@ -686,20 +699,12 @@ def _plot_lengths(figures: dict[str, Any], domains: list[str], colors: dict, nam
                 ax.axvline(max(r[p], 1), color="black", linestyle=style, linewidth=1)
             ax.set_title(f"{d}: {r['docs']:,} docs, median {r['p50']:,.0f} tokens", fontsize=10)
         ax.set_xscale("log")
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("document length (tokens, log scale)")
-        ax.set_ylabel("documents")
-        ax.grid(True, alpha=0.3)
-    for ax in axes[len(shown):]:
-        ax.set_visible(False)
     fig.suptitle(f"Document length per domain (dashed: median; dotted: p5 and p95): {name}", fontsize=12)
     return fig
 
 
 def _plot_selection(sel: dict[str, Any], name: str):
     """The score histogram per domain: every scored document, the kept ones on top."""
-    from matplotlib.ticker import MaxNLocator
-
     hist = sel.get("histogram") or {}
     inner = hist.get("edges") or [0.0]
     by_domain = hist.get("domains") or {}
@@ -708,10 +713,7 @@ def _plot_selection(sel: dict[str, Any], name: str):
     width = (inner[-1] - inner[0]) / max(len(inner) - 1, 1) or 1.0
     edges = [inner[0] - width, *inner, inner[-1] + width]
     colors = _colors(shown)
-    ncols = min(3, len(shown))
-    nrows = math.ceil(len(shown) / ncols)
-    fig = _figure(4.2 * ncols, 3.2 * nrows)
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    fig, axes = _domain_grid(shown, "score (outer bins: the tails)")
     for ax, d in zip(axes, shown):
         h = by_domain.get(d)
         if h and len(h["all"]) == len(edges) - 1:
@@ -719,12 +721,6 @@ def _plot_selection(sel: dict[str, Any], name: str):
             ax.stairs(h["kept"], edges, fill=True, color=colors[d], alpha=0.8, label="kept")
             ax.set_title(f"{d}: {sum(h['kept']):,} of {sum(h['all']):,} kept", fontsize=10)
             ax.legend(fontsize=8)
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("score (outer bins: the tails)")
-        ax.set_ylabel("documents")
-        ax.grid(True, alpha=0.3)
-    for ax in axes[len(shown):]:
-        ax.set_visible(False)
     fig.suptitle(f"Selection scores per domain (method {sel.get('method')}): {name}", fontsize=12)
     return fig
 

@@ -51,6 +51,11 @@ class RowCopies:
         return values.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
+def held_rows(held_out: RowCopies | None, block: str, rows: int) -> np.ndarray:
+    """Bool per row of the block: not training data (held out), from `held_out`'s counts."""
+    return held_out.of(block) > 0 if held_out is not None else np.zeros(rows, dtype=bool)
+
+
 @dataclass(frozen=True)
 class Budget:
     """What a group (a domain's name in the assignment files) keeps: `value` tokens (`by_tokens`) or a fraction
@@ -65,7 +70,7 @@ def assigned(work: Location, folder: str, block: str, held_out: RowCopies | None
     """The block's assignments, training rows only."""
     part = read_work_table(work / folder / f"{block}.arrow")
     if held_out is not None and part.num_rows:  # held-out rows are never sampled
-        part = part.filter(pa.array(~(held_out.of(block) > 0)[part.column("row").to_numpy()]))
+        part = part.filter(pa.array(~held_rows(held_out, block, 0)[part.column("row").to_numpy()]))
     return part
 
 

@@ -26,7 +26,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datapipe.core.config import ConfigError
-from datapipe.core.schema import DROPPED_SCHEMA
 from datapipe.core.shards import atomic_write_bytes, atomic_write_table
 from datapipe.core.storage import Location, location
 from datapipe.core.workfiles import checked, read_work_bytes, read_work_table, write_work_table
@@ -34,7 +33,7 @@ from datapipe.curate.blocks import block_documents
 from datapipe.curate.config import ReadConfig, SelectionConfig
 from datapipe.curate.counters import Counters
 from datapipe.curate.phase import record_in
-from datapipe.curate.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, cuts
+from datapipe.curate.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, cuts, held_rows
 from datapipe.curate.readers import plan_units, read_unit
 from stages import diversity
 from stages.selection import STAGE_NAMES, SelectionModel, fit
@@ -42,10 +41,6 @@ from stages.selection import STAGE_NAMES, SelectionModel, fit
 FOLDER = "model_select"
 ALL = "*"  # the one group of a corpus-wide budget
 HIST_BINS = 20  # score histogram bins per domain, between the corpus sample's 1st and 99th percentiles
-
-
-def _held(held_out: RowCopies | None, block: str, rows: int) -> np.ndarray:
-    return held_out.of(block) > 0 if held_out is not None else np.zeros(rows, dtype=bool)
 
 
 def _documents(work: Location, segment: str, block: str) -> tuple[pa.Table, list[str]]:
@@ -64,7 +59,7 @@ def sample_task(shared: tuple[str, str, RowCopies | None, float, int], block: st
     tokens, texts = _documents(work, segment, block)
     ids = tokens.column("id").to_pylist()
     chosen = diversity.seeded_rank(ids, seed) < np.uint64(int(rate * 2**64)) if rate < 1.0 else np.ones(len(ids), dtype=bool)
-    take = chosen & ~_held(held_out, block, len(ids))
+    take = chosen & ~held_rows(held_out, block, len(ids))
     return {"ids": [ids[i] for i in np.flatnonzero(take)], "texts": [texts[i] for i in np.flatnonzero(take)],
             "cpu_seconds": time.process_time() - started}
 
@@ -133,7 +128,7 @@ def score_task(shared: tuple[str, str, RowCopies | None, bool], block: str) -> d
     started = time.process_time()
     model = _model(str(work / FOLDER / "model.npz"))
     tokens, texts = _documents(work, segment, block)
-    rows = np.flatnonzero(~_held(held_out, block, tokens.num_rows))
+    rows = np.flatnonzero(~held_rows(held_out, block, tokens.num_rows))
     sub = tokens.take(pa.array(rows, pa.int64()))
     scores = model.scores([texts[i] for i in rows], sub.column("id").to_pylist())
     groups = sub.column("domain") if per_domain else pa.array([ALL] * len(rows), pa.string())
@@ -165,7 +160,7 @@ def apply_task(shared: tuple[str, str, RowCopies | None, str, dict[str, Cut] | N
         for group, cut in (group_cuts or {}).items():
             mine = groups == group
             keep[mine] = cut.keep(np.zeros(int(mine.sum()), np.int64), part.column("rank").to_numpy()[mine], index, row[mine])
-    excluded = _held(held_out, block, tokens.num_rows).astype(np.int8)
+    excluded = held_rows(held_out, block, tokens.num_rows).astype(np.int8)
     excluded[row[~keep]] = 1
     write_work_table(work / FOLDER / "excluded" / f"{block}.arrow", pa.table({"excluded": excluded}))
     sub = tokens.take(pa.array(row, pa.int64()))
@@ -175,8 +170,8 @@ def apply_task(shared: tuple[str, str, RowCopies | None, str, dict[str, Cut] | N
          "kept": kept_flags}), format="parquet")
     counters = _drops(out_dir, block, input_index, sub.filter(pc.invert(kept_flags)), STAGE_NAMES[method],
                       "below_threshold" if threshold is not None else "below_cut")
-    domains = np.array(sub.column("domain").to_pylist(), dtype=object)
-    hist = {d: [_histogram(score[domains == d], np.array(edges)), _histogram(score[(domains == d) & keep], np.array(edges))]
+    domains, bins = np.array(sub.column("domain").to_pylist(), dtype=object), np.array(edges)
+    hist = {d: [_histogram(score[domains == d], bins), _histogram(score[(domains == d) & keep], bins)]
             for d in np.unique(domains).tolist()}
     return {"counters": counters.to_json(), "hist": hist}
 
@@ -184,19 +179,9 @@ def apply_task(shared: tuple[str, str, RowCopies | None, str, dict[str, Cut] | N
 def _drops(out_dir: Location, block: str, input_index: int, dropped: pa.Table, stage: str, reason: str) -> Counters:
     """The dropped documents' records (OUT/dropped/model-<block>.parquet) and what they change in the counters."""
     counters = Counters()
-    n = dropped.num_rows
-    if n == 0:
-        return counters
-    table = pa.table({
-        "id": dropped.column("id"), "domain": dropped.column("domain"), "order": pa.nulls(n, pa.int64()),
-        "stage": pa.array([stage] * n, pa.string()), "reason": pa.array([f"{stage}:{reason}"] * n, pa.string()),
-        "kept_id": pa.nulls(n, pa.string()), "text": pa.nulls(n, pa.large_string()),
-    }, schema=DROPPED_SCHEMA)
-    for d, k in zip(dropped.column("domain").to_pylist(), dropped.column("num_tokens").to_pylist()):
-        counters.kept[(input_index, d)][0] -= 1
-        counters.kept[(input_index, d)][1] -= k
-    counters.count_dropped(input_index, table)
-    atomic_write_table(out_dir / "dropped" / f"model-{block}.parquet", table, format="parquet")
+    if dropped.num_rows:
+        table = counters.selection_drops(input_index, dropped, stage, f"{stage}:{reason}")
+        atomic_write_table(out_dir / "dropped" / f"model-{block}.parquet", table, format="parquet")
     return counters
 
 

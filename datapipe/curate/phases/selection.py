@@ -34,14 +34,13 @@ import numpy as np
 import pyarrow as pa
 
 from datapipe.curate.counters import Counters
-from datapipe.core.schema import DROPPED_SCHEMA
 from datapipe.core.shards import atomic_write_bytes, atomic_write_table
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curate.phase import record_in
 from datapipe.curate.config import SelectionConfig
 from datapipe.curate.phases.model_selection import select_by_model
-from datapipe.curate.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, assigned, cuts
+from datapipe.curate.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, assigned, cuts, held_rows
 from stages import diversity, mixture
 
 COPIES_DIR = "select"  # work/select/<block>.arrow: column `copies`
@@ -51,11 +50,6 @@ def _token_file(work: Location, block: str) -> Location:
     return work / "tokens" / f"{block}.arrow"
 
 
-def _held(held_out: RowCopies | None, block: str, rows: int) -> np.ndarray:
-    """Bool per row: not training data."""
-    return held_out.of(block) > 0 if held_out is not None else np.zeros(rows, dtype=bool)
-
-
 def count_task(shared: tuple[str, RowCopies | None], block: str) -> dict[str, list[int]]:
     """Per domain of the block's rows (in order of first appearance, held-out rows included): training
     [documents, tokens]."""
@@ -63,7 +57,7 @@ def count_task(shared: tuple[str, RowCopies | None], block: str) -> dict[str, li
     table = read_work_table(_token_file(work, block)).select(["domain", "num_tokens"])
     domains = np.array(table.column("domain").to_pylist(), dtype=object)
     tokens = table.column("num_tokens").to_numpy()
-    training = ~_held(held_out, block, table.num_rows)
+    training = ~held_rows(held_out, block, table.num_rows)
     out: dict[str, list[int]] = {}
     names, first = np.unique(domains, return_index=True) if len(domains) else ([], [])
     for d in [names[i] for i in np.argsort(first)]:
@@ -79,7 +73,7 @@ def sample_task(shared: tuple[str, diversity.DiversityConfig, dict[str, int], Ro
     table = read_work_table(_token_file(work, block)).select(["id", "domain", "tokens"])
     domains = table.column("domain").to_pylist()
     rank = diversity.seeded_rank(table.column("id").to_pylist(), config.seed)
-    held = _held(held_out, block, table.num_rows)
+    held = held_rows(held_out, block, table.num_rows)
     tokens = table.column("tokens")
     sample: dict[str, list[np.ndarray]] = {}
     for i, d in enumerate(domains):
@@ -152,7 +146,7 @@ def select_task(shared: tuple[str, str, RowCopies | None, dict[str, Cut], dict[s
     work, out_dir, held_out, cuts, mix_plan, seed = location(shared[0]), location(shared[1]), *shared[2:]
     t = read_work_table(_token_file(work, block)).select(["id", "domain", "num_tokens"])
     copies = np.ones(t.num_rows, dtype=np.int64)
-    copies[_held(held_out, block, t.num_rows)] = 0
+    copies[held_rows(held_out, block, t.num_rows)] = 0
     reasons: list[tuple[np.ndarray, str, str]] = []
     if cuts:
         part = assigned(work, "diversity", block, held_out)
@@ -182,19 +176,8 @@ def select_task(shared: tuple[str, str, RowCopies | None, dict[str, Cut], dict[s
     counters = Counters()
     parts = []
     for rows, stage, reason in reasons:
-        if len(rows) == 0:
-            continue
-        sub = t.take(pa.array(rows))
-        n = len(rows)
-        parts.append(pa.table({
-            "id": sub.column("id"), "domain": sub.column("domain"), "order": pa.nulls(n, pa.int64()),
-            "stage": pa.array([stage] * n, pa.string()), "reason": pa.array([reason] * n, pa.string()),
-            "kept_id": pa.nulls(n, pa.string()), "text": pa.nulls(n, pa.large_string()),
-        }, schema=DROPPED_SCHEMA))
-        for d, k in zip(sub.column("domain").to_pylist(), sub.column("num_tokens").to_pylist()):
-            counters.kept[(input_index, d)][0] -= 1
-            counters.kept[(input_index, d)][1] -= k
-        counters.count_dropped(input_index, parts[-1])
+        if len(rows):
+            parts.append(counters.selection_drops(input_index, t.take(pa.array(rows)), stage, reason))
     if parts:
         atomic_write_table(out_dir / "dropped" / f"select-{block}.parquet", pa.concat_tables(parts), format="parquet")
     write_work_table(work / COPIES_DIR / f"{block}.arrow", pa.table({"copies": copies}))
