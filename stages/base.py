@@ -85,6 +85,9 @@ class GlobalStage(ABC):
 
     name: ClassVar[str]  # also the folder of its keys and losers under work/
     partitions: int  # the shuffle's width: `partition` values are below it
+    # True: the batches `keys` gets carry `text_at` and `text_bytes`, where each document's text lies in its
+    # read block (`datapipe.curate.blocks.read_texts` reads a few documents' text back by those ranges)
+    locates_text: ClassVar[bool] = False
 
     @abstractmethod
     def keys(self, batch: pa.RecordBatch) -> dict[str, pa.Table]:

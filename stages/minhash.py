@@ -590,19 +590,23 @@ class MinHashStage:
 
         - `buckets`: one row per (document, band): the band's bucket key (the band number is mixed
           into the key) and the document's order, partitioned by the key: 16 bytes a row;
-        - `nodes`: one row per document, partitioned by its order: order, its length (for `keep:
-          longest`) and, when verifying, the signature (`SIGNATURE_BITS` a value) — stored once, not
-          once per band. Ids are not stored: the members of clusters (a few) get theirs from their block.
+        - `nodes`: one row per document, partitioned by its order: order, id (what a cluster's members
+          are named by), its length (for `keep: longest`) and, when verifying, the signature
+          (`SIGNATURE_BITS` a value) — stored once, not once per band — and, where the batch carries
+          them, `text_at` and `text_bytes`: where the document's text lies in its read block.
 
         Shingle sets are not stored: the few pairs near the threshold are checked exactly against
-        shingles recomputed from the two documents' text (`shingle_sets`)."""
+        shingles recomputed from the two documents' text (`shingle_sets`), read by those ranges."""
         sig, has = self.hasher.signatures(batch.column("text"))
         order = batch.column("order").to_numpy()
-        nodes = {"partition": partition_of(order, self.config.partitions), "order": order}
-        if self.config.keep == "longest":  # (ids are not stored: the few cluster members' come from their block)
+        nodes = {"partition": partition_of(order, self.config.partitions), "order": order, "id": batch.column("id")}
+        if self.config.keep == "longest":
             nodes["length"] = pc.utf8_length(batch.column("text")).cast(pa.int64())
         if self.config.verify:
             nodes["signature"] = stored_signatures(sig)
+            for name in ("text_at", "text_bytes"):
+                if name in batch.schema.names:
+                    nodes[name] = batch.column(name)
         keys = band_keys(sig[has], self.bands, self.rows).reshape(-1)
         buckets = {
             "partition": partition_of(keys, self.config.partitions),

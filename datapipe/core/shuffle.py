@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datapipe.core.shards import atomic_write_bytes
-from datapipe.core.storage import Location, RemotePath, location
+from datapipe.core.storage import Location, RemotePath, location, spread
 from datapipe.core.workfiles import DamagedWorkFile, digest
 
 MAGIC = b"DPSHUF02"
@@ -78,7 +78,7 @@ def _schema_at(partitions: int) -> int:
 def write_shuffle(path: str | Location, table: pa.Table, partition: np.ndarray, partitions: int) -> int:
     """Write a shuffle file (atomically, in one request on an object store); its size in bytes."""
     data = shuffle_bytes(table, partition, partitions)
-    atomic_write_bytes(path, data)
+    atomic_write_bytes(spread(location(path)), data)
     return len(data)
 
 
@@ -201,7 +201,7 @@ def read_shuffle(paths: Sequence[str | Location], p: int, partitions: int, schem
     `through` - 1 (one range of each file: they are adjacent), file by file, and `partition_column`
     names an int32 column holding each row's partition."""
     p1 = p + 1 if through is None else through
-    locations = [location(x) for x in paths]
+    locations = [spread(location(x)) for x in paths]
     remote = [x for x in locations if isinstance(x, RemotePath)]
     if remote and len(remote) != len(locations):
         raise ValueError("shuffle files must all be local or all remote")

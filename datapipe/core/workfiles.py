@@ -81,6 +81,26 @@ def read_work_bytes(path: str | Path | Location) -> pa.Buffer:
     return verified(path, data)
 
 
+def read_work_ranges(path: str | Path | Location, starts: list[int], ends: list[int]) -> list[bytes]:
+    """Byte ranges of a work file, unchecked (the caller checks what it reads: a frame's own checksum), all
+    requested at once on an object store; a missing file, or one shorter than a range, is a DamagedWorkFile."""
+    path = location(path)
+    try:
+        if isinstance(path, RemotePath):
+            out = path.fs.cat_ranges([path.path] * len(starts), starts, ends, on_error="raise") if starts else []
+        else:
+            out = []
+            with open(path, "rb") as f:
+                for a, b in zip(starts, ends):
+                    f.seek(a)
+                    out.append(f.read(b - a))
+    except FileNotFoundError:
+        raise DamagedWorkFile(path, "it is missing (deleted after its task finished)") from None
+    if any(len(piece) != b - a for piece, a, b in zip(out, starts, ends)):
+        raise DamagedWorkFile(path, "it is shorter than its task wrote")
+    return out
+
+
 def read_work_table(path: str | Path | Location) -> pa.Table:
     """Read a table written by `write_work_table`, checked first."""
     return pa.ipc.open_file(read_work_bytes(path)).read_all()

@@ -1,25 +1,89 @@
 """A block's documents after a segment: the text is written once, by the read task; segments write views.
 
-The read task writes each block's documents, text included, to `work/read/<block>.arrow` (after the
-stages that rewrite text: normalize). Every segment after it writes only what it decided and changed,
-`work/<segment>/<block>.arrow` with one row per document it kept: `order` (which row of the read block),
-`id` (renamed by `unique_ids` in the first segment), `lang` and `lang_score` (set by language id). The
-documents of a block after a segment are the read block's rows at those orders with those columns
+The read task writes each block's documents to `work/read/<block>.arrow` (after the stages that rewrite
+text: normalize), as one object of two parts (`write_read_block`): the texts, each compressed on its own
+(one zstd frame a document, with its checksum), back to back; then an Arrow table of every other column
+and `text_end`, where each document's frame ends. A whole read verifies the object's digest; a task that
+wants a few documents (near dedup's exact check) reads just their frames by range (`read_texts`), each
+checked by its frame's checksum, instead of the block. Every segment after it writes only what it decided
+and changed, `work/<segment>/<block>.arrow` with one row per document it kept: `order` (which row of the
+read block), `id` (renamed by `unique_ids` in the first segment), `lang` and `lang_score` (set by language
+id). The documents of a block after a segment are the read block's rows at those orders with those columns
 (`block_documents`), so the text is never copied from phase to phase: a segment costs ~6-30 bytes a
 document instead of the document (datatrove's filter step likewise re-reads its input against a removal list).
 """
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pyarrow as pa
+import zstandard
 
 from datapipe.core.schema import DOC_SCHEMA
-from datapipe.core.workfiles import read_work_table, write_work_table
-from datapipe.core.storage import Location
+from datapipe.core.shards import atomic_write_bytes, table_bytes
+from datapipe.core.storage import Location, spread
+from datapipe.core.workfiles import DamagedWorkFile, checked, read_work_bytes, read_work_ranges, read_work_table, write_work_table
 
 READ = "read"  # the folder of the read blocks: the one copy of the text
 VIEW_SCHEMA = pa.schema([DOC_SCHEMA.field(name) for name in ("order", "id", "lang", "lang_score")])
+LOCATOR_COLUMNS = ("text_at", "text_bytes")  # a document's frame in its read block: `block_documents(locate=True)`
+_FRAMES_LENGTH = struct.Struct("<Q")  # the last bytes of a read block's payload: where its Arrow part starts
+_TEXT_LEVEL = 3
+
+
+def read_block_path(work: Location, block: str) -> Location:
+    """Below a hashed prefix on an object store (`spread`): every segment, and the exact check by range, reads it."""
+    return spread(work / READ / f"{block}.arrow")
+
+
+def write_read_block(work: Location, block: str, table: pa.Table, compression: str | None) -> None:
+    """The one copy of a block's documents (`table`, `DOC_SCHEMA`): its texts as one zstd frame each, back to back,
+    then the other columns and `text_end` as Arrow IPC (`compression`), then the frames' length; one object."""
+    compressor = zstandard.ZstdCompressor(level=_TEXT_LEVEL, write_checksum=True)
+    frames = [compressor.compress(t) for t in _utf8_values(table.column("text"))]
+    ends = np.cumsum(np.fromiter(map(len, frames), dtype=np.int64, count=len(frames)))
+    rest = table.drop(["text"]).append_column("text_end", pa.array(ends, pa.int64()))
+    packed = b"".join(frames)
+    atomic_write_bytes(read_block_path(work, block),
+                       checked(packed + table_bytes(rest, "arrow", compression) + _FRAMES_LENGTH.pack(len(packed))))
+
+
+def _utf8_values(column: pa.ChunkedArray) -> list[bytes]:
+    return [b"" if v is None else v for v in column.cast(pa.large_binary()).to_pylist()]
+
+
+def _read_block(work: Location, block: str, with_text: bool) -> pa.Table:
+    """A read block's documents (`DOC_SCHEMA`, the text decompressed when `with_text`) and `text_end`."""
+    path = read_block_path(work, block)
+    payload = read_work_bytes(path)
+    if payload.size < _FRAMES_LENGTH.size:
+        raise DamagedWorkFile(path, "it is shorter than a read block's layout")
+    (length,) = _FRAMES_LENGTH.unpack(payload.slice(payload.size - _FRAMES_LENGTH.size).to_pybytes())
+    rest = pa.ipc.open_file(payload.slice(length, payload.size - _FRAMES_LENGTH.size - length)).read_all()
+    if not with_text:
+        return rest
+    ends = rest.column("text_end").to_numpy()
+    view = memoryview(payload.slice(0, length))
+    starts = np.r_[0, ends[:-1]] if len(ends) else ends
+    decompressor = zstandard.ZstdDecompressor()
+    texts = [decompressor.decompress(view[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
+    text = pa.array(texts, pa.large_binary()).cast(pa.large_string())
+    at = DOC_SCHEMA.get_field_index("text")
+    return rest.add_column(min(at, rest.num_columns), DOC_SCHEMA.field("text"), text)
+
+
+def read_texts(work: Location, block: str, at: np.ndarray, nbytes: np.ndarray) -> list[str]:
+    """The texts whose frames are at `at` (`nbytes` long) in `block`'s read block: one range read each, all
+    concurrent on an object store, each frame checked by its own checksum."""
+    path = read_block_path(work, block)
+    frames = read_work_ranges(path, at.tolist(), (at + nbytes).tolist())
+    decompressor = zstandard.ZstdDecompressor()
+    try:
+        return [decompressor.decompress(f).decode("utf-8") for f in frames]
+    except (zstandard.ZstdError, UnicodeDecodeError) as exc:
+        raise DamagedWorkFile(path, f"a document's text does not decompress to what its task wrote ({exc})") from None
 
 
 def write_view(work: Location, segment: str, block: str, documents: pa.Table) -> None:
@@ -29,23 +93,41 @@ def write_view(work: Location, segment: str, block: str, documents: pa.Table) ->
                        compression="zstd")
 
 
-def block_documents(work: Location, segment: str, block: str, columns: list[str] | None = None) -> pa.Table:
+def block_documents(work: Location, segment: str, block: str, columns: list[str] | None = None, *,
+                    locate: bool = False) -> pa.Table:
     """The documents (`DOC_SCHEMA`, or just `columns`) of `block` as `segment` left them: the read block
     for `read`, else the read block's rows that the segment's view names, with the view's columns. A
-    file that holds the text itself (an `eval.source` block) is returned as it is."""
+    file that holds the text itself (an `eval.source` block) is returned as it is. `locate`: with each
+    document's frame in the read block (`LOCATOR_COLUMNS`), for `read_texts`."""
+    wanted = list(columns or DOC_SCHEMA.names) + (list(LOCATOR_COLUMNS) if locate else [])
+    if segment == READ:
+        return _located(_read_block(work, block, "text" in wanted), wanted).cast(_schema(wanted))
     path = work / segment / f"{block}.arrow"
     table = read_work_table(path)
     if "text" in table.column_names:
         return table.select(columns) if columns else table
-    if columns is not None and set(columns) <= set(VIEW_SCHEMA.names):  # no text needed: the view alone
-        return table.select(columns)
-    base = read_work_table(work / READ / f"{block}.arrow")
+    if set(wanted) <= set(VIEW_SCHEMA.names):  # no text needed: the view alone
+        return table.select(wanted)
+    base = _read_block(work, block, "text" in wanted)
     base_orders = base.column("order").to_numpy()
     orders = table.column("order").to_numpy()
     rows = np.searchsorted(base_orders, orders)
     if len(orders) and (rows.max() >= len(base_orders) or (base_orders[rows] != orders).any()):  # a bug, never bad input
         raise RuntimeError(f"the view {path} names documents that the read block of {block} does not hold")
-    taken = base.take(pa.array(rows, pa.int64()))
-    out = pa.table({name: table.column(name) if name in VIEW_SCHEMA.names else taken.column(name) for name in DOC_SCHEMA.names},
-                   schema=DOC_SCHEMA)
-    return out.select(columns) if columns else out
+    taken = _located(base, wanted).take(pa.array(rows, pa.int64()))
+    return pa.table({name: table.column(name) if name in VIEW_SCHEMA.names else taken.column(name) for name in wanted},
+                    schema=_schema(wanted))
+
+
+def _schema(names: list[str]) -> pa.Schema:
+    return pa.schema([DOC_SCHEMA.field(n) if n in DOC_SCHEMA.names else pa.field(n, pa.int64()) for n in names])
+
+
+def _located(base: pa.Table, wanted: list[str]) -> pa.Table:
+    """`base` (a read block, with `text_end`) with the `wanted` columns, the locators made from `text_end`."""
+    if any(name in wanted for name in LOCATOR_COLUMNS):
+        ends = base.column("text_end").to_numpy()
+        starts = np.r_[0, ends[:-1]].astype(np.int64) if len(ends) else ends
+        base = base.append_column("text_at", pa.array(starts, pa.int64()))
+        base = base.append_column("text_bytes", pa.array(ends - starts, pa.int64()))
+    return base.select(wanted)

@@ -215,6 +215,33 @@ def test_the_result_does_not_depend_on_how_partitions_are_grouped_into_tasks(tmp
     assert many.stats["global_stages"]["minhash"]["removed"] == one.stats["global_stages"]["minhash"]["removed"]
 
 
+@pytest.mark.parametrize("desc, after", [(None, 0), ("minhash attach combine", 0), ("minhash members combine", 0)])
+def test_group_files_are_combined_for_their_readers_and_a_kill_there_resumes(tmp_path, monkeypatch, desc, after):
+    """Eight groups: each step's eight group files are merged by a combine task into one (`exchange_groups`),
+    which the next step's receivers read (two requests each, not two per group); the clusters and shards are
+    those of one group, and a run killed in a combine resumes to them."""
+    path, _ = _corpus(tmp_path)
+    one = _minhash_run(tmp_path / "one", path, LocalExecutor(), partitions=8)
+    monkeypatch.setattr(near_dedup, "GROUP_DOCS", 1)
+    if desc is not None:
+        with pytest.raises(_Killed):
+            _minhash_run(tmp_path / "many", path, KilledAt(desc, after), partitions=8)
+    steps: list[tuple[str, int]] = []
+
+    class Steps(LocalExecutor):
+        def run_tasks(self, fn, shared, items, desc, **kwargs):
+            steps.append((desc, len(items)))
+            return super().run_tasks(fn, shared, items, desc, **kwargs)
+
+    many = _minhash_run(tmp_path / "many", path, Steps(), partitions=8)
+    assert many.stats["global_stages"]["minhash"]["tasks"] == 8
+    combined = dict(steps)
+    assert combined["minhash pairs combine"] == combined["minhash attach combine"] == combined["minhash members combine"] == 1
+    assert read_manifest(tmp_path / "many") == read_manifest(tmp_path / "one")
+    a = pq.read_table(tmp_path / "many" / "near_duplicates" / "clusters.parquet")
+    assert a.equals(pq.read_table(tmp_path / "one" / "near_duplicates" / "clusters.parquet"))
+
+
 def test_keep_longest_keeps_the_longest_member(tmp_path):
     base = max((orjson.loads(l)["text"] for l in (ASSETS / "corpus_slice.jsonl").read_bytes().splitlines()), key=len)
     texts = [base, base + " one more sentence at the end.", base[: len(base) - 40]]
@@ -254,28 +281,68 @@ def test_clusters_merged_a_few_rows_at_a_time_equal_one_sort(tmp_path, monkeypat
 
 def test_recomputed_shingles_are_cached_per_run_only(tmp_path):
     """A verify task reuses the shingle sets this process computed earlier in the same resolve (`KeySource.run`);
-    another run, whose block at the same path may hold other text, computes its own."""
+    another run, whose block at the same path may hold other text, computes its own. A document is read by
+    the range of its text in its read block; one of a block that holds its text itself, by reading that block."""
     from datapipe.core.schema import DOC_SCHEMA
-    from datapipe.core.workfiles import write_work_table as atomic_write_table
+    from datapipe.core.workfiles import write_work_table
+    from datapipe.curate.blocks import READ, block_documents, write_read_block
     from datapipe.curate.phases.near_dedup import KeySource, text_shingle_sets
     from stages.minhash import shingle_sets
 
     config = MinHashConfig()
 
     def block(text):
-        atomic_write_table(tmp_path / "seg" / "b0.arrow", pa.table(
-            {"id": ["d0"], "domain": ["d"], "text": pa.array([text], pa.large_string()), "order": pa.array([0], pa.int64()),
-             "lang": pa.nulls(1, pa.string()), "lang_score": pa.nulls(1, pa.float32())}, schema=DOC_SCHEMA))
+        table = pa.table({"id": ["d0", "d1"], "domain": ["d", "d"], "text": pa.array(["x y z w v u t s", text], pa.large_string()),
+                          "order": pa.array([0, 1], pa.int64()), "lang": pa.nulls(2, pa.string()),
+                          "lang_score": pa.nulls(2, pa.float32())}, schema=DOC_SCHEMA)
+        write_read_block(tmp_path, "b0", table, "zstd")
+        write_work_table(tmp_path / "seg" / "b0.arrow", table)  # a block that holds its text itself
+        located = block_documents(tmp_path, READ, "b0", ["order"], locate=True)
+        return located.column("text_at").to_numpy()[1:], located.column("text_bytes").to_numpy()[1:]
+
+    def sets(run, at, nbytes):
+        return text_shingle_sets(KeySource(str(tmp_path), str(tmp_path), ("seg/b0",), run=run), np.array([1]), np.array([0]),
+                                 at, nbytes, config)
 
     first, second = "one two three four five six seven", "eight nine ten eleven twelve thirteen fourteen"
-    block(first)
-    got = text_shingle_sets(KeySource(str(tmp_path), str(tmp_path), ("seg/b0",), run="r1"), np.array([0]), np.array([0]), config)
-    assert got[0].tolist() == shingle_sets([first], config)[0].tolist()
-    block(second)
-    again = text_shingle_sets(KeySource(str(tmp_path), str(tmp_path), ("seg/b0",), run="r1"), np.array([0]), np.array([0]), config)
-    assert again[0].tolist() == got[0].tolist()  # the same run: from the cache, the block is not read again
-    other = text_shingle_sets(KeySource(str(tmp_path), str(tmp_path), ("seg/b0",), run="r2"), np.array([0]), np.array([0]), config)
-    assert other[0].tolist() == shingle_sets([second], config)[0].tolist()
+    at, nbytes = block(first)
+    got, read = sets("r1", at, nbytes)
+    assert got[1].tolist() == shingle_sets([first], config)[0].tolist()
+    first_frame = int(nbytes[0])
+    assert read == {"bytes_read": first_frame, "text_bytes": len(first)}  # its frame alone, not the block
+    at, nbytes = block(second)
+    again, read = sets("r1", at, nbytes)
+    assert again[1].tolist() == got[1].tolist()  # the same run: from the cache, the new text not read
+    assert read == {"bytes_read": first_frame, "text_bytes": len(first)}  # its reported read does not depend on the cache
+    other, _ = sets("r2", at, nbytes)
+    assert other[1].tolist() == shingle_sets([second], config)[0].tolist()
+    whole, read = sets("r3", np.array([-1]), np.array([-1]))  # no locator: the block file is read
+    assert whole[1].tolist() == other[1].tolist() and read["bytes_read"] == len("x y z w v u t s") + len(second)
+
+
+def test_a_damaged_text_frame_stops_the_exact_check_naming_the_read_block(tmp_path):
+    """A range read is checked by its frame's own checksum: a changed byte is a DamagedWorkFile naming the block."""
+    from datapipe.core.schema import DOC_SCHEMA
+    from datapipe.core.workfiles import DamagedWorkFile
+    from datapipe.curate.blocks import READ, block_documents, read_texts, write_read_block
+
+    texts = ["alpha beta gamma delta", "epsilon zeta eta theta iota"]
+    table = pa.table({"id": ["a", "b"], "domain": ["d", "d"], "text": pa.array(texts, pa.large_string()),
+                      "order": pa.array([0, 1], pa.int64()), "lang": pa.nulls(2, pa.string()),
+                      "lang_score": pa.nulls(2, pa.float32())}, schema=DOC_SCHEMA)
+    write_read_block(tmp_path, "b0", table, "zstd")
+    located = block_documents(tmp_path, READ, "b0", ["order"], locate=True)
+    at, nbytes = located.column("text_at").to_numpy(), located.column("text_bytes").to_numpy()
+    assert read_texts(tmp_path, "b0", at[::-1], nbytes[::-1]) == texts[::-1]
+    assert block_documents(tmp_path, READ, "b0").equals(table)
+    path = tmp_path / READ / "b0.arrow"
+    data = bytearray(path.read_bytes())
+    data[int(at[1]) + int(nbytes[1]) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedWorkFile, match="b0.arrow"):
+        read_texts(tmp_path, "b0", at[1:], nbytes[1:])
+    with pytest.raises(DamagedWorkFile, match="b0.arrow"):  # a whole read checks the object's digest
+        block_documents(tmp_path, READ, "b0")
 
 
 def test_without_verification_every_candidate_pair_joins_a_cluster(tmp_path):

@@ -30,10 +30,10 @@ plan = types.SimpleNamespace(cfg=cfg, out_dir=str(out), out=out, work=out / "wor
 (out / "work" / "read").mkdir(parents=True)
 result = read._read(plan, 0, InputUnit(0, path, "jsonl"), cfg.inputs[0])
 import pyarrow as pa
-from datapipe.core.workfiles import read_work_table
+from datapipe.curate.blocks import READ, block_documents
 ids = []
 for f in sorted((out / "work" / "read").glob("*.arrow")):
-    ids += read_work_table(f).column("id").to_pylist()
+    ids += block_documents(out / "work", READ, f.stem, ["id"]).column("id").to_pylist()
 quarantine = out / "quarantine" / "u000000.jsonl"
 reasons, lines = {}, []
 if quarantine.exists():

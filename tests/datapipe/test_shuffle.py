@@ -60,7 +60,7 @@ def test_a_file_is_deterministic_and_read_checks_its_partition_count(tmp_path):
 
 
 def test_remote_files_are_read_by_ranges_on_a_real_s3_server(s3_server, tmp_path):
-    from datapipe.core.storage import location
+    from datapipe.core.storage import location, spread
 
     endpoint, bucket = s3_server
     folder = location(f"s3://{bucket}/shuffle-test")
@@ -70,8 +70,10 @@ def test_remote_files_are_read_by_ranges_on_a_real_s3_server(s3_server, tmp_path
         a = read_shuffle(shuffle_files(tmp_path, list(local)), p, 5)
         b = read_shuffle(shuffle_files(folder, list(remote)), p, 5)
         assert a.equals(b)
-    # one object per sender, written in one request: no temporary key is ever left
-    assert sorted(f.name for f in folder.iterdir()) == [f"s{s}.shuffle" for s in range(4)]
+    # one object per sender, written in one request, below a hashed prefix (`storage.spread`): no temporary key is left
+    keys = sorted(f.path.split("shuffle-test/", 1)[1] for f in folder.walk_files())
+    assert keys == sorted(f"{spread(folder / f's{s}.shuffle').parent.name}/s{s}.shuffle" for s in range(4))
+    assert len({k.split("/")[0] for k in keys}) > 1  # spread over prefixes
 
 
 def _objects(work: Path) -> dict[str, int]:

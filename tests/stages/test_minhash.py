@@ -325,12 +325,15 @@ def test_candidates_are_verified_by_estimated_jaccard():
     assert len(found.near_u) == 0  # all far above the threshold: no exact check needed
     nodes = keys["nodes"]
     assert nodes.column("order").to_pylist() == [0, 1, 2, 3]
-    # the signature once per document, 16 bits a value, and nothing else (no id, no length with keep: first);
-    # the buckets one row per band: no signature, no shingles
-    assert nodes.column_names == ["partition", "order", "signature"]
+    # the id (the cluster members' names) and the signature once per document, 16 bits a value, and nothing else
+    # (no length with keep: first); the buckets one row per band: no signature, no shingles
+    assert nodes.column_names == ["partition", "order", "id", "signature"]
     assert nodes.column("signature").type == pa.binary(2 * stage.config.num_perm)
     assert MinHashStage(MinHashConfig(partitions=1, keep="longest")).keys(_batch([base]))["nodes"].column_names == [
-        "partition", "order", "length", "signature"]
+        "partition", "order", "id", "length", "signature"]
+    # where the batch says where each text lies in its read block, the nodes keep it for the exact check
+    located = _batch([base]).append_column("text_at", pa.array([7], pa.int64())).append_column("text_bytes", pa.array([9], pa.int64()))
+    assert stage.keys(located)["nodes"].select(["text_at", "text_bytes"]).to_pylist() == [{"text_at": 7, "text_bytes": 9}]
     assert keys["buckets"].column_names == ["partition", "bucket", "order"] and set(keys) == {"buckets", "nodes"}
     full, _ = stage.hasher.signatures([far])
     assert signature_values(nodes.column("signature"), stage.config.num_perm)[2].tolist() == (full[0] & 0xFFFF).tolist()

@@ -143,7 +143,7 @@ def bucket_task(shared: tuple[str, str, MinHashConfig], block: str) -> dict[str,
     """Near dedup's map half on a block of the last segment (used when near dedup did not run): its
     keys, laid out as the runner lays out a global stage's, under work/eval/<kind>/<block>.shuffle."""
     work, segment, config = location(shared[0]), shared[1], shared[2]
-    table = block_documents(work, segment, block)
+    table = block_documents(work, segment, block, locate=True)  # the exact check reads a few texts by range
     write_keys(MinHashStage(config), table, work / EVAL_DIR, block)
     return {"rows": table.num_rows}
 

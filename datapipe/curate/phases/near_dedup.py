@@ -60,7 +60,7 @@ from datapipe.core.shards import replacing
 from datapipe.core.workfiles import read_record, read_work_table, write_record, write_work_table
 from datapipe.core.shuffle import COMBINE_SENDERS, combine, combined_names, read_shuffle, shuffle_files, write_shuffle
 from datapipe.core.storage import Location, location, remove_tree
-from datapipe.curate.blocks import block_documents
+from datapipe.curate.blocks import block_documents, read_texts
 from datapipe.curate.phase import record_in
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 from stages.minhash import (
@@ -136,6 +136,8 @@ class Groups:
     partitions: int
     count: int
     senders_per_file: int = 0  # the map side's key files combined this many to a file (`combine_keys`); 0: not
+    # the step folders (by name) whose group files were combined, and how many to a file (`exchange_groups`)
+    combined: tuple[tuple[str, int], ...] = ()
 
     def range(self, g: int) -> tuple[int, int]:
         return g * self.partitions // self.count, (g + 1) * self.partitions // self.count
@@ -147,9 +149,37 @@ class Groups:
         return [(g,) for g in range(self.count)]
 
     def read(self, folder: Location, g: int, schema: pa.Schema | None = None) -> pa.Table | None:
-        """Group g's rows of every group's shuffle file in `folder` (one range of each)."""
+        """Group g's rows of every group's shuffle file in `folder` (one range of each), or of the files they
+        were combined into (`exchange_groups`)."""
         lo, hi = self.range(g)
-        return read_shuffle(shuffle_files(folder, self.names()), lo, self.partitions, schema, through=hi)
+        per_file = dict(self.combined).get(folder.name)
+        names = combined_names(self.count, per_file) if per_file else self.names()
+        return read_shuffle(shuffle_files(folder, names), lo, self.partitions, schema, through=hi)
+
+    def record(self) -> dict[str, int]:
+        """What `records/groups.json` keeps: the grouping, fixed by a resolve's first run (not its combines)."""
+        return {"partitions": self.partitions, "count": self.count, "senders_per_file": self.senders_per_file}
+
+
+SMALL_EXCHANGE = 4  # up to this many groups, each reads every group's file: 2 G^2 <= 4 x (G + G) requests
+
+
+def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, results: Sequence[dict[str, Any]],
+                    desc: str) -> Groups:
+    """After a step whose G tasks each wrote one shuffle file in `folder` (their results' `bytes`): the two-level
+    exchange (`shuffle.combine`) when G > SMALL_EXCHANGE, as many files to a combine task as fit COMBINE_BYTES at
+    the largest file's size, so that the next step's G receivers read G / per_file files each, not G: requests
+    grow as senders + receivers while a combine holds at most COMBINE_BYTES. The groups the readers then use."""
+    sizes = [int(r["bytes"]) for r in results if "bytes" in r]
+    if groups.count <= SMALL_EXCHANGE or not sizes:  # (no sizes: a step recorded before the exchange existed)
+        return groups
+    per_file = min(COMBINE_SENDERS, COMBINE_BYTES // max(3 * max(sizes), 1))
+    if per_file < 2:
+        return groups
+    combine(run_tasks, folder, groups.names(), groups.partitions, f"{desc} combine", per_file=per_file)
+    combined = dict(groups.combined)
+    combined[folder.name] = per_file
+    return dataclasses.replace(groups, combined=tuple(sorted(combined.items())))
 
 
 GROUP_DOCS = 16_384  # documents per resolve task, at least: a small corpus makes few tasks whatever its partitions
@@ -197,13 +227,13 @@ def gather_nodes_task(shared: tuple[str, KeySource], g: int) -> dict[str, int]:
     return {"nodes": nodes.num_rows}
 
 
-def send_edges(folder: Location, a: np.ndarray, b: np.ndarray, partitions: int, sender: str) -> None:
+def send_edges(folder: Location, a: np.ndarray, b: np.ndarray, partitions: int, sender: str) -> int:
     """Write undirected edges (a, b) as directed edges in both directions, partitioned by source:
-    one shuffle file `folder/<sender>.shuffle`."""
+    one shuffle file `folder/<sender>.shuffle`; its bytes."""
     src = np.concatenate([a, b]).astype(np.int64)
     dst = np.concatenate([b, a]).astype(np.int64)
-    write_shuffle(folder / f"{sender}.shuffle", pa.table({"src": src, "dst": dst}, schema=EDGE_SCHEMA),
-                  partition_of(src, partitions), partitions)
+    return write_shuffle(folder / f"{sender}.shuffle", pa.table({"src": src, "dst": dst}, schema=EDGE_SCHEMA),
+                         partition_of(src, partitions), partitions)
 
 
 def _directed(folder: Location, groups: Groups, g: int) -> tuple[np.ndarray, np.ndarray]:
@@ -227,72 +257,87 @@ def _lookup(nodes: pa.Table, orders: np.ndarray, columns: Sequence[str]) -> pa.T
     at = by_order[np.minimum(np.searchsorted(node_orders[by_order], orders), max(len(by_order) - 1, 0))]
     if len(orders) and (len(node_orders) == 0 or (node_orders[at] != orders).any()):  # a bug, never bad input
         raise RuntimeError(f"near dedup: documents {orders[:5].tolist()} have no node row in the work folder")
-    return nodes.select(list(columns)).take(pa.array(at, pa.int64()))
+    return nodes.select([c for c in columns if c in nodes.column_names]).take(pa.array(at, pa.int64()))
 
 
 class _ShingleCache:
     """Shingle sets recomputed in this worker process, kept for the next verify task of the same run (a
     document near the threshold with many partners is checked by several tasks): least recently used out
     beyond `budget` bytes. Keyed by the run's `KeySource.run` (a fresh id per resolve), so a later run in
-    the same process, whose blocks may differ, never reads an earlier one's sets. Only speed depends on it."""
+    the same process, whose blocks may differ, never reads an earlier one's sets. Only speed depends on it:
+    each entry keeps what reading its document took, so a task's reported reads do not depend on the process."""
 
     def __init__(self, budget: int = 256 * 2**20) -> None:
         self.budget, self.used = budget, 0
-        self.sets: collections.OrderedDict[tuple[str, int], np.ndarray] = collections.OrderedDict()
+        self.sets: collections.OrderedDict[tuple[str, int], tuple[np.ndarray, int, int]] = collections.OrderedDict()
 
-    def get(self, key: tuple[str, int]) -> np.ndarray | None:
+    def get(self, key: tuple[str, int]) -> tuple[np.ndarray, int, int] | None:
         found = self.sets.get(key)
         if found is not None:
             self.sets.move_to_end(key)
         return found
 
-    def put(self, key: tuple[str, int], value: np.ndarray) -> None:
+    def put(self, key: tuple[str, int], value: tuple[np.ndarray, int, int]) -> None:
         self.sets[key] = value
-        self.used += value.nbytes
+        self.used += value[0].nbytes
         while self.used > self.budget and self.sets:
-            self.used -= self.sets.popitem(last=False)[1].nbytes
+            self.used -= self.sets.popitem(last=False)[1][0].nbytes
 
 
 _SHINGLES = _ShingleCache()
 
 
-def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray, config: MinHashConfig) -> dict[int, np.ndarray]:
-    """The shingle sets of `orders`, recomputed from their text, read from their senders' block files
-    (`senders[i]`: index into `source.senders`); one read per block file, none for the documents this
-    process already computed in this run (`_ShingleCache`)."""
+def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray, at: np.ndarray,
+                      nbytes: np.ndarray, config: MinHashConfig) -> tuple[dict[int, np.ndarray], dict[str, int]]:
+    """The shingle sets of `orders`, recomputed from their text (`senders[i]`: index into `source.senders`),
+    none for the documents this process already computed in this run (`_ShingleCache`). A document whose
+    place in its read block is known (`at`, `nbytes`; -1 where not) is read by its own range; the others
+    (a block that holds its text itself: an `eval.source` block) by one read of their block file. Also the
+    bytes each distinct document's read takes (its frame; its block's text where it has no frame) and the
+    bytes of the texts, for the resolve's summary: counted whether or not the cache spared the read."""
     out: dict[int, np.ndarray] = {}
+    read = {"bytes_read": 0, "text_bytes": 0}
     work = location(source.work)
-    for s in np.unique(senders).tolist():
-        wanted = []
-        for order in np.unique(orders[senders == s]).tolist():
-            cached = _SHINGLES.get((source.run, order))
-            if cached is None:
-                wanted.append(order)
-            else:
-                out[order] = cached
-        if not wanted:
-            continue
-        folder, name = source.senders[s].rsplit("/", 1)
-        block = block_documents(work, folder, name, ["order", "text"])
-        rows = pc.index_in(pa.array(wanted, pa.int64()), value_set=block.column("order")).to_numpy(zero_copy_only=False)
-        texts = block.column("text").take(pa.array(rows))
-        for order, shingles in zip(wanted, shingle_sets(texts.combine_chunks(), config)):
-            out[order] = shingles
-            _SHINGLES.put((source.run, order), shingles)
-    return out
-
-
-def _ids(source: KeySource, orders: np.ndarray, senders: np.ndarray) -> pa.Array:
-    """The ids of `orders` (as their segment named them), from their senders' block views: one read per block."""
-    work = location(source.work)
-    ids = np.empty(len(orders), dtype=object)
     for s in np.unique(senders).tolist():
         mine = np.flatnonzero(senders == s)
+        mine = mine[np.unique(orders[mine], return_index=True)[1]]
+        wanted = []
+        for i in mine.tolist():
+            cached = _SHINGLES.get((source.run, int(orders[i])))
+            if cached is None:
+                wanted.append(i)
+            else:
+                out[int(orders[i])] = cached[0]
+                read["bytes_read"] += cached[1]
+                read["text_bytes"] += cached[2]
+        if not wanted:
+            continue
+        wanted = np.array(wanted, np.int64)
         folder, name = source.senders[s].rsplit("/", 1)
-        view = block_documents(work, folder, name, ["order", "id"])
-        rows = pc.index_in(pa.array(orders[mine]), value_set=view.column("order")).to_numpy(zero_copy_only=False)
-        ids[mine] = view.column("id").take(pa.array(rows)).to_pylist()
-    return pa.array(ids.tolist(), pa.string())
+        if (at[wanted] >= 0).all():
+            texts = pa.array(read_texts(work, name, at[wanted], nbytes[wanted]), pa.large_string())
+            costs = nbytes[wanted].tolist()
+        else:
+            block = block_documents(work, folder, name, ["order", "text"])
+            rows = pc.index_in(pa.array(orders[wanted], pa.int64()), value_set=block.column("order"))
+            texts = block.column("text").take(rows).combine_chunks()
+            costs = [int(pc.sum(pc.binary_length(block.column("text"))).as_py() or 0)] * len(wanted)
+        sizes = pc.binary_length(texts).to_numpy(zero_copy_only=False).tolist()
+        for order, shingles, cost, size in zip(orders[wanted].tolist(), shingle_sets(texts, config), costs, sizes):
+            out[order] = shingles
+            _SHINGLES.put((source.run, order), (shingles, int(cost), int(size)))
+            read["bytes_read"] += int(cost)
+            read["text_bytes"] += int(size)
+    return out, read
+
+
+def _locators(table: pa.Table, suffix: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """The `text_at`/`text_bytes` columns (of a node lookup or a pair's first document) as arrays, -1 where
+    the document's block holds its text itself (its nodes carry no locator)."""
+    names = [f"text_at{suffix}", f"text_bytes{suffix}"]
+    if names[0] not in table.column_names:
+        return np.full(table.num_rows, -1, np.int64), np.full(table.num_rows, -1, np.int64)
+    return tuple(pc.fill_null(table.column(n), -1).to_numpy().astype(np.int64) for n in names)
 
 
 def pairs_task(shared: tuple[str, KeySource, MinHashConfig], g: int) -> dict[str, Any]:
@@ -308,12 +353,12 @@ def pairs_task(shared: tuple[str, KeySource, MinHashConfig], g: int) -> dict[str
             buckets = pa.table({"bucket": pa.array([], pa.uint64()), "order": pa.array([], pa.int64())})
         if not config.verify:
             a, b = star_edges(buckets)
-            send_edges(root / "cc" / "r000", a, b, config.partitions, f"g{g:03d}")
-            return {"edges": int(len(a)), "candidates": int(len(a))}
+            size = send_edges(root / "cc" / "r000", a, b, config.partitions, f"g{g:03d}")
+            return {"edges": int(len(a)), "candidates": int(len(a)), "bytes": size}
         u, v = bucket_pairs(buckets, config.bucket_window)  # a bucket lives in one partition: as if one by one
-        write_shuffle(root / "pairs-u" / f"g{g:03d}.shuffle", pa.table({"u": u, "v": v}, schema=PAIR_SCHEMA),
-                      partition_of(u, config.partitions), config.partitions)
-        return {"edges": 0, "candidates": int(len(u))}
+        size = write_shuffle(root / "pairs-u" / f"g{g:03d}.shuffle", pa.table({"u": u, "v": v}, schema=PAIR_SCHEMA),
+                             partition_of(u, config.partitions), config.partitions)
+        return {"edges": 0, "candidates": int(len(u)), "bytes": size}
 
     return work()
 
@@ -330,12 +375,14 @@ def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         uv = np.unique(np.stack([pairs.column("u").to_numpy(), pairs.column("v").to_numpy()], axis=1), axis=0)
         pairs = pa.table({"u": uv[:, 0], "v": uv[:, 1]}, schema=PAIR_SCHEMA)
         u = pairs.column("u").to_numpy()
-        found = _lookup(source.nodes(g), u, ["signature", "sender"])
+        found = _lookup(source.nodes(g), u, ["signature", "sender", "text_at", "text_bytes"])
+        at, nbytes = _locators(found)
         table = pa.table({"u": pairs.column("u"), "v": pairs.column("v"), "sig_u": found.column("signature"),
-                          "sender_u": found.column("sender")})
+                          "sender_u": found.column("sender"), "text_at_u": at, "text_bytes_u": nbytes})
         v = pairs.column("v").to_numpy()
-        write_shuffle(pairs_root / "pairs-v" / f"g{g:03d}.shuffle", table, partition_of(v, config.partitions), config.partitions)
-        return {"pairs": pairs.num_rows}
+        size = write_shuffle(pairs_root / "pairs-v" / f"g{g:03d}.shuffle", table, partition_of(v, config.partitions),
+                             config.partitions)
+        return {"pairs": pairs.num_rows, "bytes": size}
 
     return work()
 
@@ -371,10 +418,10 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
     def work() -> dict[str, Any]:
         pairs = groups.read(pairs_root / "pairs-v", g)
         if pairs is None or pairs.num_rows == 0:
-            send_edges(edges_root, np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, f"g{g:03d}")
-            return {"edges": 0, "checked": 0, "near": 0}
+            size = send_edges(edges_root, np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, f"g{g:03d}")
+            return {"edges": 0, "checked": 0, "near": 0, "bytes_read": 0, "text_bytes": 0, "bytes": size}
         u, v = pairs.column("u").to_numpy(), pairs.column("v").to_numpy()
-        found = _lookup(source.nodes(g), v, ["signature", "sender"])
+        found = _lookup(source.nodes(g), v, ["signature", "sender", "text_at", "text_bytes"])
         edge, near = estimate_masks(signature_values(pairs.column("sig_u"), config.num_perm),
                                     signature_values(found.column("signature"), config.num_perm), config)
         # a near pair whose documents this task's sure edges already connect needs no exact check: its
@@ -382,31 +429,45 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         rows = np.flatnonzero(near)
         rows = rows[_not_yet_connected(u[edge], v[edge], u[rows], v[rows])]
         near_u, near_v = u[rows], v[rows]
+        read = {"bytes_read": 0, "text_bytes": 0}
         if len(rows):
             orders = np.r_[near_u, near_v]
             senders = np.r_[pairs.column("sender_u").to_numpy()[rows], found.column("sender").to_numpy()[rows]]
-            sets = text_shingle_sets(source, orders, senders, config)
+            at_u, bytes_u = _locators(pairs, "_u")
+            at_v, bytes_v = _locators(found)
+            sets, read = text_shingle_sets(source, orders, senders, np.r_[at_u[rows], at_v[rows]],
+                                           np.r_[bytes_u[rows], bytes_v[rows]], config)
             near_u, near_v = exact_edges(near_u, near_v, lambda wanted: {o: sets[o] for o in wanted.tolist()}, config.threshold)
         a, b = np.r_[u[edge], near_u], np.r_[v[edge], near_v]
-        send_edges(edges_root, a, b, config.partitions, f"g{g:03d}")
-        return {"edges": int(len(a)), "checked": int(len(rows)), "near": int(len(near_u)), "near_connected": int(near.sum() - len(rows))}
+        size = send_edges(edges_root, a, b, config.partitions, f"g{g:03d}")
+        return {"edges": int(len(a)), "checked": int(len(rows)), "near": int(len(near_u)),
+                "near_connected": int(near.sum() - len(rows)), **read, "bytes": size}
 
     return work()
 
 
 def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, source: KeySource, config: MinHashConfig,
-                 edges_folder: Location, desc: str) -> dict[str, int]:
+                 edges_folder: Location, desc: str, sent: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Decide the candidate pairs in `pairs_folder/pairs-u/` (one shuffle file per group of
-    `source.groups`, by first document): `attach_task` then `verify_task` (their records in
-    `folder/records/`); the edges end in `edges_folder` (one shuffle file per group, partitioned by
-    source). Returns the counts."""
-    shared = (str(folder), str(pairs_folder), source, config, str(edges_folder))
+    `source.groups`, by first document; `sent`: the results of the tasks that wrote them, with their
+    `bytes`, for the exchange): `attach_task` then `verify_task` (their records in `folder/records/`);
+    the edges end in `edges_folder` (one shuffle file per group, partitioned by source). Returns the
+    counts and `largest_bytes`, the largest edges file."""
+    pairs_root = location(pairs_folder)
+    groups = exchange_groups(run_tasks, pairs_root / "pairs-u", source.groups, sent, f"{desc} pairs")
+    shared = (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config, str(edges_folder))
     parts = source.groups.items()
-    run_tasks(attach_task, shared, parts, f"{desc} attach", record=record_in("records", "attach"))
-    remove_tree(location(pairs_folder) / "pairs-u")  # consumed: every attach task's record is written
+    attached = run_tasks(attach_task, shared, parts, f"{desc} attach", record=record_in("records", "attach"))
+    remove_tree(pairs_root / "pairs-u")  # consumed: every attach task's record is written
+    groups = exchange_groups(run_tasks, pairs_root / "pairs-v", groups, attached, f"{desc} attach")
+    shared = (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config, str(edges_folder))
     checked = run_tasks(verify_task, shared, parts, f"{desc} verify", record=record_in("records", "verify"))
-    remove_tree(location(pairs_folder) / "pairs-v")  # consumed (its signatures are the resolve's largest files)
-    return {"edges": sum(x["edges"] for x in checked), "exact_checked": sum(x["checked"] for x in checked)}
+    remove_tree(pairs_root / "pairs-v")  # consumed (its signatures are the resolve's largest files)
+    # the exact check's reads: the texts' frames, beside the bytes of the texts they held (each document once a task)
+    return {"edges": sum(x["edges"] for x in checked), "exact_checked": sum(x["checked"] for x in checked),
+            "exact_bytes_read": sum(x.get("bytes_read", 0) for x in checked),
+            "exact_text_bytes": sum(x.get("text_bytes", 0) for x in checked),
+            "largest_bytes": max((x.get("bytes", 0) for x in checked), default=0)}
 
 
 def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
@@ -421,10 +482,10 @@ def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
         keep = src < dst  # each undirected edge once
         a, b, rounds = connected_components(src[keep], dst[keep], config.max_rounds)
         names = groups.names()
-        send_edges(root / "cc" / "one-task", a, b, config.partitions, names[0])
+        size = send_edges(root / "cc" / "one-task", a, b, config.partitions, names[0])
         for name in names[1:]:  # every sender of the folder exists, as after the rounds
             send_edges(root / "cc" / "one-task", np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, name)
-        return {"rounds": rounds}
+        return {"rounds": rounds, "bytes": size}
 
     return work()
 
@@ -437,8 +498,8 @@ def round_task(shared: tuple[str, Any, Groups], r: int, g: int) -> dict[str, Any
         src, dst = _directed(root / "cc" / f"r{r:03d}", groups, g)
         step = large_star if r % 2 == 0 else small_star
         a, b = step(src, dst)  # a node's edges live in its partition: the group's partitions at once, as one by one
-        send_edges(root / "cc" / f"r{r + 1:03d}", a, b, config.partitions, f"g{g:03d}")
-        return {"input_edges": int(len(src)), "checksum": _checksum(src, dst)}
+        size = send_edges(root / "cc" / f"r{r + 1:03d}", a, b, config.partitions, f"g{g:03d}")
+        return {"input_edges": int(len(src)), "checksum": _checksum(src, dst), "bytes": size}
 
     return work()
 
@@ -447,8 +508,7 @@ MEMBER_SCHEMA = pa.schema([("order", pa.int64()), ("label", pa.int64()), ("id", 
 
 
 def members_task(shared: tuple[str, Any, KeySource], converged: str, g: int) -> dict[str, Any]:
-    """Labels from the converged edges in `cc/<converged>/`, joined with the nodes' ids (read from their
-    blocks: only the documents of a cluster are looked up) and lengths."""
+    """Labels from the converged edges in `cc/<converged>/`, joined with the nodes' ids and lengths."""
     folder, config, source = shared
     root = location(folder)
 
@@ -457,13 +517,13 @@ def members_task(shared: tuple[str, Any, KeySource], converged: str, g: int) -> 
         members = MEMBER_SCHEMA.empty_table()
         if len(node):
             longest = config.keep == "longest"
-            found = _lookup(source.nodes(g), node, ["sender"] + (["length"] if longest else []))
-            ids = _ids(source, node, found.column("sender").to_numpy())
+            found = _lookup(source.nodes(g), node, ["id"] + (["length"] if longest else []))
+            ids = found.column("id").cast(pa.string())
             length = found.column("length") if longest else pa.array(np.zeros(len(node), np.int64))
             members = pa.table({"order": node, "label": label, "id": ids, "length": length}, schema=MEMBER_SCHEMA)
-        write_shuffle(root / "members" / f"g{g:03d}.shuffle", members,
-                      partition_of(members.column("label").to_numpy(), config.partitions), config.partitions)
-        return {"members": members.num_rows}
+        size = write_shuffle(root / "members" / f"g{g:03d}.shuffle", members,
+                             partition_of(members.column("label").to_numpy(), config.partitions), config.partitions)
+        return {"members": members.num_rows, "bytes": size}
 
     return work()
 
@@ -529,6 +589,8 @@ def clusters_task(shared: tuple[str, str], _: int = 0) -> dict[str, Any]:
 class NearDedupStage(MinHashStage, GlobalStage):
     """Near dedup as a global stage: `MinHashStage`'s keys, resolved by this module's tasks."""
 
+    locates_text = True  # the exact check reads its documents' text by range (`text_shingle_sets`)
+
     def tasks(self, documents: int) -> int:
         return resolve_groups(self.config.partitions, documents).count
 
@@ -552,7 +614,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
                                  senders_per_file=senders_per_file(config, documents, len(senders)))
     recorded = folder / "records" / GROUPS_RECORD  # fixed by the first run: a resume keeps its grouping
     if (first := read_record(recorded)) is None:
-        write_record(recorded, first := dataclasses.asdict(groups))
+        write_record(recorded, first := groups.record())
     groups = Groups(**first)
     parts = groups.items()
     source = KeySource(str(folder), str(folder.parent), tuple(senders), run=uuid.uuid4().hex, groups=groups)
@@ -563,28 +625,35 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     run_tasks(gather_nodes_task, (str(folder), source), parts, f"{stage.name} gather", record=record_in("records", "gather"))
     remove_tree(folder / "nodes")
     source = dataclasses.replace(source, gathered=True)
-    verified = {"edges": sum(x["edges"] for x in found), "exact_checked": 0}
+    verified = {"edges": sum(x["edges"] for x in found), "exact_checked": 0, "exact_bytes_read": 0, "exact_text_bytes": 0,
+                "largest_bytes": max((x.get("bytes", 0) for x in found), default=0)}
     if config.verify:  # the verified edges are the components' input, as the star edges are without
-        verified = verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name)
+        verified = verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name, found)
     edges = verified["edges"]
-    shared = (str(folder), config, groups)
     labelled = folder / "records" / "members-done.json"  # components and members finished: cc/ is gone
     if (done := read_record(labelled)) is not None:
         rounds = done["rounds"]
     else:
+        groups = exchange_groups(run_tasks, folder / "cc" / "r000", groups, [{"bytes": verified["largest_bytes"]}],
+                                 f"{stage.name} edges")
+        shared = (str(folder), config, groups)
         # (one task or rounds: `one_task_edges` may change on a resume, so cc/r000 stays until the end)
         if edges <= config.one_task_edges:
-            rounds = run_tasks(components_task, shared, [()], f"{stage.name} components",
-                               record=record_in("records", "components"))[0]["rounds"]
-            converged = "one-task"
+            one = run_tasks(components_task, shared, [()], f"{stage.name} components", record=record_in("records", "components"))
+            rounds, converged = one[0]["rounds"], "one-task"
+            groups = exchange_groups(run_tasks, folder / "cc" / converged, groups, one, f"{stage.name} components")
         else:
-            rounds = _component_rounds(run_tasks, shared, config)
+            rounds, groups = _component_rounds(run_tasks, shared, config)
             converged = f"r{rounds - 1:03d}"  # the input of the last round
-        run_tasks(members_task, (str(folder), config, source), [(converged, g) for (g,) in parts], f"{stage.name} members",
-                  record=record_in("records", "members"))
-        write_record(labelled, {"rounds": rounds})
+        member_rows = run_tasks(members_task, (str(folder), config, dataclasses.replace(source, groups=groups)),
+                                [(converged, g) for (g,) in parts], f"{stage.name} members", record=record_in("records", "members"))
+        write_record(labelled, {"rounds": rounds, "largest_bytes": max((x.get("bytes", 0) for x in member_rows), default=0)})
         remove_tree(folder / "cc")  # consumed: the members carry the labels on
-    kept = run_tasks(winners_task, shared, parts, f"{stage.name} keep", record=record_in("records", "winners"))
+        done = read_record(labelled)
+    largest = [{"bytes": done["largest_bytes"]}] if "largest_bytes" in done else []
+    groups = exchange_groups(run_tasks, folder / "members", groups, largest, f"{stage.name} members")
+    kept = run_tasks(winners_task, (str(folder), config, groups), parts, f"{stage.name} keep",
+                     record=record_in("records", "winners"))
     remove_tree(folder / "members")  # consumed
     run_tasks(clusters_task, (str(folder), str(out_dir)), [(0,)], f"{stage.name} clusters",
               record=record_in("records", "clusters"))
@@ -592,6 +661,8 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     return {
         "candidate_pairs": sum(x["candidates"] for x in found),  # distinct within each bucket partition
         "exact_checked": verified["exact_checked"],
+        "exact_bytes_read": verified["exact_bytes_read"],  # the exact check's reads (the documents' frames)
+        "exact_text_bytes": verified["exact_text_bytes"],  # and the bytes of the texts they held
         "edges": edges,
         "rounds": rounds,
         "clusters": n_clusters,
@@ -600,9 +671,9 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     }
 
 
-def _component_rounds(run_tasks: RunTasks, shared: tuple[str, Any, Groups], config: Any) -> int:
+def _component_rounds(run_tasks: RunTasks, shared: tuple[str, Any, Groups], config: Any) -> tuple[int, Groups]:
     """Distributed large-star / small-star rounds until convergence; the number of rounds run (the
-    last one's input, `cc/r<rounds-1>/`, is the converged edge set)."""
+    last one's input, `cc/r<rounds-1>/`, is the converged edge set) and the groups that read it."""
     checksums: list[tuple[int, int]] = []
     r = 0
     while True:
@@ -611,7 +682,10 @@ def _component_rounds(run_tasks: RunTasks, shared: tuple[str, Any, Groups], conf
         checksums.append((sum(x["input_edges"] for x in results), sum(x["checksum"] for x in results) % 2**64))
         # A large-star round whose input equals the previous large-star round's input: converged.
         if r % 2 == 0 and r >= 2 and checksums[r] == checksums[r - 2]:
-            return r + 1
+            return r + 1, shared[2]
+        groups = exchange_groups(run_tasks, location(shared[0]) / "cc" / f"r{r + 1:03d}", shared[2], results,
+                                 f"minhash components round {r + 1}")
+        shared = (shared[0], shared[1], groups)
         if r >= 2:  # the input of the round before (not r000): no later round reads it, and this one was not the last
             remove_tree(location(shared[0]) / "cc" / f"r{r - 1:03d}")
         r += 1

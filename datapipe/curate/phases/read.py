@@ -23,9 +23,8 @@ import pyarrow.compute as pc
 from datapipe.core.schema import DOC_SCHEMA
 from datapipe.core.shards import replacing
 from datapipe.core.storage import Location, RemotePath, is_url
-from datapipe.core.workfiles import write_work_table
 from datapipe.curate.phases import unique_ids
-from datapipe.curate.blocks import READ
+from datapipe.curate.blocks import READ, write_read_block
 from datapipe.curate.counters import Counters
 from datapipe.curate.phase import Phase
 from datapipe.curate.phases.segment import run_stages, write_dropped
@@ -130,7 +129,7 @@ def _write_block(plan: Plan, name: str, table: pa.Table, input_index: int) -> Co
     unique_ids.write_keys(plan.work, name, table, plan.cfg.dedup.exact.partitions)
     table = _run_read_stages(plan, table, name, input_index, counters)
     # the one copy of the text (`blocks`), compressed: read by a few phases, kept until the run ends
-    write_work_table(plan.work / READ / f"{name}.arrow", table, compression=WORK_COMPRESSION)
+    write_read_block(plan.work, name, table, WORK_COMPRESSION)
     return counters
 
 

@@ -19,7 +19,7 @@ from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
 from datapipe.core.shards import atomic_write_table
 from datapipe.core.storage import Location
 from datapipe.curate.phases import unique_ids
-from datapipe.curate.blocks import READ, block_documents, write_view
+from datapipe.curate.blocks import LOCATOR_COLUMNS, READ, block_documents, write_view
 from datapipe.curate.counters import Counters
 from datapipe.curate.exchange import unit_losers
 from datapipe.curate.phase import Phase
@@ -111,6 +111,14 @@ def _apply_losers(table: pa.Table, losers: pa.Table, stage: str, keep_text: bool
     return kept, dropped
 
 
+def _with_locators(documents: pa.Table, locators: pa.Table) -> pa.Table:
+    """`documents` with each one's `LOCATOR_COLUMNS`, taken from `locators` (a superset, both by order)."""
+    rows = pc.index_in(documents.column("order"), value_set=locators.column("order"))
+    for name in LOCATOR_COLUMNS:
+        documents = documents.append_column(name, locators.column(name).take(rows))
+    return documents
+
+
 def segment_phase(plan: Plan, seg_index: int, blocks: list[tuple[int, int]]) -> Phase:
     """One task per block through segment `seg_index`."""
     seg = plan.segments[seg_index]
@@ -130,7 +138,10 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int) -> dic
     previous = plan.segments[seg_index - 1].global_stage if seg_index > 0 else None
     losers = unit_losers(plan.work / previous.name, unit_index, len(plan.units)) if previous is not None else None
     input_index = plan.units[unit_index].input_index
-    table = block_documents(plan.work, READ if seg_index == 0 else plan.segments[seg_index - 1].name, name)
+    located = seg.global_stage is not None and seg.global_stage.locates_text
+    table = block_documents(plan.work, READ if seg_index == 0 else plan.segments[seg_index - 1].name, name, locate=located)
+    locators = table.select(["order", *LOCATOR_COLUMNS]) if located else None
+    table = table.drop(list(LOCATOR_COLUMNS)) if located else table
     if seg_index == 0:  # ids made unique before any stage sees them (datapipe/curate/phases/unique_ids.py)
         table = unique_ids.apply(plan.work, unit_index, table)
     counters = Counters()
@@ -150,6 +161,7 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int) -> dic
         counters.count_dropped(input_index, part)
     write_dropped(plan, seg.name, name, dropped_parts)
     if seg.global_stage is not None:  # its map half: keys into one shuffle file per kind, work/<stage>/<kind>/<block>
-        write_keys(seg.global_stage, out, plan.work / seg.global_stage.name, name)
+        keyed = out if locators is None else _with_locators(out, locators)
+        write_keys(seg.global_stage, keyed, plan.work / seg.global_stage.name, name)
     write_view(plan.work, seg.name, name, out)  # what it kept, not the text again
     return {"rows": out.num_rows, "bytes": text_bytes(out), "counters": counters.to_json()}
