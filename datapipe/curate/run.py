@@ -91,6 +91,7 @@ def curate(cfg: CurateConfig, *, executor: Executor | None = None, extra_stages:
     # Rewritten with the clean-up's and shutdown's seconds; a run killed before this keeps the first stats.json.
     stats["seconds"] = round(time.perf_counter() - t0, 3)
     stats["phase_seconds"] = run.seconds
+    stats["step_seconds"] = run.step_seconds  # the executor's steps within the stages (their tasks, start to end)
     atomic_write_json(plan.out / "stats.json", stats, durable=True)
     return CurateResult(plan.out_dir, manifest, stats, stats["seconds"], resumed_tasks=run.resumed_tasks)
 
@@ -275,7 +276,7 @@ def _write(run: Run, plan: Plan, total: Counters, t0: float, report: dict[str, A
                                        "path": eval_split.EVAL_DIR}}
     run.lap("write")
     stats = build_stats(plan, total, time.perf_counter() - t0)
-    stats.update({"phase_seconds": run.seconds, **report})
+    stats.update({"phase_seconds": run.seconds, "step_seconds": run.step_seconds, **report})
     unbalanced = [row for row in stats["inputs"] if not row["balanced"]]
     if unbalanced:  # a bug, never bad input: say so loudly rather than write a wrong manifest
         raise RuntimeError(f"document accounting does not balance for {unbalanced}")

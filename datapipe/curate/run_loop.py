@@ -63,10 +63,12 @@ class Run:
         self.resuming = resumed  # the output folder held this run's work already
         self.resumed: dict[str, list[int]] = {}  # stage -> [tasks found done, tasks]
         self.seconds: dict[str, float] = {}  # stage (or "start", "write", ...) -> seconds, adding up to the run's
+        self.step_seconds: dict[str, float] = {}  # a stage's steps (`Phase.step`, rounds as one) -> seconds
         self.clock = started
 
     def execute(self, phase: Phase) -> list[Any]:
         self.lines.phase(phase.stage, len(phase.items))
+        started = time.perf_counter()
         if phase.record is None:
             results = self.executor.run_tasks(phase.task, phase.shared, phase.items, phase.step, memory=phase.memory)
         else:
@@ -74,6 +76,8 @@ class Run:
                                             phase.step, memory=phase.memory)
             results = [result for result, _ in pairs]
             self.count_resumed(phase.stage, sum(done for _, done in pairs), len(pairs))
+        step = phase.step.split(" round ")[0]  # "minhash components round 3" -> "minhash components"
+        self.step_seconds[step] = round(self.step_seconds.get(step, 0.0) + time.perf_counter() - started, 3)
         self.lap(phase.stage)
         return results
 
