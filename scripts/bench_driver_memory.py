@@ -6,7 +6,9 @@ usage: python -m scripts.bench_driver_memory [--base 625000] [--scales 1,4,16] [
 For each scale s, a synthetic corpus of s x BASE short documents (by default 100-300 bytes of text: 15-45 words;
 `--doc-words 150,200` gives ~1 KB, the size of 1 TB / 1 B documents) drawn from a 20,000-word vocabulary, Zipf-like) in 16 JSONL files, with planted duplicates: 5% exact
 copies of an earlier document and 10% near copies (an earlier document with one word added at its
-end or one word dropped from it: word 5-gram Jaccard >= 0.9), all seeded. Then the whole pipeline,
+end or one word dropped from it: word 5-gram Jaccard >= 0.9), all seeded. `--near-threshold-share 0.01` plants
+1% more copies at Jaccard 0.76-0.84, near the 0.8 threshold, which near dedup's exact check decides (the report's
+`exact_check`: pairs checked, the bytes read for them and the bytes of their texts). Then the whole pipeline,
 `datapipe curate` with exact and near dedup (no filters, a trained 2,048-token tokenizer, `auto`
 blocks and shards) on the embedded Ray with `--workers` CPUs, as a fresh process tree; the same
 config at every scale (`--partitions`, default `auto`: chosen from the input's size; with a fixed count a worker's share of a partition grows
@@ -51,8 +53,32 @@ VOCAB = 20_000
 EXACT_SHARE, NEAR_SHARE = 0.05, 0.10
 
 
-def write_corpus(folder: Path, docs: int, seed: int = 0, doc_words: tuple[int, int] = (15, 45)) -> dict[str, Any]:
-    """`docs` short documents in FILES JSONL files under `folder`; returns counts of what was planted."""
+NGRAM = 5  # near dedup's default shingle: word 5-grams
+NEAR_THRESHOLD_J = (0.76, 0.84)  # the Jaccard a near-threshold copy is made for (the threshold is 0.8)
+
+
+def near_threshold_copy(words: list[str], target_j: float, serial: int) -> list[str]:
+    """`words` with c of them replaced by fresh words ("zSERIALk"), spread at least NGRAM apart, so that the copy's
+    word 5-gram Jaccard with the original is (N - 5c) / (N + 5c) for N shingles, c chosen to land nearest `target_j`."""
+    n = len(words) - NGRAM + 1
+    c = max(1, round(n * (1 - target_j) / (NGRAM * (1 + target_j))))
+    copy = list(words)
+    for k, at in enumerate(np.linspace(NGRAM, len(words) - NGRAM - 1, c).astype(int).tolist()):
+        copy[at] = f"z{serial}x{k}"
+    return copy
+
+
+def shingle_jaccard(a: list[str], b: list[str]) -> float:
+    sa = {tuple(a[i:i + NGRAM]) for i in range(len(a) - NGRAM + 1)}
+    sb = {tuple(b[i:i + NGRAM]) for i in range(len(b) - NGRAM + 1)}
+    return len(sa & sb) / max(len(sa | sb), 1)
+
+
+def write_corpus(folder: Path, docs: int, seed: int = 0, doc_words: tuple[int, int] = (15, 45),
+                 near_threshold_share: float = 0.0) -> dict[str, Any]:
+    """`docs` short documents in FILES JSONL files under `folder`; returns counts of what was planted. With
+    `near_threshold_share`, that share of the documents are copies of an earlier one whose word 5-gram Jaccard
+    with it is drawn from NEAR_THRESHOLD_J (`near_threshold_copy`): near dedup's exact check decides them."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     words = np.array([f"w{i}" for i in range(VOCAB)], dtype=object)
@@ -60,7 +86,8 @@ def write_corpus(folder: Path, docs: int, seed: int = 0, doc_words: tuple[int, i
     weights /= weights.sum()
     per_file = -(-docs // FILES)
     texts: list[str] = []  # recent originals only (copies point back at most this far): bounded memory
-    planted = {"exact": 0, "near": 0}
+    planted: dict[str, Any] = {"exact": 0, "near": 0, "near_threshold": 0}
+    jaccards: list[float] = []
     n = 0
     for f in range(FILES):
         count = min(per_file, docs - n)
@@ -72,7 +99,13 @@ def write_corpus(folder: Path, docs: int, seed: int = 0, doc_words: tuple[int, i
         for i in range(count):
             text = " ".join(words[drawn[start:start + lengths[i]]])
             start += lengths[i]
-            if texts and kind[i] < EXACT_SHARE:
+            if texts and kind[i] >= 1 - near_threshold_share:
+                base = texts[int(rng.integers(len(texts)))].split(" ")
+                copy = near_threshold_copy(base, float(rng.uniform(*NEAR_THRESHOLD_J)), n + i)
+                jaccards.append(shingle_jaccard(base, copy))
+                text = " ".join(copy)
+                planted["near_threshold"] += 1
+            elif texts and kind[i] < EXACT_SHARE:
                 text = texts[int(rng.integers(len(texts)))]
                 planted["exact"] += 1
             elif texts and kind[i] < EXACT_SHARE + NEAR_SHARE:
@@ -86,6 +119,11 @@ def write_corpus(folder: Path, docs: int, seed: int = 0, doc_words: tuple[int, i
             lines.append(orjson.dumps({"id": f"d{n + i}", "text": text}))
         (folder / f"part-{f:02d}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
         n += count
+    if jaccards:
+        j = np.array(jaccards)
+        planted["near_threshold_jaccard"] = {"min": round(float(j.min()), 4), "median": round(float(np.median(j)), 4),
+                                             "max": round(float(j.max()), 4),
+                                             "share_in_0.75_0.85": round(float(((j >= 0.75) & (j <= 0.85)).mean()), 4)}
     return {"docs": docs, "files": FILES, "bytes": sum(p.stat().st_size for p in folder.glob("*.jsonl")), "planted": planted}
 
 
@@ -225,7 +263,17 @@ def run_scale(corpus: Path, out: Path, workers: int, partitions: int | str, veri
         "kept_docs": manifest["total_docs"],
         "shards": manifest["num_shards"],
         "removed": {name: s.get("removed") for name, s in stats["global_stages"].items()},
+        "exact_check": _exact_check(stats["global_stages"].get("minhash", {})),
+        "near_dedup": stats["global_stages"].get("minhash", {}),  # candidate pairs, edges, rounds, clusters, tasks
+        "blocks": sum(1 for _ in (out / "work" / "read").glob("*.arrow")),
     }
+
+
+def _exact_check(minhash: dict[str, Any]) -> dict[str, Any]:
+    """Near dedup's exact-Jaccard check: pairs checked, bytes read for it and the bytes of the texts read."""
+    read, text = minhash.get("exact_bytes_read", 0), minhash.get("exact_text_bytes", 0)
+    return {"pairs_checked": minhash.get("exact_checked", 0), "bytes_read": read, "text_bytes": text,
+            "read_over_text": round(read / text, 3) if text else None}
 
 
 def main() -> None:
@@ -237,13 +285,16 @@ def main() -> None:
     p.add_argument("--doc-words", default="15,45", help="MIN,MAX words a document (15,45: ~185 bytes; 150,200: ~1 KB, "
                    "the size of 1 TB / 1 B documents)")
     p.add_argument("--no-verify", action="store_true", help="dedup.minhash.verify: false (much smaller work files)")
+    p.add_argument("--near-threshold-share", type=float, default=0.0,
+                   help="share of documents planted as copies at word 5-gram Jaccard 0.76-0.84 (the exact check decides them)")
     p.add_argument("--keep", default=None, help="folder for the corpora and outputs (default: a temporary one, deleted)")
     args = p.parse_args()
     args.partitions = args.partitions if args.partitions == "auto" else int(args.partitions)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-driver-memory-"))
     results: dict[str, Any] = {
         "command": f"python -m scripts.bench_driver_memory --base {args.base} --scales {args.scales} --workers {args.workers}"
-                   + f" --partitions {args.partitions} --doc-words {args.doc_words}" + (" --no-verify" if args.no_verify else ""),
+                   + f" --partitions {args.partitions} --doc-words {args.doc_words}" + (" --no-verify" if args.no_verify else "")
+                   + (f" --near-threshold-share {args.near_threshold_share}" if args.near_threshold_share else ""),
         "minhash_verify": not args.no_verify,
         "cpus": os.cpu_count(), "workers": args.workers, "load_avg_1min_at_start": round(os.getloadavg()[0], 2), "scales": {},
     }
@@ -251,7 +302,8 @@ def main() -> None:
         for scale in [int(s) for s in args.scales.split(",")]:
             corpus = root / f"corpus-{scale}x"
             t0 = time.perf_counter()
-            planted = write_corpus(corpus, scale * args.base, doc_words=tuple(int(x) for x in args.doc_words.split(",")))
+            planted = write_corpus(corpus, scale * args.base, doc_words=tuple(int(x) for x in args.doc_words.split(",")),
+                                   near_threshold_share=args.near_threshold_share)
             entry = {"corpus": planted, "generate_seconds": round(time.perf_counter() - t0, 1)}
             entry.update(run_scale(corpus, root / f"out-{scale}x", args.workers, args.partitions, not args.no_verify))
             entry["load_avg_1min_after"] = round(os.getloadavg()[0], 2)

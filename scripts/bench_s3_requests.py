@@ -59,6 +59,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # werkzeug's access log line, after the codes are gone: "METHOD /bucket/key?query HTTP/1.1" STATUS SIZE
 _LINE = re.compile(r'"([A-Z]+) (/[^ ?"]*)(\?[^ "]*)? HTTP/[0-9.]+" (\d{3})\b')
 _DIGITS = re.compile(r"\d+")
+_SPREAD = re.compile(r"[0-9a-f]{2}")  # a hashed key prefix (`datapipe.core.storage.spread`)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,9 @@ def classify(req: Request, bucket: str = BUCKET, run: str = RUN) -> tuple[str, s
         phase = f"work/{parts[1]}"
         if len(parts) < 3 or not parts[2]:
             return phase, phase, key
+        if phase == "work/read" and _SPREAD.fullmatch(parts[2]) and len(parts) == 4 and parts[3]:  # a read block
+            # below its hashed prefix (`storage.spread`)
+            return phase, f"{phase}/blocks", key
         return phase, f"{phase}/{_DIGITS.sub('N', parts[2])}", key
     return parts[0], parts[0], key
 
@@ -212,6 +216,34 @@ def _layout(count: Count, corpus: dict[str, Any], stats: dict[str, Any] | None, 
     return {"observed": observed, "auto_rules_for_the_corpus": modelled}
 
 
+def _receivers(folder: str, layout: dict[str, Any]) -> int | None:
+    """The tasks of the step that reads a shuffle folder (besides its combine tasks), from the run's layout."""
+    parts, groups = layout.get("partitions_exact_and_ids"), layout.get("near_dedup_resolve_groups")
+    if folder in ("work/ids/keys", "work/exact_dedup/keys"):
+        return parts
+    if folder.startswith("work/minhash/") and folder.rsplit("/", 1)[1] in ("buckets", "nodes", "pairs-u", "pairs-v", "members", "cc"):
+        return groups
+    return None
+
+
+def shuffle_bounds(count: Count, layout: dict[str, Any]) -> dict[str, Any]:
+    """Per shuffle folder: its requests beside 4 x (sending tasks + receiving tasks). Senders: the shuffle files
+    written (one per sending task: the map side's or a step's tasks, and the combine tasks, which send again);
+    receivers: the combine tasks and the reading step's tasks (`_receivers`)."""
+    out = {}
+    for folder, tally in sorted(count.folders.items()):
+        files = {k for k in tally.written if k.endswith(".shuffle")}
+        receivers = _receivers(folder, layout)
+        if not files or receivers is None:
+            continue
+        combines = sum(1 for k in files if k.rsplit("/", 1)[-1].startswith("combined-"))
+        senders, receiving = len(files), receivers + combines
+        out[folder] = {"requests": tally.requests, "sending_tasks": senders, "receiving_tasks": receiving,
+                       "bound_4x_senders_plus_receivers": 4 * (senders + receiving),
+                       "within_bound": tally.requests <= 4 * (senders + receiving)}
+    return out
+
+
 def report(count: Count, docs: int | None, corpus: dict[str, Any] | None = None, stats: dict[str, Any] | None = None,
            workers: int = 0) -> dict[str, Any]:
     total = count.total.requests
@@ -231,6 +263,7 @@ def report(count: Count, docs: int | None, corpus: dict[str, Any] | None = None,
     }
     if corpus is not None:
         out["layout"] = _layout(count, corpus, stats, workers)
+        out["shuffle_requests_against_bound"] = shuffle_bounds(count, out["layout"]["observed"])
     return out
 
 
@@ -249,6 +282,18 @@ def _cost_model_check(result: dict[str, Any]) -> dict[str, Any]:
         return {"error": repr(exc)}
 
 
+# `datapipe curate RECIPE --no-progress` with near_dedup.GROUP_DOCS set (argv: the value, the recipe). The groups
+# are decided in the driver (`resolve_groups`) and carried to the tasks, so the driver's module is enough.
+_WITH_GROUP_DOCS = """
+import sys
+import datapipe.curate.phases.near_dedup as near_dedup
+near_dedup.GROUP_DOCS = int(sys.argv[1])
+from datapipe.cli import main
+sys.argv = ["datapipe", "curate", sys.argv[2], "--no-progress"]
+sys.exit(main())
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=1_000_000)
@@ -256,6 +301,11 @@ def main() -> None:
     parser.add_argument("--keep-work", action="store_true")
     parser.add_argument("--save-log", default=None, help="copy the server's log of the run (its lines only) here")
     parser.add_argument("--count-log", default=None, help="count this saved log and print the counts; run nothing")
+    parser.add_argument("--block-bytes", type=int, default=None, help="read.block_bytes (default: auto) to force many blocks")
+    parser.add_argument("--partitions", type=int, default=None,
+                        help="dedup.exact and dedup.minhash partitions (default: auto) to force many receivers")
+    parser.add_argument("--group-docs", type=int, default=None,
+                        help="near dedup's documents per resolve task (near_dedup.GROUP_DOCS) to force many groups")
     args = parser.parse_args()
     if args.count_log:
         print(json.dumps(report(count_requests(Path(args.count_log)), None), indent=1))
@@ -290,7 +340,9 @@ def main() -> None:
             fs.put_file(str(f), f"{BUCKET}/in/{f.name}")
         config = {
             "inputs": [{"path": f"s3://{BUCKET}/in/*.jsonl", "domain": "web"}],
-            "dedup": {"exact": {"enabled": True}, "minhash": {"enabled": True}},
+            "dedup": {"exact": {"enabled": True, "partitions": args.partitions or "auto"},
+                      "minhash": {"enabled": True, "partitions": args.partitions or "auto"}},
+            "read": {"block_bytes": args.block_bytes or "auto"},
             "filters": {},
             "tokenizer": {"train": {"vocab_size": 2048, "sample_bytes": 2_000_000}},
             "ray": {"num_cpus": args.workers},
@@ -302,8 +354,10 @@ def main() -> None:
         log.flush()
         start = log_path.stat().st_size
         t0 = time.perf_counter()
-        run = subprocess.run([sys.executable, "-m", "datapipe.cli", "curate", str(recipe), "--no-progress"], cwd=REPO, env=env,
-                             capture_output=True, text=True)
+        cli = [sys.executable, "-m", "datapipe.cli", "curate", str(recipe), "--no-progress"]
+        if args.group_docs:  # the resolve's tasks are sized in the driver and in every worker from this module
+            cli = [sys.executable, "-c", _WITH_GROUP_DOCS, str(args.group_docs), str(recipe)]
+        run = subprocess.run(cli, cwd=REPO, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if run.returncode != 0:
             raise SystemExit(f"curate failed:\n{run.stderr[-4000:]}")
@@ -321,7 +375,9 @@ def main() -> None:
                 objects[classify(Request("GET", "/" + key, "", 200))[1]] += 1
         result = {
             "command": f"python -m scripts.bench_s3_requests --docs {args.docs} --workers {args.workers}"
-                       + (" --keep-work" if args.keep_work else ""),
+                       + (" --keep-work" if args.keep_work else "")
+                       + "".join(f" --{k.replace('_', '-')} {v}" for k, v in
+                                 (("block_bytes", args.block_bytes), ("partitions", args.partitions), ("group_docs", args.group_docs)) if v),
             "server": "moto_server (localhost)",
             "corpus": corpus,
             "wall_seconds": round(wall, 1),

@@ -1,96 +1,213 @@
 """Project a curate run at internet scale from measured costs and the work layout; prints one JSON object.
 
 usage: python -m scripts.cost_model --scale SCALE.json [--s3 S3.json] [--docs 1e9] [--text-bytes 1e12]
-           [--cores 256] [--latency-ms 30] [--concurrency 16] [--bandwidth-mbs 80] [--block-bytes auto]
+           [--cores 256] [--near-share 0.005] [--latency-ms 30] [--concurrency 16] [--connections 64] ...
 
-Inputs:
+Inputs (both kept in benchmarks/, with the commands that made them in BENCHMARKS.md):
 - `--scale`: `scripts.bench_driver_memory`'s JSON. From its largest scale: each phase's measured seconds on
-  `workers` CPUs (stats.json's `phase_seconds`), the work bytes per document, the driver's peak memory.
-- `--s3`: `scripts.bench_s3_requests`'s JSON, for the check that the request formula below matches a real
-  S3 API server's count at 1 M documents (reported side by side).
+  `workers` CPUs (stats.json's `phase_seconds`), the work bytes per document, near dedup's candidate pairs,
+  edges and rounds per document.
+- `--s3`: `scripts.bench_s3_requests`'s JSON: the request formula below is checked against a real S3 API
+  server's count at that run's own layout, and every count is scaled by the server's count over the formula's.
 
-The model (its assumptions are in BENCHMARKS.md, "Cost model"):
-- **Layout** as the runner chooses it for the projected input: blocks M = text / `read.block_bytes`
-  (`auto_block_bytes`), partitions P = `auto_partitions` for exact dedup (and ids) and near dedup.
+The model (its assumptions are flags, listed in BENCHMARKS.md, "Cost model"):
+- **Layout** as the runner chooses it: blocks M = text / `auto_block_bytes`, partitions by `auto_partitions`,
+  near dedup's groups G (`resolve_groups`: one per partition at scale), the map side's key files combined
+  `senders_per_file` to a file, each resolve step's G files combined as many to a file as fit COMBINE_BYTES
+  (`exchange_groups`), losers gathered by at most 256 groups of input units.
 - **CPU**: each parallel phase's measured CPU (seconds x workers) grows with the larger of the document and
-  the byte ratios and spreads over the cores; a serial phase (Ray's start, the tokenizer's training, the
-  driver's writes) keeps its seconds.
-- **Requests**, counted from the layout (`requests`): every task reads its inputs and writes its output and
-  record; every shuffle read is two requests (a header, a range) per sender and receiver, M x P for the
-  map-side keys, P x P for the resolve's own steps. At `latency` each, `concurrency` in flight per core.
-- **Bytes**: work bytes per document x documents, written once and read about twice, `bandwidth` per core.
-- With `--s3`, every request count is multiplied by the server's count over the formula's for that run
-  (the formula leaves out existence checks and listings), never by less than 1.
-- A phase takes the largest of its three; phases are barriers, so the run is their sum. The critical path is
-  the phase with the largest share and the bound that sets it.
+  byte ratios and spreads over the cores, then **wave tails**: T tasks on C cores run in ceil(T/C) waves, and
+  the last task of a phase takes `--straggler` x a mean task. Serial: Ray's start, the driver's writes, the
+  **tokenizer's training** (`--tokenizer-sample-mb` at `--tokenizer-mb-s`, web.yaml's settings) and the
+  **clusters merge** (one task: every group's cluster rows read, merged and written at one core's bandwidth).
+- **Requests** (`requests`): per phase, on objects below hashed prefixes (shuffle files and read blocks,
+  `storage.spread`: PREFIXES per folder) and on the others (records, views, token blocks: one prefix per
+  folder). A phase's requests take the longest of: latency x requests / (cores x in flight), in flight per
+  core = min(`--concurrency`, `--connections`: the S3 client's pool, one worker process per core); and
+  **S3's per-prefix rate** (`--prefix-rate` requests a second per prefix) over the prefixes used.
+  Counted explicitly: **component rounds** (measured rounds per run), the **exact check's range reads**
+  (`--near-share` of documents in pairs decided by the exact Jaccard: two frames a pair), the **members'
+  ids** (none: they travel in the nodes).
+- **Bytes**: work bytes per document x documents, written once and read about twice, `bandwidth` per core,
+  plus the exact check's frames.
+- A phase takes the largest of its bounds; phases are barriers, so the run is their sum. The critical path
+  is the phase with the largest share and the bound that sets it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
+from datapipe.core.shuffle import COMBINE_SENDERS
+from datapipe.core.storage import PREFIXES
 from datapipe.curate.config import auto_block_bytes, auto_partitions
+from datapipe.curate.phases.near_dedup import COMBINE_BYTES, GROUP_DOCS, senders_per_file
+from stages.minhash import MinHashConfig
 
-SERIAL = {"start", "tokenizer", "write", "shutdown", "clean_up"}  # the driver's own steps, or one task
+SERIAL = {"start", "tokenizer", "write", "shutdown", "clean_up", "clean up"}  # the driver's own steps, or one task
+UNIT_GROUPS = 256  # exchange.UNIT_GROUPS: the losers are gathered by at most this many groups of input units
+INPUT_RANGE = 5 * 2**20  # s3fs reads an input file in blocks of this size: one GET each
+PAIR_BYTES = {"pairs-u": 16, "pairs-v": 16 + 256 + 8 + 16, "edges": 32}  # a candidate pair's row in each shuffle
+MEMBER_BYTES = 48  # a cluster member's row (order, label, id, length)
 
 
-def requests(blocks: int, p_exact: int, p_near: int, shards: int, units: int | None = None) -> dict[str, int]:
-    """Requests per phase of a run with exact and near dedup (verification on), from its layout: a task
-    reads its input objects and writes its output and its record (3); a shuffle read costs 2 per sender
-    and receiver. `rounds` of connected components are counted as one (one task up to `one_task_edges`)."""
-    m, pe, pn = blocks, p_exact, p_near
-    groups = min(units or m, 256)  # the losers are gathered by group of input units (exchange.gather_losers_task)
+def layout(docs: float, text_bytes: float, units: int | None = None, blocks: int | None = None,
+           partitions: int | None = None, groups: int | None = None) -> dict[str, int]:
+    """The work layout the runner chooses for the input (or the one given: a measured run's)."""
+    budget = 4 * 2**30
+    block = auto_block_bytes(int(text_bytes))
+    m = blocks or -(-int(text_bytes) // block)
+    p_exact = partitions or auto_partitions(int(text_bytes), "exact", budget)
+    p_near = partitions or auto_partitions(int(text_bytes), "minhash", budget)
+    g = groups or max(1, min(p_near, -(-int(docs) // GROUP_DOCS)))
+    return {"blocks": m, "block_bytes": int(text_bytes // m), "partitions_exact": p_exact, "partitions_near": p_near,
+            "groups": g, "units": units or m, "shards": int(text_bytes * 0.5 // (64 * 2**20)) + 1,
+            "near_keys_per_file": senders_per_file(MinHashConfig(), int(docs), m), "exact_keys_per_file": COMBINE_SENDERS}
+
+
+def _exchange(senders: int, receivers: int, per_file: int) -> dict[str, int]:
+    """Requests of a two-level exchange: each sender's file written once and read whole by a combine task
+    (a header and a range), combined files written (and their records), each receiver reading a header and a
+    range of each combined file. Without combining (per_file 1) every receiver reads every sender's file."""
+    if per_file <= 1:
+        return {"spread": senders + 2 * senders * receivers, "plain": 0}
+    combined = -(-senders // per_file)
+    return {"spread": senders + 2 * senders + combined + 2 * combined * receivers, "plain": 2 * combined}
+
+
+def _step_per_file(step_bytes: float, groups: int) -> int:
+    """`exchange_groups`: group files combined as many to a file as fit COMBINE_BYTES at the largest file's size
+    (taken as 1.5 x the mean); none at SMALL_EXCHANGE groups or fewer."""
+    if groups <= 4:
+        return 1
+    return max(1, min(COMBINE_SENDERS, int(COMBINE_BYTES // max(3 * 1.5 * step_bytes / groups, 1))))
+
+
+def _add(*parts: dict[str, int]) -> dict[str, int]:
+    return {k: int(sum(p.get(k, 0) for p in parts)) for k in ("spread", "plain")}
+
+
+def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_share: float) -> dict[str, dict[str, int]]:
+    """Requests per phase of a run with exact and near dedup (verification on). A task reads its inputs and
+    writes its outputs and its record, after an existence check of the record (HEAD). `near`: measured per
+    document: candidate pairs, edges; and rounds of connected components."""
+    m, pe, g, u = lay["blocks"], lay["partitions_exact"], lay["groups"], min(lay["units"], UNIT_GROUPS)
+    task = {"plain": 2}  # its record: the existence check and the write
+    losers = lambda senders: _add({"spread": 3 * senders + 2 * senders * u + u}, {"plain": 2 * (senders + u)})  # split, gathered
+    pairs = near["candidate_pairs"] * docs
+    k_u, k_v = _step_per_file(pairs * PAIR_BYTES["pairs-u"], g), _step_per_file(pairs * PAIR_BYTES["pairs-v"], g)
+    k_e = _step_per_file(near["edges"] * docs * PAIR_BYTES["edges"], g)
+    k_m = _step_per_file(near["edges"] * docs * MEMBER_BYTES, g)
+    step = lambda per_file: _add(_exchange(g, g, per_file), {"spread": g, "plain": 2 * g})  # + each task's nodes, records
+    rounds = max(1, int(near.get("rounds", 1)))
     return {
-        "read": 3 * m + 2 * m,  # the input range, the block, the ids' keys, the record
-        "unique_ids": 2 * m * pe + 3 * pe,
-        "exact_dedup": 4 * m,  # the read block, the view, the keys, the record
-        "exact_dedup resolve": 2 * m * pe + 3 * pe + 3 * pe + 2 * pe * groups + groups,  # keys; losers split, gathered
-        "filters+minhash": 2 * m + 6 * m,  # each block reads its unit's range of its group's losers file
-        "minhash resolve": (2 * m * pn + 3 * pn)  # pairs: the buckets
-        + (2 * m * pn + 2 * pn)  # gather: every block's nodes, once, into one file per partition
-        + 2 * (2 * pn * pn + 4 * pn)  # attach, verify: pairs and the gathered nodes
-        + (2 * pn * pn + 4 * pn)  # members: the converged edges and the gathered nodes (ids from views)
-        + (2 * pn * pn + 4 * pn)  # keep
-        + 3 * pn + 2 * pn * groups + groups,  # losers split by unit, gathered by group of units
-        "minhash drop": 2 * m + 5 * m,
-        "tokenize": 5 * m,
-        "shards": 2 * m + 3 * shards,
+        "read": _add({"spread": m, "plain": m * (math.ceil(lay["block_bytes"] / INPUT_RANGE) + 1)}, {"plain": 2 * m}),
+        "unique ids": _add(_exchange(m, pe, lay["exact_keys_per_file"]), {"plain": 3 * pe}),
+        "exact_dedup": _add({"spread": 2 * m, "plain": 2 * m}, {"plain": 2 * m}),  # read block; view; keys; record
+        "exact_dedup resolve": _add(_exchange(m, pe, lay["exact_keys_per_file"]), {"plain": 3 * pe}, losers(pe)),
+        "filters+minhash": _add({"spread": 3 * m + 2 * m, "plain": 2 * m}, {"plain": 2 * m}),  # + buckets, nodes
+        "minhash resolve": _add(
+            _exchange(m, g, lay["near_keys_per_file"]), _exchange(m, g, lay["near_keys_per_file"]),  # pairs; gather
+            step(k_u), step(k_v),  # attach, verify
+            {"spread": int(2 * near_share * docs)},  # the exact check: one range read of a frame per document
+            *[step(k_e) for _ in range(rounds)],  # component rounds
+            step(k_m), step(k_m), {"spread": g, "plain": 2},  # members (ids in the nodes: no reads), winners, clusters
+            losers(g)),
+        "minhash drop": _add({"spread": 2 * m, "plain": 2 * m}, {"plain": 2 * m}),
+        "tokenize": _add({"spread": m, "plain": 3 * m}, {"plain": 2 * m}),
+        "shards": _add({"plain": 2 * m + 3 * lay["shards"]}),
     }
 
 
-def project(scale: dict[str, Any], docs: float, text_bytes: float, cores: int, latency_s: float, concurrency: int,
-            bandwidth: float, block_bytes: int | None, calibration: float = 1.0) -> dict[str, Any]:
+def measured_phases(run: dict[str, Any]) -> dict[str, float]:
+    """The scale run's seconds by the model's phases: its executor steps (stats.json's `step_seconds`) grouped,
+    and the driver's own stages (`phase_seconds`: start, write, clean up). The tokenizer's training, timed within
+    `tokenize` but outside its tasks, is modelled at web.yaml's settings instead."""
+    out: dict[str, float] = {}
+    for step, seconds in run["step_seconds"].items():
+        if step.startswith("unique_ids"):
+            phase = "unique ids"
+        elif step.startswith("exact_dedup "):
+            phase = "exact_dedup resolve"
+        elif step in ("minhash clusters", "minhash drop") or not step.startswith("minhash "):
+            phase = {"tokenizer sample": "tokenize", "shards cut": "shards", "shards plan": "shards"}.get(step, step)
+        else:
+            phase = "minhash resolve"
+        out[phase] = out.get(phase, 0.0) + seconds
+    for stage in ("start", "write", "clean up"):
+        out[stage] = run["phase_seconds"].get(stage, 0.0)
+    return out
+
+
+def _tasks(lay: dict[str, int], phase: str) -> int:
+    if "resolve" in phase:
+        return lay["groups"] if "minhash" in phase else lay["partitions_exact"]
+    return lay["partitions_exact"] if phase == "unique ids" else lay["blocks"]
+
+
+def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argparse.Namespace,
+            calibration: float = 1.0) -> dict[str, Any]:
     largest = list(scale["scales"].values())[-1]
-    workers = scale["workers"]
     growth = max(docs / largest["corpus"]["docs"], text_bytes / largest["corpus"]["bytes"])
-    budget = 4 * 2**30
-    block = block_bytes or auto_block_bytes(int(text_bytes))
-    layout = {"blocks": -(-int(text_bytes) // block), "block_bytes": block,
-              "partitions_exact": auto_partitions(int(text_bytes), "exact", budget),
-              "partitions_near": auto_partitions(int(text_bytes), "minhash", budget),
-              "shards": int(text_bytes * 0.5 // (64 * 2**20)) + 1}
-    counted = requests(layout["blocks"], layout["partitions_exact"], layout["partitions_near"], layout["shards"])
-    work_bytes = largest["work_bytes_per_doc"] * largest["corpus"]["docs"] * growth
+    lay = layout(docs, text_bytes)
+    counted = requests(lay, docs, near_per_doc(largest), args.near_share)
+    in_flight = args.cores * min(args.concurrency, args.connections)
     phases: dict[str, dict[str, Any]] = {}
-    for phase, seconds in largest["phase_seconds"].items():
+    measured = measured_phases(largest)
+    for phase, seconds in measured.items():
+        if phase == "minhash clusters":
+            continue
         serial = phase in SERIAL
-        cpu = seconds if serial else seconds * workers * growth / cores
-        n = int(counted.get(phase, 0) * calibration)
-        phases[phase] = {"cpu_s": round(cpu, 1), "requests": n, "request_s": round(n * latency_s / (cores * concurrency), 1),
-                         "serial": serial}
+        tasks = 1 if serial else _tasks(lay, phase)
+        cpu = seconds if serial else seconds * scale["workers"] * growth / args.cores
+        if not serial:  # wave tails: whole waves, and the last task a straggler
+            waves = math.ceil(tasks / args.cores)
+            cpu = cpu * waves / (tasks / args.cores) + (args.straggler - 1) * cpu * args.cores / tasks
+        n = {k: int(v * calibration) for k, v in counted.get(phase, {}).items()}
+        total = sum(n.values())
+        phases[phase] = {"cpu_s": round(cpu, 1), "tasks": tasks, "requests": total,
+                         "request_s": round(total * args.latency_ms / 1000 / in_flight, 1),
+                         "prefix_s": round(n.get("spread", 0) / (PREFIXES * args.prefix_rate)
+                                           + n.get("plain", 0) / args.prefix_rate, 1), "serial": serial}
+    phases["tokenizer"] = {"cpu_s": round(args.tokenizer_sample_mb / args.tokenizer_mb_s, 1), "requests": 0,
+                           "request_s": 0.0, "prefix_s": 0.0, "serial": True, "tasks": 1}
+    phases["minhash clusters"] = _clusters_merge(largest, docs, growth, args)
+    work_bytes = largest["work_bytes_per_doc"] * largest["corpus"]["docs"] * growth
+    exact_bytes = 2 * args.near_share * docs * (text_bytes / docs) * args.frame_ratio
     cpu_total = sum(p["cpu_s"] for p in phases.values() if not p["serial"]) or 1.0
-    for p in phases.values():
-        p["byte_s"] = 0.0 if p["serial"] else round(3 * work_bytes * p["cpu_s"] / cpu_total / (cores * bandwidth), 1)
-        bounds = {"cpu": p["cpu_s"], "requests": p["request_s"], "bytes": p["byte_s"]}
+    for name, p in phases.items():
+        extra = exact_bytes if name == "minhash resolve" else 0.0
+        p["byte_s"] = 0.0 if p["serial"] else round((3 * work_bytes * p["cpu_s"] / cpu_total + extra)
+                                                    / (args.cores * args.bandwidth_mbs * 1e6), 1)
+        bounds = {"cpu": p["cpu_s"], "requests": p["request_s"], "prefix": p["prefix_s"], "bytes": p["byte_s"]}
         p["bound"] = max(bounds, key=bounds.get)
         p["seconds"] = max(bounds.values())
+    return _summary(lay, phases, docs, work_bytes, exact_bytes)
+
+
+def _clusters_merge(largest: dict[str, Any], docs: float, growth: float, args: argparse.Namespace) -> dict[str, Any]:
+    """One task merges every group's cluster rows: read, merged, written at one core's bandwidth and CPU."""
+    near = largest.get("near_dedup", {})
+    members = near.get("clusters", 0) + near.get("removed", 0)  # rows of clusters.parquet at the measured scale
+    rows = members * growth
+    seconds = largest["step_seconds"].get("minhash clusters", 0.0) * growth  # one task: its time grows with the rows
+    byte_s = 2 * rows * MEMBER_BYTES / (args.bandwidth_mbs * 1e6)
+    return {"cpu_s": round(seconds, 1), "requests": 0, "request_s": 0.0, "prefix_s": 0.0, "serial": True, "tasks": 1,
+            "rows": int(rows), "byte_s_one_core": round(byte_s, 1)}
+
+
+def _summary(lay: dict[str, int], phases: dict[str, Any], docs: float, work_bytes: float, exact_bytes: float) -> dict[str, Any]:
+    merge = phases["minhash clusters"]
+    merge["seconds"] = max(merge["seconds"], merge.pop("byte_s_one_core"))
+    merge["bound"] = "bytes (one task)" if merge["seconds"] > merge["cpu_s"] else merge["bound"]
     total = sum(p["seconds"] for p in phases.values())
     critical = max(phases, key=lambda k: phases[k]["seconds"])
     return {
-        "layout": layout,
+        "layout": lay,
         "projected_wall_seconds": round(total, 1),
         "projected_wall_hours": round(total / 3600, 3),
         "critical_path": {"phase": critical, "bound": phases[critical]["bound"], "seconds": phases[critical]["seconds"],
@@ -98,48 +215,70 @@ def project(scale: dict[str, Any], docs: float, text_bytes: float, cores: int, l
         "requests_total": sum(p["requests"] for p in phases.values()),
         "requests_per_document": round(sum(p["requests"] for p in phases.values()) / docs, 4),
         "work_bytes_total": int(work_bytes),
+        "exact_check_bytes": int(exact_bytes),
         "phases": phases,
     }
 
 
-def check_against_server(s3: dict[str, Any]) -> dict[str, Any]:
-    """The formula's total for the S3 run's own layout beside the server's count."""
+def near_per_doc(run: dict[str, Any]) -> dict[str, float]:
+    """Near dedup's measured candidate pairs and edges per input document, and its rounds."""
+    near, docs = run.get("near_dedup", {}), run["corpus"]["docs"]
+    return {"candidate_pairs": near.get("candidate_pairs", 0) / docs, "edges": near.get("edges", 0) / docs,
+            "rounds": near.get("rounds", 1)}
+
+
+def check_against_server(s3: dict[str, Any], scale: dict[str, Any], near_share: float) -> dict[str, Any]:
+    """The formula's total for the S3 run's own layout (its blocks, partitions and groups) beside the server's count."""
     docs, text = s3["corpus"]["docs"], s3["corpus"]["bytes"]
-    budget = 4 * 2**30
-    m = -(-text // auto_block_bytes(text))
-    formula = sum(requests(m, auto_partitions(text, "exact", budget), auto_partitions(text, "minhash", budget), 4).values())
-    return {"documents": docs, "blocks": m, "formula_requests": formula, "server_requests": s3["requests_total"],
+    seen = s3["layout"]["observed"]
+    lay = layout(docs, text, seen.get("input_units"), seen.get("blocks"), seen.get("partitions_exact_and_ids"),
+                 seen.get("near_dedup_resolve_groups"))
+    lay["shards"] = seen.get("shards") or lay["shards"]
+    near = near_per_doc(list(scale["scales"].values())[-1])
+    formula = sum(sum(v.values()) for v in requests(lay, docs, near, near_share).values())
+    return {"documents": docs, "layout": lay, "formula_requests": formula, "server_requests": s3["requests_total"],
             "server_over_formula": round(s3["requests_total"] / formula, 2)}
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", required=True, help="scripts.bench_driver_memory's JSON")
     parser.add_argument("--s3", default=None, help="scripts.bench_s3_requests's JSON")
     parser.add_argument("--docs", type=float, default=1e9)
     parser.add_argument("--text-bytes", type=float, default=1e12)
     parser.add_argument("--cores", type=int, default=256)
+    parser.add_argument("--near-share", type=float, default=0.005, help="documents in pairs the exact check decides")
     parser.add_argument("--latency-ms", type=float, default=30.0, help="per request, first byte (S3: 10-100 ms)")
-    parser.add_argument("--concurrency", type=int, default=16, help="requests in flight per core")
+    parser.add_argument("--concurrency", type=int, default=16, help="requests a core's tasks keep in flight")
+    parser.add_argument("--connections", type=int, default=64, help="the S3 client's pool, per worker process")
+    parser.add_argument("--prefix-rate", type=float, default=3500.0,
+                        help="requests a second one key prefix serves (S3: 5,500 GET, 3,500 PUT)")
     parser.add_argument("--bandwidth-mbs", type=float, default=80.0, help="object-store throughput per core, MB/s")
-    parser.add_argument("--block-bytes", default="auto", help="read.block_bytes (auto: as the runner chooses)")
-    args = parser.parse_args()
+    parser.add_argument("--straggler", type=float, default=1.5, help="a phase's last task over its mean task")
+    parser.add_argument("--frame-ratio", type=float, default=0.5, help="a document's compressed frame over its text")
+    parser.add_argument("--tokenizer-sample-mb", type=float, default=200.0, help="configs/web.yaml: tokenizer.train.sample_bytes")
+    parser.add_argument("--tokenizer-mb-s", type=float, default=7.3,
+                        help="BPE training at 32,000 tokens, MB of sample a second (BENCHMARKS: 19.6 MB in 2.7 s)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     scale = json.loads(Path(args.scale).read_text())
     largest = list(scale["scales"].values())[-1]
-    block = None if args.block_bytes == "auto" else int(args.block_bytes)
-    result = {
-        "assumptions": {"docs": args.docs, "text_bytes": args.text_bytes, "cores": args.cores, "latency_ms": args.latency_ms,
-                        "concurrency_per_core": args.concurrency, "bandwidth_mb_s_per_core": args.bandwidth_mbs,
-                        "measured_at_docs": largest["corpus"]["docs"], "measured_on_workers": scale["workers"],
-                        "task_memory_gib": 4},
-        **project(scale, args.docs, args.text_bytes, args.cores, args.latency_ms / 1000, args.concurrency,
-                  args.bandwidth_mbs * 1e6, block),
-    }
-    if args.s3:  # the formula misses existence checks and listings: scale it by what the server counted
-        check = check_against_server(json.loads(Path(args.s3).read_text()))
-        result = {**result, **project(scale, args.docs, args.text_bytes, args.cores, args.latency_ms / 1000, args.concurrency,
-                                      args.bandwidth_mbs * 1e6, block, max(1.0, check["server_over_formula"]))}
+    result: dict[str, Any] = {"assumptions": {**{k: v for k, v in vars(args).items() if k not in ("scale", "s3")},
+                                              "measured_at_docs": largest["corpus"]["docs"],
+                                              "measured_on_workers": scale["workers"], "task_memory_gib": 4,
+                                              "prefixes_per_spread_folder": PREFIXES}}
+    calibration = 1.0
+    if args.s3:  # the formula misses some existence checks and listings: scale it by what the server counted
+        check = check_against_server(json.loads(Path(args.s3).read_text()), scale, args.near_share)
         result["request_formula_check"] = check
+        calibration = max(1.0, check["server_over_formula"])
+    result.update(project(scale, args.docs, args.text_bytes, args, calibration))
+    result["at_other_near_shares"] = {
+        share: project(scale, args.docs, args.text_bytes, argparse.Namespace(**{**vars(args), "near_share": share}),
+                       calibration)["projected_wall_hours"] for share in (0.0005, 0.005, 0.01)}
     print(json.dumps(result, indent=1))
 
 

@@ -98,6 +98,24 @@ def test_classify_by_phase_and_folder():
     assert c("/bench", "list-type=2&prefix=run/work/seg1/u000000-b00000.json/&delimiter=/") == ("work/seg1", "work/seg1/uN-bN.json")
     assert c("/bench", "list-type=2&prefix=run/&delimiter=/") == ("run (top)", "run (top)")
     assert classify(Request("POST", "/bench", "delete", 200))[0] == "bucket (batch delete)"
+    # below a hashed prefix (`storage.spread`): a shuffle file counts for its folder, a read block for work/read/blocks
+    assert c("/bench/run/work/minhash/pairs-u/3f/g001.shuffle") == ("work/minhash", "work/minhash/pairs-u")
+    assert c("/bench/run/work/read/a0/u000000-b00002.arrow") == ("work/read", "work/read/blocks")
+
+
+def test_shuffle_requests_are_held_against_senders_plus_receivers():
+    """A folder's requests beside 4 x (its shuffle files + the reading step's tasks + its combine tasks)."""
+    from scripts.bench_s3_requests import count_lines, shuffle_bounds
+
+    lines = []
+    for b in range(3):  # 3 senders; one combine task reads them and writes one file; 2 receivers read it
+        lines += [f'127.0.0.1 - - [d] "PUT /bench/run/work/ids/keys/0{b}/u000000-b0000{b}.shuffle HTTP/1.1" 200 -',
+                  f'127.0.0.1 - - [d] "GET /bench/run/work/ids/keys/0{b}/u000000-b0000{b}.shuffle HTTP/1.1" 206 -']
+    lines.append('127.0.0.1 - - [d] "PUT /bench/run/work/ids/keys/7f/combined-00000.shuffle HTTP/1.1" 200 -')
+    lines += ['127.0.0.1 - - [d] "GET /bench/run/work/ids/keys/7f/combined-00000.shuffle HTTP/1.1" 206 -'] * 4
+    bounds = shuffle_bounds(count_lines(lines), {"partitions_exact_and_ids": 2, "near_dedup_resolve_groups": 1})
+    assert bounds == {"work/ids/keys": {"requests": 11, "sending_tasks": 4, "receiving_tasks": 3,
+                                        "bound_4x_senders_plus_receivers": 28, "within_bound": True}}
 
 
 def _log(monkeypatch) -> list[str]:

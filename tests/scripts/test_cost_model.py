@@ -1,0 +1,40 @@
+"""The cost model's request counting: exact answers on small layouts."""
+
+import argparse
+
+from scripts.cost_model import _exchange, _step_per_file, layout, measured_phases, requests
+
+
+def test_an_exchange_grows_as_senders_plus_receivers_once_combined():
+    # every receiver reads a header and a range of every sender's file: 2 x 10 x 5, plus the 10 writes
+    assert _exchange(10, 5, 1) == {"spread": 10 + 100, "plain": 0}
+    # 256 senders combined 128 to a file: 256 writes, 256 whole reads (2 each), 2 combined files (and their
+    # records), and each of 5 receivers reads 2 ranges of each combined file
+    assert _exchange(256, 5, 128) == {"spread": 256 + 512 + 2 + 20, "plain": 4}
+
+
+def test_resolve_steps_combine_only_past_a_few_groups_and_as_many_as_fit_the_budget():
+    assert _step_per_file(1e9, 4) == 1  # 2 G^2 <= 8 G: each reads every file
+    assert _step_per_file(1e6, 100) == 128  # small files: the most a combine task takes
+    assert _step_per_file(1e12, 1000) == 1  # 1.5 GB files: one does not fit twice in a combine's budget
+
+
+def test_the_layout_is_the_runners_and_the_exact_check_adds_two_reads_a_pair():
+    lay = layout(1e9, 1e12)
+    assert lay["blocks"] == 16_384 and lay["groups"] == lay["partitions_near"]  # a group per partition at scale
+    near = {"candidate_pairs": 0.5, "edges": 0.2, "rounds": 4}
+    none, some = requests(lay, 1e9, near, 0.0), requests(lay, 1e9, near, 0.005)
+    assert sum(some["minhash resolve"].values()) - sum(none["minhash resolve"].values()) == 2 * 0.005 * 1e9
+    assert {k: v for k, v in some.items() if k != "minhash resolve"} == {k: v for k, v in none.items() if k != "minhash resolve"}
+
+
+def test_measured_steps_are_grouped_into_the_models_phases():
+    run = {"step_seconds": {"read": 3.0, "unique_ids": 1.0, "unique_ids combine": 0.5, "exact_dedup": 2.0,
+                            "exact_dedup resolve": 1.0, "exact_dedup losers by unit": 0.25, "minhash pairs": 1.0,
+                            "minhash verify": 2.0, "minhash clusters": 0.5, "minhash drop": 1.5, "filters+minhash": 4.0,
+                            "tokenizer sample": 0.5, "tokenize": 6.0, "shards plan": 0.1, "shards": 1.0},
+           "phase_seconds": {"start": 2.0, "write": 0.2, "clean up": 0.3, "tokenize": 9.0}}
+    assert measured_phases(run) == {"read": 3.0, "unique ids": 1.5, "exact_dedup": 2.0, "exact_dedup resolve": 1.25,
+                                    "minhash resolve": 3.0, "minhash clusters": 0.5, "minhash drop": 1.5,
+                                    "filters+minhash": 4.0, "tokenize": 6.5, "shards": 1.1, "start": 2.0, "write": 0.2,
+                                    "clean up": 0.3}
