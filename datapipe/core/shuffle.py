@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datapipe.core.shards import atomic_write_bytes
-from datapipe.core.storage import Location, RemotePath, location, spread
+from datapipe.core.storage import Location, RemotePath, location, remove_files, spread
 from datapipe.core.workfiles import DamagedWorkFile, digest
 
 MAGIC = b"DPSHUF02"
@@ -280,8 +280,11 @@ def combine(run_tasks: Callable[..., list], folder: str | Location, senders: Seq
     """A two-level exchange: `senders`' files in `folder` merged, `per_file` at a time, by combine tasks; the names
     of the combined files, which receivers read instead. A receiver then makes two requests per combined file, not
     per sender: requests grow as senders + receivers (M reads, M/per_file writes, P x M/per_file x 2 range reads),
-    not as senders x receivers. A combine task holds `per_file` senders' files: size it to the task's memory."""
+    not as senders x receivers. A combine task holds `per_file` senders' files: size it to the task's memory. The
+    senders' files are deleted once every combine task is done, so the keys are not kept twice."""
     groups = [list(senders[i : i + per_file]) for i in range(0, len(senders), per_file)]
     run_tasks(combine_task, (str(folder), partitions, source_column), [(k, g, k * per_file) for k, g in enumerate(groups)],
               desc, record=combine_record)
+    # every combine task has left its record: the senders' files are read by no one now (a resume skips the combines)
+    remove_files([spread(p) for p in shuffle_files(folder, senders)])
     return combined_names(len(senders), per_file)

@@ -160,6 +160,16 @@ def remove_tree(where: Union[str, os.PathLike[str], "RemotePath"]) -> None:
         shutil.rmtree(where, ignore_errors=True)
 
 
+def remove_files(paths: list[Union[Path, "RemotePath"]]) -> None:
+    """Delete files (on an object store in batch requests); nothing for one that is not there."""
+    remote = [p for p in paths if isinstance(p, RemotePath)]
+    if remote:
+        remote[0].fs.rm([p.path for p in remote])  # s3fs: one DeleteObjects request per 1,000 keys
+    for p in paths:
+        if not isinstance(p, RemotePath):
+            p.unlink(missing_ok=True)
+
+
 # Connections of the S3 client: a receiving task asks for ranges of many files at once (fsspec's `cat_ranges`), and
 # botocore's default pool of 10 would queue them; S3 answers each connection's request independently.
 S3_CONNECTIONS = 64

@@ -331,10 +331,11 @@ def _damage(path: Path, how: str) -> None:
         path.write_bytes(bytes(flipped))
 
 
-# What the resumed run reads, written before the kill: a sender's exact-dedup keys (the run killed before their
-# resolve), the exact-dedup losers by unit, a segment's view of a block, a read block's text, a task's record.
+# What the resumed run reads, written before the kill: the exact-dedup keys combined (the run killed before their
+# resolve; the senders' own files are gone once combined), the exact-dedup losers by unit, a segment's view of a
+# block, a read block's text, a task's record.
 DAMAGED = {
-    "exact keys": "exact_dedup/keys/u000000-b00000.shuffle",
+    "exact keys": "exact_dedup/keys/combined-00000.shuffle",
     "losers by unit": "exact_dedup/losers-by-unit/g00000.shuffle",
     "view": "seg0/u000000-b00001.arrow",
     "read block": "read/u000000-b00001.arrow",
@@ -357,18 +358,20 @@ def test_a_damaged_work_file_is_redone_or_named_never_read_wrong(tmp_path: Path,
         run(cfg, extra_stages=[CrashAfter(0)])
     work = out / "work"
     if target == "exact keys":  # as if killed right after the keys were sent: the resolve has not read them yet
-        for done in [*work.glob("exact_dedup/losers-t*"), *work.glob("exact_dedup/records/combine-*")]:
+        for done in work.glob("exact_dedup/losers-t*"):
             done.unlink()
         shutil.rmtree(work / "exact_dedup" / "losers-by-unit")
     damaged = work / DAMAGED[target]
     _damage(damaged, how)
+    stopped = False
     try:
         run(cfg, extra_stages=[PassThrough()])
     except RunStopped as exc:  # the CLI prints this as one paragraph, exit 1
-        message = str(exc)
+        message, stopped = str(exc), True
         assert target != "record"  # a damaged record only means its task runs again
         assert f"work file {damaged} is damaged" in message and f"rm -r {work}" in message
         shutil.rmtree(work)  # the recovery it names
         run(cfg, extra_stages=[PassThrough()])
+    assert stopped or target == "record"  # the damaged file was read (a resolve that was done would not read it)
     assert checksums(out) == checksums(ref)
     assert read_manifest(out)["total_tokens"] == read_manifest(ref)["total_tokens"]

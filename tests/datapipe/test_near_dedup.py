@@ -263,19 +263,25 @@ def test_same_result_in_one_process_and_on_ray(tmp_path, ray_local):
     assert a.equals(b)
 
 
-def test_clusters_merged_a_few_rows_at_a_time_equal_one_sort(tmp_path, monkeypatch):
-    """clusters.parquet is merged by order from the partitions' files in bounded steps (not sorted whole
-    in the driver): steps of 2 rows per partition give the same table as one step, in input order."""
+def test_clusters_merged_a_range_of_input_order_at_a_time_equal_one_sort(tmp_path, monkeypatch):
+    """clusters.parquet is merged by order from the groups' files one range of input units at a time (not
+    sorted whole in one step): three inputs in three ranges give the same table as one range, in input order."""
     from datapipe.curate.phases import near_dedup
 
     path, _ = _corpus(tmp_path)
-    ref = _minhash_run(tmp_path / "ref", path, LocalExecutor())
-    monkeypatch.setattr(near_dedup, "MERGE_ROWS", 2)
-    result = _minhash_run(tmp_path / "out", path, LocalExecutor())
-    a = pq.read_table(tmp_path / "out" / "near_duplicates" / "clusters.parquet")
-    assert a.num_rows > 10 and a.equals(pq.read_table(tmp_path / "ref" / "near_duplicates" / "clusters.parquet"))
-    docs = [int(i[3:]) for i in a.column("id").to_pylist()]
-    assert docs == sorted(docs)  # input order: doc<N> is the N-th document of the one input file
+    lines = path.read_bytes().splitlines(keepends=True)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for i in range(3):
+        (parts / f"part-{i}.jsonl").write_bytes(b"".join(lines[i::3]))
+    ref = _minhash_run(tmp_path / "ref", parts / "*.jsonl", LocalExecutor())
+    monkeypatch.setattr(near_dedup, "MERGE_RANGES", 1)
+    result = _minhash_run(tmp_path / "out", parts / "*.jsonl", LocalExecutor())
+    a = pq.read_table(tmp_path / "ref" / "near_duplicates" / "clusters.parquet")
+    assert a.num_rows > 10 and a.equals(pq.read_table(tmp_path / "out" / "near_duplicates" / "clusters.parquet"))
+    assert pq.ParquetFile(tmp_path / "ref" / "near_duplicates" / "clusters.parquet").num_row_groups == 3  # a range each
+    docs = [(int(i[3:]) % 3, int(i[3:]) // 3) for i in a.column("id").to_pylist()]
+    assert docs == sorted(docs)  # input order: part-K holds documents K, K + 3, ... in order
     assert result.stats["global_stages"]["minhash"] == ref.stats["global_stages"]["minhash"]
 
 

@@ -92,14 +92,15 @@ def test_objects_grow_with_the_tasks_not_with_tasks_times_partitions(tmp_path, s
     few, many = (_objects(tmp_path / f"p{p}" / "work") for p in (3, 24))
     blocks = len(list((tmp_path / "p3" / "work" / "read").glob("*.arrow")))
     assert blocks > 10
-    # map side: one key file per block and kind, whatever the partition count (it was blocks x partitions)
+    # map side: one key file per block and kind, whatever the partition count (it was blocks x partitions), each
+    # read by a combine task; the receivers read the combined files (fewer than 128 blocks: one), and the block
+    # files, which no one reads after, are deleted: the keys are not kept twice
     for folder in ("minhash/buckets", "exact_dedup/keys", "ids/keys"):
-        counts = [len(list((tmp_path / f"p{p}" / "work" / folder).glob("u*.shuffle"))) for p in (3, 24)]
-        assert counts == [blocks, blocks], folder
-    # exact dedup's and the ids' receivers read the blocks' files combined (fewer than 128 blocks: into one)
-    for folder in ("exact_dedup/keys", "ids/keys"):
-        combined = sorted(f.name for f in (tmp_path / "p3" / "work" / folder).glob("combined-*"))
-        assert combined == ["combined-00000.shuffle"], folder
+        for p in (3, 24):
+            names = sorted(f.name for f in (tmp_path / f"p{p}" / "work" / folder).iterdir())
+            assert names == ["combined-00000.shuffle"], folder
+        records = list((tmp_path / "p3" / "work" / folder).parent.glob("records/combine-*.json"))
+        assert records and len(records) <= 2, folder
     # the resolve's tasks follow the documents, not the partitions (`near_dedup.resolve_groups`): this
     # small corpus is one group either way, its nodes gathered once into one file (the block files removed)
     assert [len(list((tmp_path / f"p{p}" / "work" / "minhash" / "nodes-by-group").iterdir())) for p in (3, 24)] == [1, 1]
@@ -173,11 +174,13 @@ def test_combined_senders_give_each_receiver_the_same_rows_in_the_same_order(tmp
         calls.append(len(items))
         return [fn(shared, *item) for item in items]
 
+    direct = [read_shuffle(shuffle.shuffle_files(tmp_path, names), p, 4) for p in range(4)]
     combined = shuffle.combine(run_tasks, tmp_path, names, 4, "combine", per_file=2)
     assert combined == ["combined-00000", "combined-00001", "combined-00002"] and calls == [3]
     for p in range(4):
-        direct = read_shuffle(shuffle.shuffle_files(tmp_path, names), p, 4)
-        assert read_shuffle(shuffle.shuffle_files(tmp_path, combined), p, 4).equals(direct)
+        assert read_shuffle(shuffle.shuffle_files(tmp_path, combined), p, 4).equals(direct[p])
+    # the senders' files, read by no one now, are gone; a second call (a resume: every combine recorded) is a no-op
+    assert sorted(f.name for f in tmp_path.iterdir()) == [f"{c}.shuffle" for c in combined]
 
 
 def test_a_combined_file_keeps_each_rows_sender_among_all_senders(tmp_path):
@@ -189,9 +192,9 @@ def test_a_combined_file_keeps_each_rows_sender_among_all_senders(tmp_path):
     for i, name in enumerate(names):
         write_shuffle(tmp_path / f"{name}.shuffle", pa.table({"order": np.arange(6, dtype=np.int64) + 10 * i}),
                       np.arange(6) % 3, 3)
+    direct = [read_shuffle(shuffle.shuffle_files(tmp_path, names), p, 3, source_column="sender") for p in range(3)]
     combined = shuffle.combine(lambda fn, shared, items, desc, record=None: [fn(shared, *i) for i in items],
                                tmp_path, names, 3, "combine", per_file=2, source_column="sender")
     for p in range(3):
-        direct = read_shuffle(shuffle.shuffle_files(tmp_path, names), p, 3, source_column="sender")
         got = read_shuffle(shuffle.shuffle_files(tmp_path, combined), p, 3)
-        assert got.to_pylist() == direct.to_pylist()
+        assert got.to_pylist() == direct[p].to_pylist()

@@ -31,9 +31,9 @@ each writing one shuffle file:
                length, sent to the partition of its label;
 6. winners     one document kept per component; the others become `losers-tNNN.arrow` with reason
                `near_duplicate` and the kept id, which the next segment drops like any global stage's;
-               each group's cluster members (`clusters-gNNN.arrow`, sorted by order);
-7. clusters    one task merges those files by order into `near_duplicates/clusters.parquet`, a range
-               of orders at a time (`clusters_task`). The driver only adds up the tasks' counts.
+               each group's cluster members (`clusters/gNNN`, cut into ranges of input order: `OrderRanges`);
+7. clusters    one task merges those files by order into `near_duplicates/clusters.parquet`, one range
+               of every group's file at a time (`clusters_task`). The driver only adds up the tasks' counts.
 
 No step lists a folder: senders are known (the blocks, or the groups). Objects per step: one per
 task plus its record. A step's input shuffle is deleted once every task that reads it has left its record
@@ -56,6 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from datapipe.core.schema import ROW_BITS
 from datapipe.core.shards import replacing
 from datapipe.core.workfiles import read_record, read_work_table, write_record, write_work_table
 from datapipe.core.shuffle import COMBINE_SENDERS, combine, combined_names, read_shuffle, shuffle_files, write_shuffle
@@ -152,9 +153,12 @@ class Groups:
         """Group g's rows of every group's shuffle file in `folder` (one range of each), or of the files they
         were combined into (`exchange_groups`)."""
         lo, hi = self.range(g)
+        return read_shuffle(self.files(folder), lo, self.partitions, schema, through=hi)
+
+    def files(self, folder: Location) -> list[Location]:
+        """The shuffle files of a step's folder its readers read: one per group, or the combined ones."""
         per_file = dict(self.combined).get(folder.name)
-        names = combined_names(self.count, per_file) if per_file else self.names()
-        return read_shuffle(shuffle_files(folder, names), lo, self.partitions, schema, through=hi)
+        return shuffle_files(folder, combined_names(self.count, per_file) if per_file else self.names())
 
     def record(self) -> dict[str, int]:
         """What `records/groups.json` keeps: the grouping, fixed by a resolve's first run (not its combines)."""
@@ -165,18 +169,19 @@ SMALL_EXCHANGE = 4  # up to this many groups, each reads every group's file: 2 G
 
 
 def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, results: Sequence[dict[str, Any]],
-                    desc: str) -> Groups:
+                    desc: str, partitions: int | None = None) -> Groups:
     """After a step whose G tasks each wrote one shuffle file in `folder` (their results' `bytes`): the two-level
     exchange (`shuffle.combine`) when G > SMALL_EXCHANGE, as many files to a combine task as fit COMBINE_BYTES at
     the largest file's size, so that the next step's G receivers read G / per_file files each, not G: requests
-    grow as senders + receivers while a combine holds at most COMBINE_BYTES. The groups the readers then use."""
+    grow as senders + receivers while a combine holds at most COMBINE_BYTES. The groups the readers then use.
+    `partitions`: the files' own, where not the groups' (the clusters' order ranges)."""
     sizes = [int(r["bytes"]) for r in results if "bytes" in r]
     if groups.count <= SMALL_EXCHANGE or not sizes:  # (no sizes: a step recorded before the exchange existed)
         return groups
     per_file = min(COMBINE_SENDERS, COMBINE_BYTES // max(3 * max(sizes), 1))
     if per_file < 2:
         return groups
-    combine(run_tasks, folder, groups.names(), groups.partitions, f"{desc} combine", per_file=per_file)
+    combine(run_tasks, folder, groups.names(), partitions or groups.partitions, f"{desc} combine", per_file=per_file)
     combined = dict(groups.combined)
     combined[folder.name] = per_file
     return dataclasses.replace(groups, combined=tuple(sorted(combined.items())))
@@ -224,7 +229,8 @@ def gather_nodes_task(shared: tuple[str, KeySource], g: int) -> dict[str, int]:
     folder, source = shared
     nodes = source.nodes(g)
     write_work_table(location(source.keys) / GATHERED / f"g{g:03d}.arrow", nodes)
-    return {"nodes": nodes.num_rows}
+    orders = nodes.column("order").to_numpy()
+    return {"nodes": nodes.num_rows, "units": int(orders.max() >> ROW_BITS) + 1 if len(orders) else 0}
 
 
 def send_edges(folder: Location, a: np.ndarray, b: np.ndarray, partitions: int, sender: str) -> int:
@@ -476,8 +482,7 @@ def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
     root = location(folder)
 
     def work() -> dict[str, Any]:
-        table = read_shuffle(shuffle_files(root / "cc" / "r000", groups.names()), 0, config.partitions, EDGE_SCHEMA,
-                             through=config.partitions)
+        table = read_shuffle(groups.files(root / "cc" / "r000"), 0, config.partitions, EDGE_SCHEMA, through=config.partitions)
         src, dst = table.column("src").to_numpy(), table.column("dst").to_numpy()
         keep = src < dst  # each undirected edge once
         a, b, rounds = connected_components(src[keep], dst[keep], config.max_rounds)
@@ -528,8 +533,23 @@ def members_task(shared: tuple[str, Any, KeySource], converged: str, g: int) -> 
     return work()
 
 
-def winners_task(shared: tuple[str, Any, Groups], g: int) -> dict[str, Any]:
-    folder, config, groups = shared
+@dataclass(frozen=True)
+class OrderRanges:
+    """The clusters' rows cut into `count` contiguous ranges of input order (by input unit: `units` of them), so
+    that `clusters_task` merges one range of every group's file at a time."""
+
+    units: int
+    count: int
+
+    def of(self, orders: np.ndarray) -> np.ndarray:
+        return (orders >> ROW_BITS) * self.count // max(self.units, 1)
+
+
+MERGE_RANGES = 256  # order ranges of the clusters merge, at most (one per input unit below that)
+
+
+def winners_task(shared: tuple[str, Any, Groups, OrderRanges], g: int) -> dict[str, Any]:
+    folder, config, groups, ranges = shared
     root = location(folder)
 
     def work() -> dict[str, Any]:
@@ -538,52 +558,36 @@ def winners_task(shared: tuple[str, Any, Groups], g: int) -> dict[str, Any]:
             losers, clusters = LOSER_SCHEMA.empty_table(), CLUSTER_SCHEMA.empty_table()
         else:
             losers, clusters = choose_kept(members, config.keep)
-        # By order, so that `clusters_task` merges the partitions without sorting them all at once.
+        # By order within each range, so that `clusters_task` merges a range without sorting more than it.
         clusters = clusters.sort_by([("order", "ascending")])
-        write_work_table(root / f"clusters-g{g:03d}.arrow", clusters)
+        size = write_shuffle(root / "clusters" / f"g{g:03d}.shuffle", clusters,
+                             ranges.of(clusters.column("order").to_numpy()), ranges.count)
         write_work_table(root / f"losers-t{g:03d}.arrow", losers)
         # A cluster lives in one partition (members go to the partition of their label): counts add up.
         n_clusters = len(pc.unique(clusters.column("cluster_id"))) if clusters.num_rows else 0
-        return {"losers": losers.num_rows, "clusters": n_clusters}
+        return {"losers": losers.num_rows, "clusters": n_clusters, "bytes": size}
 
     return work()
 
 
-MERGE_ROWS = 1 << 16  # rows taken from each partition's file per step of `clusters_task`'s merge
-
-
-def clusters_task(shared: tuple[str, str], _: int = 0) -> dict[str, Any]:
-    """`out_dir/near_duplicates/clusters.parquet`: every partition's clusters (each file sorted by order)
-    merged by order, written a range of orders at a time: a step holds at most `MERGE_ROWS` rows of each
-    partition, so memory is bounded by the partition count, not by the corpus."""
-    folder, out_dir = location(shared[0]), location(shared[1])
-
-    def work() -> dict[str, Any]:
-        tables = [read_work_table(f) for f in sorted(folder.glob("clusters-g*.arrow"))]  # memory-mapped when local
-        orders = [t.column("order").to_numpy() for t in tables]
-        # Step boundaries: every MERGE_ROWS-th order of every file, so no step takes more from a file.
-        bounds = np.unique(np.concatenate([o[::MERGE_ROWS] for o in orders] + [np.empty(0, np.int64)]))
-        bounds = np.r_[bounds[1:], np.iinfo(np.int64).max] if len(bounds) else np.empty(0, np.int64)
-        schema = CLUSTER_SCHEMA.remove(CLUSTER_SCHEMA.get_field_index("order"))
-        rows, start = 0, [0] * len(tables)
-        path = out_dir / "near_duplicates" / "clusters.parquet"
-        with replacing(path, False) as tmp, tmp.open("wb") as sink, pq.ParquetWriter(sink, schema) as writer:
-            for bound in bounds:
-                parts = []
-                for i, (t, o) in enumerate(zip(tables, orders)):
-                    stop = int(np.searchsorted(o, bound, side="left")) if bound != np.iinfo(np.int64).max else len(o)
-                    if stop > start[i]:
-                        parts.append(t.slice(start[i], stop - start[i]))
-                        start[i] = stop
-                if parts:
-                    step = pa.concat_tables(parts).sort_by([("order", "ascending")]).drop(["order"])
-                    writer.write_table(step)
-                    rows += step.num_rows
-            if rows == 0:
-                writer.write_table(schema.empty_table())
-        return {"rows": rows}
-
-    return work()
+def clusters_task(shared: tuple[str, str, Groups, OrderRanges], _: int = 0) -> dict[str, Any]:
+    """`out_dir/near_duplicates/clusters.parquet`: every group's clusters merged by order, one order range at a
+    time (a row group each): a step holds one range of every group's file (`OrderRanges`), so memory is the
+    clusters' bytes over the ranges, not the corpus's."""
+    folder, out_dir, groups, ranges = location(shared[0]), location(shared[1]), shared[2], shared[3]
+    files = groups.files(folder / "clusters")
+    schema = CLUSTER_SCHEMA.remove(CLUSTER_SCHEMA.get_field_index("order"))
+    rows = 0
+    path = out_dir / "near_duplicates" / "clusters.parquet"
+    with replacing(path, False) as tmp, tmp.open("wb") as sink, pq.ParquetWriter(sink, schema) as writer:
+        for r in range(ranges.count):
+            step = read_shuffle(files, r, ranges.count, CLUSTER_SCHEMA)
+            if step.num_rows:
+                writer.write_table(step.sort_by([("order", "ascending")]).drop(["order"]).cast(schema))
+                rows += step.num_rows
+        if rows == 0:
+            writer.write_table(schema.empty_table())
+    return {"rows": rows}
 
 
 class NearDedupStage(MinHashStage, GlobalStage):
@@ -622,7 +626,10 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs",
                       record=record_in("records", "pairs"))
     # the nodes, read by three later steps, are gathered once by group; the senders' files then go
-    run_tasks(gather_nodes_task, (str(folder), source), parts, f"{stage.name} gather", record=record_in("records", "gather"))
+    gathered = run_tasks(gather_nodes_task, (str(folder), source), parts, f"{stage.name} gather",
+                         record=record_in("records", "gather"))
+    units = max((x.get("units", 0) for x in gathered), default=0)
+    ranges = OrderRanges(units, max(1, min(MERGE_RANGES, units)))
     remove_tree(folder / "nodes")
     source = dataclasses.replace(source, gathered=True)
     verified = {"edges": sum(x["edges"] for x in found), "exact_checked": 0, "exact_bytes_read": 0, "exact_text_bytes": 0,
@@ -652,10 +659,11 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
         done = read_record(labelled)
     largest = [{"bytes": done["largest_bytes"]}] if "largest_bytes" in done else []
     groups = exchange_groups(run_tasks, folder / "members", groups, largest, f"{stage.name} members")
-    kept = run_tasks(winners_task, (str(folder), config, groups), parts, f"{stage.name} keep",
+    kept = run_tasks(winners_task, (str(folder), config, groups, ranges), parts, f"{stage.name} keep",
                      record=record_in("records", "winners"))
     remove_tree(folder / "members")  # consumed
-    run_tasks(clusters_task, (str(folder), str(out_dir)), [(0,)], f"{stage.name} clusters",
+    groups = exchange_groups(run_tasks, folder / "clusters", groups, kept, f"{stage.name} keep", ranges.count)
+    run_tasks(clusters_task, (str(folder), str(out_dir), groups, ranges), [(0,)], f"{stage.name} clusters",
               record=record_in("records", "clusters"))
     losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)
     return {
