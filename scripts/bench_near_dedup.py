@@ -82,6 +82,10 @@ except ImportError:  # an older checkout (the baseline of a side-by-side run)
     pass
 from datapipe.curate.executors import LocalExecutor
 from stages.minhash import MinHashConfig, MinHashStage
+try:  # a read block keeps each text as its own frame, read by range in the exact check
+    from datapipe.curate.blocks import block_documents, write_read_block
+except ImportError:  # an older checkout (the baseline of a side-by-side run)
+    write_read_block = None
 try:
     import datapipe.curate.phases.near_dedup as nd
 except ImportError:  # an older checkout (the baseline of a side-by-side run)
@@ -104,6 +108,11 @@ senders = []
 for b, end in enumerate(list(np.unique(np.r_[cuts, len(sizes)]))):
     block = table.slice(start, int(end) - start); start = int(end)
     if block.num_rows == 0:
+        continue
+    if write_read_block is not None:  # a read block (a frame per text) and keys that locate each text in it
+        write_read_block(work, f"b{b:05d}", block, "zstd")
+        stage_base.write_keys(stage, block_documents(work, "read", f"b{b:05d}", locate=True), folder, f"b{b:05d}")
+        senders.append(f"read/b{b:05d}")
         continue
     if hasattr(stage_base, "write_keys"):  # one shuffle file per kind and block; the block's text stays where it is
         atomic_write_table(work / "seg" / f"b{b:05d}.arrow", block)

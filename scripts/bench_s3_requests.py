@@ -27,8 +27,9 @@ removed before a line is matched (`parse_line`). Counted:
   them (e.g. `work/ids/resolved-pNNN-of-MMM.json`, one per receiving partition);
 - per input document: requests, PUTs, range reads.
 The layout of the run (blocks, input units, partitions, the near-dedup resolve's groups, shards) is read from
-the keys and stats.json, beside what `scripts.cost_model` assumes for the same input, with the cost model's
-check of its request formula against the count (`server_over_formula`, the calibration factor it applies).
+the keys and stats.json, beside what the runner's `auto` rules give for the same input; `scripts.cost_model
+--s3` checks its request formula against this count at this layout (`server_over_formula`, the calibration
+factor it applies). Each shuffle folder's requests are held against 4 x (sending + receiving tasks).
 With `--keep-work` it also lists what work/ holds at the end (objects per folder). The server's requests are
 what a real S3 bucket would be billed for and would answer at its per-request latency (`scripts/cost_model.py`).
 """
@@ -273,15 +274,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _cost_model_check(result: dict[str, Any]) -> dict[str, Any]:
-    """scripts.cost_model's check of its request formula against this count (its calibration factor)."""
-    try:
-        from scripts.cost_model import check_against_server
-        return check_against_server(result)
-    except Exception as exc:  # the cost model is another owner's: report, do not fail the count
-        return {"error": repr(exc)}
-
-
 # `datapipe curate RECIPE --no-progress` with near_dedup.GROUP_DOCS set (argv: the value, the recipe). The groups
 # are decided in the driver (`resolve_groups`) and carried to the tasks, so the driver's module is enough.
 _WITH_GROUP_DOCS = """
@@ -385,7 +377,6 @@ def main() -> None:
             **report(count, args.docs, corpus, stats, args.workers),
             **({"work_objects_by_folder": dict(sorted(objects.items()))} if objects else {}),
         }
-        result["cost_model_check"] = _cost_model_check(result)
         print(json.dumps(result, indent=1))
     finally:
         proc.terminate()
