@@ -260,6 +260,7 @@ def run_scale(corpus: Path, out: Path, workers: int, partitions: int | str, veri
         "wall_seconds": round(wall, 1),
         "cpu_seconds": round(sum(sampler.cpu.values()), 1),
         "phase_seconds": stats["phase_seconds"],
+        "step_seconds": stats.get("step_seconds", {}),  # the executor's steps within the stages (the cost model's input)
         "kept_docs": manifest["total_docs"],
         "shards": manifest["num_shards"],
         "removed": {name: s.get("removed") for name, s in stats["global_stages"].items()},

@@ -42,10 +42,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from datapipe.core.shuffle import COMBINE_SENDERS
+from datapipe.core.shuffle import COMBINE_BYTES, COMBINE_SENDERS, senders_per_file
 from datapipe.core.storage import PREFIXES
 from datapipe.curate.config import auto_block_bytes, auto_partitions
-from datapipe.curate.phases.near_dedup import COMBINE_BYTES, GROUP_DOCS, senders_per_file
+from datapipe.curate.phases.near_dedup import GROUP_DOCS, key_senders_per_file
+from stages.exact_dedup import KEY_BYTES
 from stages.minhash import MinHashConfig
 
 SERIAL = {"start", "tokenizer", "write", "shutdown", "clean_up", "clean up"}  # the driver's own steps, or one task
@@ -66,7 +67,8 @@ def layout(docs: float, text_bytes: float, units: int | None = None, blocks: int
     g = groups or max(1, min(p_near, -(-int(docs) // GROUP_DOCS)))
     return {"blocks": m, "block_bytes": int(text_bytes // m), "partitions_exact": p_exact, "partitions_near": p_near,
             "groups": g, "units": units or m, "shards": int(text_bytes * 0.5 // (64 * 2**20)) + 1,
-            "near_keys_per_file": senders_per_file(MinHashConfig(), int(docs), m), "exact_keys_per_file": COMBINE_SENDERS}
+            "near_keys_per_file": key_senders_per_file(MinHashConfig(), int(docs), m),
+            "exact_keys_per_file": senders_per_file(int(docs), m, KEY_BYTES)}
 
 
 def _exchange(senders: int, receivers: int, per_file: int) -> dict[str, int]:

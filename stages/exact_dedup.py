@@ -21,7 +21,7 @@ import xxhash
 from datapipe.core.config import check, note
 from datapipe.core.workfiles import write_work_table
 from datapipe.core.storage import Location, location
-from datapipe.core.shuffle import combine, read_shuffle, shuffle_files
+from datapipe.core.shuffle import combine, read_shuffle, senders_per_file, shuffle_files
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 
 MIN_PARTITIONS = 16  # `partitions: auto` never goes below this
@@ -29,6 +29,7 @@ MIN_PARTITIONS = 16  # `partitions: auto` never goes below this
 KEY_SCHEMA = pa.schema(
     [("hash", pa.binary(16)), ("partition", pa.uint32()), ("order", pa.int64()), ("id", pa.string())]
 )
+KEY_BYTES = 64  # a document's key, about (its 16-byte hash, order and id): what sizes a combine task's share
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +74,7 @@ class ExactDedupStage(GlobalStage):
         items = [(p,) for p in range(self.config.partitions)]
         keys = folder / "keys"
         combined = combine(run_tasks, keys, [s.rsplit("/", 1)[-1] for s in senders], self.config.partitions,
-                           f"{self.name} combine")
+                           f"{self.name} combine", per_file=senders_per_file(documents, len(senders), KEY_BYTES))
         files = [str(f) for f in shuffle_files(keys, combined)]
         done = run_tasks(partition_task, (str(folder), files, self.config.partitions), items, f"{self.name} resolve",
                          record=partition_record)

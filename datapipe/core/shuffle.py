@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datapipe.core.shards import atomic_write_bytes
-from datapipe.core.storage import Location, RemotePath, location, remove_files, spread
+from datapipe.core.storage import Location, RemotePath, cat_ranges, location, remove_files, spread
 from datapipe.core.workfiles import DamagedWorkFile, digest
 
 MAGIC = b"DPSHUF02"
@@ -185,7 +185,7 @@ def _remote_reads(paths: list[RemotePath], p0: int, p1: int, partitions: int) ->
 def _cat_ranges(fs, paths: list[RemotePath], names: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
     """fsspec's concurrent range reads; a file that is gone is a DamagedWorkFile naming it."""
     try:
-        return fs.cat_ranges(names, starts, ends, on_error="raise")
+        return cat_ranges(fs, names, starts, ends)
     except FileNotFoundError as exc:
         missing = next((p for p in paths if p.path in str(exc)), paths[0])
         raise DamagedWorkFile(missing, "it is missing (deleted after its task finished)") from None
@@ -240,7 +240,16 @@ def shuffle_files(folder: str | Location, senders: Sequence[str]) -> list[Locati
 
 # ------------------------------------------------------------------------- combining senders
 
-COMBINE_SENDERS = 128  # sender files merged into one by a combine task
+COMBINE_SENDERS = 1024  # sender files merged into one by a combine task, at most
+COMBINE_BYTES = 1 << 30  # bytes of sender files one combine task holds at most (its senders' files, then their merge)
+
+
+def senders_per_file(documents: int, senders: int, bytes_per_document: int) -> int:
+    """How many senders' files one combine task merges: as many as fit COMBINE_BYTES (three times over: the files,
+    the merged table, its bytes) at the average sender's size, at most COMBINE_SENDERS. Few combined files is what
+    keeps a receiver's requests few: it reads two ranges of each."""
+    per_sender = max(1, documents // max(senders, 1)) * bytes_per_document
+    return max(1, min(COMBINE_SENDERS, COMBINE_BYTES // (3 * per_sender)))
 
 
 def combine_task(shared: tuple[str, int, str | None], index: int, names: list[str], first: int) -> dict[str, int]:

@@ -175,6 +175,12 @@ def remove_files(paths: list[Union[Path, "RemotePath"]]) -> None:
 S3_CONNECTIONS = 64
 
 
+def cat_ranges(fs: Any, paths: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
+    """fsspec's concurrent range reads, at most S3_CONNECTIONS in flight: as many as the client's pool holds
+    (fsspec would start up to 1,280 at once, which then wait in the pool)."""
+    return fs.cat_ranges(paths, starts, ends, on_error="raise", batch_size=S3_CONNECTIONS)
+
+
 class RemotePath:
     """A file or folder of a remote fsspec file system, with the pathlib operations datapipe uses.
     Pickles as its URL (Ray tasks get it that way) and reopens the file system where it lands."""

@@ -23,7 +23,7 @@ import xxhash
 
 from datapipe.core.config import RunStopped
 from datapipe.core.shards import atomic_write_bytes, table_bytes
-from datapipe.core.storage import Location, RemotePath, location
+from datapipe.core.storage import Location, RemotePath, cat_ranges, location
 
 TRAILER_MAGIC = b"DPCHECK1"
 _TRAILER = struct.Struct("<8sQQ")
@@ -87,7 +87,7 @@ def read_work_ranges(path: str | Path | Location, starts: list[int], ends: list[
     path = location(path)
     try:
         if isinstance(path, RemotePath):
-            out = path.fs.cat_ranges([path.path] * len(starts), starts, ends, on_error="raise") if starts else []
+            out = cat_ranges(path.fs, [path.path] * len(starts), starts, ends) if starts else []
         else:
             out = []
             with open(path, "rb") as f:

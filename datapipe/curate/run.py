@@ -216,7 +216,9 @@ def _unique_ids(run: Run, plan: Plan, blocks: list[tuple[int, int]], total: Coun
     partitions = plan.cfg.dedup.exact.partitions
     read_bytes = sum(v[3] for (stage, _), v in total.funnel.items() if stage == "read")  # what the partitions share
     run_tasks = run.tasks("read", task_memory(plan, "ids", read_bytes, partitions))
-    return unique_ids.summary(unique_ids.resolve_ids(run_tasks, plan.work, [block_name(u, b) for u, b in blocks], partitions))
+    documents = sum(v[1] for (stage, _), v in total.funnel.items() if stage == "read")
+    return unique_ids.summary(unique_ids.resolve_ids(run_tasks, plan.work, [block_name(u, b) for u, b in blocks], partitions,
+                                                     documents))
 
 
 def _block_inputs(plan: Plan, blocks: list[tuple[int, int]]) -> list[tuple[str, int]]:

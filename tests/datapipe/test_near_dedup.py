@@ -199,29 +199,37 @@ def test_run_killed_in_the_resolve_resumes_to_the_same_result(tmp_path, monkeypa
     assert result.stats["global_stages"]["minhash"] == ref.stats["global_stages"]["minhash"]
 
 
-@pytest.mark.parametrize("group_docs", [1, 40])
-def test_the_result_does_not_depend_on_how_partitions_are_grouped_into_tasks(tmp_path, monkeypatch, group_docs):
-    """One resolve task for every partition (1 document a group: as many groups as partitions), a few, or
-    one for all: the same clusters, losers and shards."""
-    path, _ = _corpus(tmp_path)
-    one = _minhash_run(tmp_path / "one", path, LocalExecutor(), partitions=8)
+@pytest.mark.parametrize("group_docs", [40])
+def test_the_result_does_not_depend_on_how_partitions_are_grouped_into_tasks(tmp_path, monkeypatch, one_group, group_docs):
+    """A few resolve tasks, or one for all: the same clusters, losers and shards (one task for every partition:
+    the combine cases below)."""
+    path, one_dir, one = one_group
     assert one.stats["global_stages"]["minhash"]["tasks"] == 1
     monkeypatch.setattr(near_dedup, "GROUP_DOCS", group_docs)
     many = _minhash_run(tmp_path / "many", path, LocalExecutor(), partitions=8)
     assert many.stats["global_stages"]["minhash"]["tasks"] > 1
-    assert read_manifest(tmp_path / "many") == read_manifest(tmp_path / "one")
+    assert read_manifest(tmp_path / "many") == read_manifest(one_dir)
     a = pq.read_table(tmp_path / "many" / "near_duplicates" / "clusters.parquet")
-    assert a.equals(pq.read_table(tmp_path / "one" / "near_duplicates" / "clusters.parquet"))
+    assert a.equals(pq.read_table(one_dir / "near_duplicates" / "clusters.parquet"))
     assert many.stats["global_stages"]["minhash"]["removed"] == one.stats["global_stages"]["minhash"]["removed"]
 
 
+@pytest.fixture(scope="module")
+def one_group(tmp_path_factory):
+    """(the corpus, its run's folder at 8 partitions in one group, the run's result): the reference of the
+    grouping and combine cases."""
+    tmp = tmp_path_factory.mktemp("one-group")
+    path, _ = _corpus(tmp)
+    result = _minhash_run(tmp / "one", path, LocalExecutor(), partitions=8)
+    return path, tmp / "one", result
+
+
 @pytest.mark.parametrize("desc, after", [(None, 0), ("minhash attach combine", 0), ("minhash members combine", 0)])
-def test_group_files_are_combined_for_their_readers_and_a_kill_there_resumes(tmp_path, monkeypatch, desc, after):
-    """Eight groups: each step's eight group files are merged by a combine task into one (`exchange_groups`),
-    which the next step's receivers read (two requests each, not two per group); the clusters and shards are
-    those of one group, and a run killed in a combine resumes to them."""
-    path, _ = _corpus(tmp_path)
-    one = _minhash_run(tmp_path / "one", path, LocalExecutor(), partitions=8)
+def test_group_files_are_combined_for_their_readers_and_a_kill_there_resumes(tmp_path, monkeypatch, one_group, desc, after):
+    """Eight groups (one per partition): each step's eight group files are merged by a combine task into one
+    (`exchange_groups`), which the next step's receivers read (two requests each, not two per group); the
+    clusters and shards are those of one group, and a run killed in a combine resumes to them."""
+    path, one, _ = one_group
     monkeypatch.setattr(near_dedup, "GROUP_DOCS", 1)
     if desc is not None:
         with pytest.raises(_Killed):
@@ -237,9 +245,9 @@ def test_group_files_are_combined_for_their_readers_and_a_kill_there_resumes(tmp
     assert many.stats["global_stages"]["minhash"]["tasks"] == 8
     combined = dict(steps)
     assert combined["minhash pairs combine"] == combined["minhash attach combine"] == combined["minhash members combine"] == 1
-    assert read_manifest(tmp_path / "many") == read_manifest(tmp_path / "one")
+    assert read_manifest(tmp_path / "many") == read_manifest(one)
     a = pq.read_table(tmp_path / "many" / "near_duplicates" / "clusters.parquet")
-    assert a.equals(pq.read_table(tmp_path / "one" / "near_duplicates" / "clusters.parquet"))
+    assert a.equals(pq.read_table(one / "near_duplicates" / "clusters.parquet"))
 
 
 def test_keep_longest_keeps_the_longest_member(tmp_path):

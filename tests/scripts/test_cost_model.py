@@ -15,7 +15,7 @@ def test_an_exchange_grows_as_senders_plus_receivers_once_combined():
 
 def test_resolve_steps_combine_only_past_a_few_groups_and_as_many_as_fit_the_budget():
     assert _step_per_file(1e9, 4) == 1  # 2 G^2 <= 8 G: each reads every file
-    assert _step_per_file(1e6, 100) == 128  # small files: the most a combine task takes
+    assert _step_per_file(1e6, 100) == 1024  # small files: the most a combine task takes (COMBINE_SENDERS)
     assert _step_per_file(1e12, 1000) == 1  # 1.5 GB files: one does not fit twice in a combine's budget
 
 

@@ -59,7 +59,8 @@ import pyarrow.parquet as pq
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.shards import replacing
 from datapipe.core.workfiles import read_record, read_work_table, write_record, write_work_table
-from datapipe.core.shuffle import COMBINE_SENDERS, combine, combined_names, read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.shuffle import (COMBINE_BYTES, COMBINE_SENDERS, combine, combined_names, read_shuffle, shuffle_files,
+                                   senders_per_file as shuffle_senders_per_file, write_shuffle)
 from datapipe.core.storage import Location, location, remove_tree
 from datapipe.curate.blocks import block_documents, read_texts
 from datapipe.curate.phase import record_in
@@ -190,16 +191,14 @@ def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, resul
 GROUP_DOCS = 16_384  # documents per resolve task, at least: a small corpus makes few tasks whatever its partitions
 
 
-COMBINE_BYTES = 1 << 30  # key bytes one combine task holds at most (its senders' files, then their merge)
 _KEY_BYTES = {"buckets": 16, "nodes": 40}  # bytes a document's keys take per band (buckets), besides its signature (nodes)
 
 
-def senders_per_file(config: MinHashConfig, documents: int, senders: int) -> int:
-    """How many senders' key files one combine task merges: as many as fit COMBINE_BYTES at the average sender's
-    size (a document's buckets: one row per band; its node: the signature), at most COMBINE_SENDERS."""
+def key_senders_per_file(config: MinHashConfig, documents: int, senders: int) -> int:
+    """How many senders' key files one combine task merges (`shuffle.senders_per_file`), at the larger of a
+    document's buckets (one row per band) and its node (the signature)."""
     per_doc = max(_KEY_BYTES["buckets"] * config.lsh_params()[0], _KEY_BYTES["nodes"] + 4 * config.num_perm)
-    per_sender = max(1, documents // max(senders, 1)) * per_doc
-    return max(1, min(COMBINE_SENDERS, COMBINE_BYTES // (3 * per_sender)))
+    return shuffle_senders_per_file(documents, senders, per_doc)
 
 
 def combine_keys(run_tasks: RunTasks, source: KeySource, desc: str) -> None:
@@ -615,7 +614,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     summary for the stats."""
     config = stage.config
     groups = dataclasses.replace(resolve_groups(config.partitions, documents),
-                                 senders_per_file=senders_per_file(config, documents, len(senders)))
+                                 senders_per_file=key_senders_per_file(config, documents, len(senders)))
     recorded = folder / "records" / GROUPS_RECORD  # fixed by the first run: a resume keeps its grouping
     if (first := read_record(recorded)) is None:
         write_record(recorded, first := groups.record())

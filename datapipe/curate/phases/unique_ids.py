@@ -29,7 +29,7 @@ import xxhash
 
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.workfiles import read_work_table, write_work_table
-from datapipe.core.shuffle import SUFFIX, combine, read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.shuffle import SUFFIX, combine, read_shuffle, senders_per_file, shuffle_files, write_shuffle
 from datapipe.core.storage import Location
 
 KEY_SCHEMA = pa.schema([("id", pa.string()), ("order", pa.int64()), ("hash", pa.uint64())])
@@ -68,10 +68,15 @@ def resolve(shared: tuple[Location, list[str]], partition: int, partitions: int)
     return {"renamed": renames.num_rows, "examples": examples}
 
 
-def resolve_ids(run_tasks: Callable[..., list[Any]], work: Location, blocks: list[str], partitions: int) -> list[dict[str, Any]]:
+KEY_BYTES = 64  # a document's id key, about (its id, order and hash): what sizes a combine task's share
+
+
+def resolve_ids(run_tasks: Callable[..., list[Any]], work: Location, blocks: list[str], partitions: int,
+                documents: int) -> list[dict[str, Any]]:
     """Part of reading: the blocks' key files combined a group at a time (requests grow as blocks + partitions, not
     blocks x partitions), then one task per hash partition of the ids names its renames (applied as segment 0 reads)."""
-    combined = combine(run_tasks, work / FOLDER / "keys", blocks, partitions, "unique_ids combine")
+    combined = combine(run_tasks, work / FOLDER / "keys", blocks, partitions, "unique_ids combine",
+                       per_file=senders_per_file(documents, len(blocks), KEY_BYTES))
     return run_tasks(resolve, (work, combined), [(p, partitions) for p in range(partitions)], "unique_ids",
                      record=resolved_record_at)
 
