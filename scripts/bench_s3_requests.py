@@ -224,6 +224,9 @@ def _receivers(folder: str, layout: dict[str, Any]) -> int | None:
         return parts
     if folder.startswith("work/minhash/") and folder.rsplit("/", 1)[1] in ("buckets", "nodes", "pairs-u", "pairs-v", "members", "cc"):
         return groups
+    if folder.endswith("/losers-by-unit"):  # two exchanges: to the unit groups' gather tasks, then to the blocks
+        units, blocks = layout.get("input_units"), layout.get("blocks")
+        return min(units, 256) + blocks if units and blocks else None
     return None
 
 

@@ -50,6 +50,9 @@ def run(tree: Path, corpus: str, partitions: int, out: Path) -> dict:
         "near_dedup_bytes_per_document": round(sizes.get("minhash", {"bytes": 0})["bytes"] / max(minhash_docs, 1), 1),
         "shards": [s["sha256"] for s in manifest["shards"]],
         "seconds": stats["seconds"],
+        # near dedup's exact check: pairs checked, documents and bytes read for them (the cost model's input)
+        "near_dedup": {k: v for k, v in stats["global_stages"].get("minhash", {}).items() if k.startswith(("exact", "candidate"))},
+        "minhash_documents": minhash_docs,
     }
 
 

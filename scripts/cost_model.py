@@ -45,6 +45,7 @@ from typing import Any
 from datapipe.core.shuffle import COMBINE_BYTES, COMBINE_SENDERS, senders_per_file
 from datapipe.core.storage import PREFIXES
 from datapipe.curate.config import auto_block_bytes, auto_partitions
+from datapipe.curate.exchange import LOSER_BYTES
 from datapipe.curate.phases.near_dedup import GROUP_DOCS, key_senders_per_file
 from stages.exact_dedup import KEY_BYTES
 from stages.minhash import MinHashConfig
@@ -54,6 +55,7 @@ UNIT_GROUPS = 256  # exchange.UNIT_GROUPS: the losers are gathered by at most th
 INPUT_RANGE = 5 * 2**20  # s3fs reads an input file in blocks of this size: one GET each
 PAIR_BYTES = {"pairs-u": 16, "pairs-v": 16 + 256 + 8 + 16, "edges": 32}  # a candidate pair's row in each shuffle
 MEMBER_BYTES = 48  # a cluster member's row (order, label, id, length)
+LOSER_SHARE = 0.1  # documents a global stage drops, about (the scale corpus: 5% exact, 10% near copies)
 
 
 def layout(docs: float, text_bytes: float, units: int | None = None, blocks: int | None = None,
@@ -99,7 +101,9 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
     document: candidate pairs, edges; and rounds of connected components."""
     m, pe, g, u = lay["blocks"], lay["partitions_exact"], lay["groups"], min(lay["units"], UNIT_GROUPS)
     task = {"plain": 2}  # its record: the existence check and the write
-    losers = lambda senders: _add({"spread": 3 * senders + 2 * senders * u + u}, {"plain": 2 * (senders + u)})  # split, gathered
+    losers = lambda senders: _add(  # split by unit, combined, gathered by unit group (`exchange.route_losers`)
+        {"spread": senders}, _exchange(senders, u, senders_per_file(int(LOSER_SHARE * docs), senders, LOSER_BYTES)),
+        {"spread": u, "plain": 2 * (senders + u)})
     pairs = near["candidate_pairs"] * docs
     k_u, k_v = _step_per_file(pairs * PAIR_BYTES["pairs-u"], g), _step_per_file(pairs * PAIR_BYTES["pairs-v"], g)
     k_e = _step_per_file(near["edges"] * docs * PAIR_BYTES["edges"], g)

@@ -6,7 +6,8 @@ should hold them all. Two steps of tasks route them (`route_losers`):
 1. one task per losers file cuts it by input unit into one shuffle file (`split_losers_task`);
 2. one task per group of units gathers the group's range of every such file into one file (`gather_losers_task`),
 so a block task reads one range of one file (`unit_losers`), not a range of every losers file.
-Requests grow as losers files + groups + blocks, not losers files x blocks.
+The split files are combined (a two-level exchange, `shuffle.combine`) before the groups read them, so requests
+grow as losers files + groups + blocks, not losers files x groups or x blocks.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from datapipe.core.schema import ROW_BITS
-from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, combine, read_shuffle, senders_per_file, shuffle_files, write_shuffle
 from datapipe.core.storage import Location, location
 from datapipe.core.workfiles import read_work_table
 from stages.base import LOSER_SCHEMA
@@ -26,12 +27,20 @@ LOSERS_BY_UNIT = "losers-by-unit"  # work/<global stage>/losers-by-unit/: losers
 UNIT_GROUPS = 256  # the losers of at most this many groups of input units: one file each (`gather_losers_task`)
 
 
+LOSER_BYTES = 48  # a loser's row, about (order, reason, kept id): what sizes a combine task's share
+
+
 def route_losers(run_tasks: Callable[..., list], folder: Location, tasks: int, units: int, stage: str) -> None:
-    """Route the losers of the `tasks` files in `folder` (a global stage's work folder) to the `units` input units."""
-    files = [(f"losers-t{t:03d}",) for t in range(tasks)]  # one per resolve task, always
-    run_tasks(split_losers_task, (str(folder), units), files, f"{stage} losers by unit", record=_split_record)
+    """Route the losers of the `tasks` files in `folder` (a global stage's work folder) to the `units` input units.
+    The split files are combined (`shuffle.combine`) before the groups gather them, so that a group reads a few
+    files, not one per resolve task."""
+    files = [f"losers-t{t:03d}" for t in range(tasks)]  # one per resolve task, always
+    split = run_tasks(split_losers_task, (str(folder), units), [(f,) for f in files], f"{stage} losers by unit",
+                      record=_split_record)
+    per_file = senders_per_file(sum(x["losers"] for x in split), tasks, LOSER_BYTES)
+    names = combine(run_tasks, folder / LOSERS_BY_UNIT, files, units, f"{stage} losers combine", per_file=per_file)
     groups = -(-units // _unit_group(units))
-    run_tasks(gather_losers_task, (str(folder), tasks, units), [(g,) for g in range(groups)],
+    run_tasks(gather_losers_task, (str(folder), tuple(names), units), [(g,) for g in range(groups)],
               f"{stage} losers by unit group", record=_gather_record)
 
 
@@ -65,14 +74,14 @@ def _gather_record(shared: tuple[str, int, int], group: int) -> Location:
     return location(shared[0]) / LOSERS_BY_UNIT / f"g{group:05d}.json"
 
 
-def gather_losers_task(shared: tuple[str, int, int], group: int) -> dict[str, int]:
-    """The losers of one group of input units, from the group's range of every split file (one read each: its
-    units are adjacent partitions) into one file `losers-by-unit/gNNNNN.shuffle`, partitioned by the unit
-    within the group."""
-    folder, tasks, units = shared
+def gather_losers_task(shared: tuple[str, tuple[str, ...], int], group: int) -> dict[str, int]:
+    """The losers of one group of input units, from the group's range of every (combined) split file named in
+    `shared` (one read each: its units are adjacent partitions) into one file `losers-by-unit/gNNNNN.shuffle`,
+    partitioned by the unit within the group."""
+    folder, names, units = shared
     root = location(folder) / LOSERS_BY_UNIT
     u0, u1 = _unit_range(group, units)
-    files = shuffle_files(root, [f"losers-t{t:03d}" for t in range(tasks)])
+    files = shuffle_files(root, list(names))
     losers = read_shuffle(files, u0, units, LOSER_SCHEMA, through=u1, partition_column="unit").sort_by([("order", "ascending")])
     unit = losers.column("unit").to_numpy().astype(np.int64) - u0
     write_shuffle(root / f"g{group:05d}{SHUFFLE_SUFFIX}", losers.drop(["unit"]), unit, u1 - u0)

@@ -323,11 +323,11 @@ def test_recomputed_shingles_are_cached_per_run_only(tmp_path):
     got, read = sets("r1", at, nbytes)
     assert got[1].tolist() == shingle_sets([first], config)[0].tolist()
     first_frame = int(nbytes[0])
-    assert read == {"bytes_read": first_frame, "text_bytes": len(first)}  # its frame alone, not the block
+    assert read == {"bytes_read": first_frame, "text_bytes": len(first), "documents_read": 1}  # its frame alone
     at, nbytes = block(second)
     again, read = sets("r1", at, nbytes)
     assert again[1].tolist() == got[1].tolist()  # the same run: from the cache, the new text not read
-    assert read == {"bytes_read": first_frame, "text_bytes": len(first)}  # its reported read does not depend on the cache
+    assert read == {"bytes_read": first_frame, "text_bytes": len(first), "documents_read": 1}  # the cache changes no count
     other, _ = sets("r2", at, nbytes)
     assert other[1].tolist() == shingle_sets([second], config)[0].tolist()
     whole, read = sets("r3", np.array([-1]), np.array([-1]))  # no locator: the block file is read

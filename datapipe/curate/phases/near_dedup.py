@@ -298,10 +298,10 @@ def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray
     none for the documents this process already computed in this run (`_ShingleCache`). A document whose
     place in its read block is known (`at`, `nbytes`; -1 where not) is read by its own range; the others
     (a block that holds its text itself: an `eval.source` block) by one read of their block file. Also the
-    bytes each distinct document's read takes (its frame; its block's text where it has no frame) and the
-    bytes of the texts, for the resolve's summary: counted whether or not the cache spared the read."""
+    bytes each distinct document's read takes (its frame; its block's text where it has no frame), the bytes of
+    the texts and the documents, for the resolve's summary: counted whether or not the cache spared the read."""
     out: dict[int, np.ndarray] = {}
-    read = {"bytes_read": 0, "text_bytes": 0}
+    read = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0}
     work = location(source.work)
     for s in np.unique(senders).tolist():
         mine = np.flatnonzero(senders == s)
@@ -313,6 +313,7 @@ def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray
                 wanted.append(i)
             else:
                 out[int(orders[i])] = cached[0]
+                read["documents_read"] += 1
                 read["bytes_read"] += cached[1]
                 read["text_bytes"] += cached[2]
         if not wanted:
@@ -331,6 +332,7 @@ def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray
         for order, shingles, cost, size in zip(orders[wanted].tolist(), shingle_sets(texts, config), costs, sizes):
             out[order] = shingles
             _SHINGLES.put((source.run, order), (shingles, int(cost), int(size)))
+            read["documents_read"] += 1
             read["bytes_read"] += int(cost)
             read["text_bytes"] += int(size)
     return out, read
@@ -424,7 +426,7 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         pairs = groups.read(pairs_root / "pairs-v", g)
         if pairs is None or pairs.num_rows == 0:
             size = send_edges(edges_root, np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, f"g{g:03d}")
-            return {"edges": 0, "checked": 0, "near": 0, "bytes_read": 0, "text_bytes": 0, "bytes": size}
+            return {"edges": 0, "checked": 0, "near": 0, "bytes_read": 0, "text_bytes": 0, "documents_read": 0, "bytes": size}
         u, v = pairs.column("u").to_numpy(), pairs.column("v").to_numpy()
         found = _lookup(source.nodes(g), v, ["signature", "sender", "text_at", "text_bytes"])
         edge, near = estimate_masks(signature_values(pairs.column("sig_u"), config.num_perm),
@@ -434,7 +436,7 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         rows = np.flatnonzero(near)
         rows = rows[_not_yet_connected(u[edge], v[edge], u[rows], v[rows])]
         near_u, near_v = u[rows], v[rows]
-        read = {"bytes_read": 0, "text_bytes": 0}
+        read = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0}
         if len(rows):
             orders = np.r_[near_u, near_v]
             senders = np.r_[pairs.column("sender_u").to_numpy()[rows], found.column("sender").to_numpy()[rows]]
@@ -472,6 +474,7 @@ def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, 
     return {"edges": sum(x["edges"] for x in checked), "exact_checked": sum(x["checked"] for x in checked),
             "exact_bytes_read": sum(x.get("bytes_read", 0) for x in checked),
             "exact_text_bytes": sum(x.get("text_bytes", 0) for x in checked),
+            "exact_documents_read": sum(x.get("documents_read", 0) for x in checked),
             "largest_bytes": max((x.get("bytes", 0) for x in checked), default=0)}
 
 
@@ -632,6 +635,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     remove_tree(folder / "nodes")
     source = dataclasses.replace(source, gathered=True)
     verified = {"edges": sum(x["edges"] for x in found), "exact_checked": 0, "exact_bytes_read": 0, "exact_text_bytes": 0,
+                "exact_documents_read": 0,
                 "largest_bytes": max((x.get("bytes", 0) for x in found), default=0)}
     if config.verify:  # the verified edges are the components' input, as the star edges are without
         verified = verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name, found)
@@ -670,6 +674,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
         "exact_checked": verified["exact_checked"],
         "exact_bytes_read": verified["exact_bytes_read"],  # the exact check's reads (the documents' frames)
         "exact_text_bytes": verified["exact_text_bytes"],  # and the bytes of the texts they held
+        "exact_documents_read": verified["exact_documents_read"],  # one range read each (once per verify task)
         "edges": edges,
         "rounds": rounds,
         "clusters": n_clusters,
