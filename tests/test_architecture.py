@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -42,3 +43,14 @@ def test_the_readme_layout_is_the_tree():
     section = readme_section((ROOT / "README.md").read_text())
     assert section is not None, "README.md lost its layout markers"
     assert section == render(), "README.md's layout section is stale: run `python -m scripts.layout --write`"
+
+
+def test_no_function_in_datapipe_or_stages_is_over_80_lines():
+    """A function fits on a screen: 80 lines, its signature and docstring included."""
+    long = []
+    for package in ("datapipe", "stages"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, "\n".join(long)
