@@ -25,11 +25,8 @@ from datapipe.curate.phases.cuts import RowCopies
 
 
 def _lengths(plan: Plan, name: str) -> np.ndarray:
-    """Token count of every row of one token block (its small `lengths/` file; the token file's column
-    for a block tokenized before those files were written)."""
-    small = plan.work / "lengths" / f"{name}.arrow"
-    table = read_work_table(small if small.exists() else plan.work / "tokens" / f"{name}.arrow")
-    return table.column("num_tokens").to_numpy()
+    """Token count of every row of one token block (its small `lengths/` file: one GET, no existence check)."""
+    return read_work_table(plan.work / "lengths" / f"{name}.arrow").column("num_tokens").to_numpy()
 
 
 # A piece of a shard: (block, pass, start, stop): rows start..stop-1 of the block's rows written in that

@@ -65,19 +65,20 @@ def _tokenize_stage(tokenizer_text: str, cfg: TokenizerConfig, tokenizer_path: s
 
 
 def tokenize_phase(plan: Plan, blocks: list[tuple[int, int]], tokenizer_path: str) -> Phase:
-    return Phase("tokenize", "tokenize", tokenize_task, (plan, tokenizer_path), blocks, tokenize_record_at,
-                 task_memory(plan, "tokenize"))
+    # the tokenizer's text travels with the phase (read once here), not read by every task (two requests a block)
+    shared = (plan, tokenizer_path, location(tokenizer_path).read_text())
+    return Phase("tokenize", "tokenize", tokenize_task, shared, blocks, tokenize_record_at, task_memory(plan, "tokenize"))
 
 
-def tokenize_record_at(shared: tuple[Plan, str], unit_index: int, block: int) -> Location:
+def tokenize_record_at(shared: tuple[Plan, str, str], unit_index: int, block: int) -> Location:
     return shared[0].work / "tokens" / f"{block_name(unit_index, block)}.json"
 
 
-def tokenize_task(shared: tuple[Plan, str], unit_index: int, block: int) -> dict[str, Any]:
+def tokenize_task(shared: tuple[Plan, str, str], unit_index: int, block: int) -> dict[str, Any]:
     """Encode one block's kept documents into its token file (and its lengths file, for shard planning)."""
-    plan, tokenizer_path = shared
+    plan, tokenizer_path, tokenizer_text = shared
     name = block_name(unit_index, block)
-    stage = _tokenize_stage(location(tokenizer_path).read_text(), plan.cfg.tokenizer, tokenizer_path)
+    stage = _tokenize_stage(tokenizer_text, plan.cfg.tokenizer, tokenizer_path)
     table = block_documents(plan.work, plan.segments[-1].name, name)
     batches = [
         stage(b).append_column("lang", b.column("lang"))
