@@ -128,8 +128,8 @@ for b, end in enumerate(list(np.unique(np.r_[cuts, len(sizes)]))):
             atomic_write_table(folder / kind / f"p{p:03d}" / f"b{b:05d}.arrow", keys if len(unique) == 1 else keys.filter(pa.array(parts == p)))
 map_cpu = time.process_time() - t0
 phases = {}
-def run_tasks(fn, shared, items, desc, _local=LocalExecutor()):  # CPU per resolve step ("minhash components round 3" -> "minhash components")
-    t = time.process_time()
+def run_tasks(fn, shared, items, desc, _local=LocalExecutor(), **_):  # CPU per resolve step ("minhash components round 3"
+    t = time.process_time()  # -> "minhash components"); a fresh folder each run: records (record=) are not needed
     out = _local.run_tasks(fn, shared, items, desc)
     step = desc.split(" r")[0]
     phases[step] = phases.get(step, 0.0) + time.process_time() - t
