@@ -231,10 +231,11 @@ def _eval_split(run: Run, plan: Plan, blocks: list[tuple[int, int]], total: Coun
     cfg = plan.cfg
     if not cfg.eval.enabled:
         return None
-    near = next((seg.name for seg in plan.segments if isinstance(seg.global_stage, MinHashStage)), None)
+    near = next((seg for seg in plan.segments if isinstance(seg.global_stage, MinHashStage)), None)
+    groups = report["global_stages"][near.global_stage.name]["groups"] if near is not None else None
     held = eval_split.split(run.tasks("eval split", task_memory(plan, "block")), plan.work, plan.out, _block_inputs(plan, blocks), plan.segments[-1].name,
-                            cfg.eval, cfg.dedup.minhash, near, total, (str(tokenizer[0]), tokenizer[1].sha256),
-                            keep_text=cfg.output.keep_dropped_text)
+                            cfg.eval, cfg.dedup.minhash, near.name if near else None, total, (str(tokenizer[0]), tokenizer[1].sha256),
+                            keep_text=cfg.output.keep_dropped_text, near_dedup_groups=groups)
     if not held.report["domains"] and not cfg.eval.source:
         log(f"warning: the eval split is empty: eval.fraction {cfg.eval.fraction} chose no document; "
             "raise eval.fraction (the trainer will not evaluate on it)")

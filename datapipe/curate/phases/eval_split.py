@@ -51,7 +51,7 @@ from datapipe.core import shards
 from datapipe.core.config import ConfigError
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, order_key
 from datapipe.core.shards import atomic_write_table
-from datapipe.core.workfiles import DamagedWorkFile, read_record, read_work_table, write_work_table
+from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.curate.config import EvalSplitConfig
 from datapipe.curate.counters import Counters
 from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
@@ -341,6 +341,7 @@ def split(
     tokenizer: tuple[str, str] = ("", ""),
     *,
     keep_text: bool = False,
+    near_dedup_groups: dict[str, int] | None = None,
 ) -> Split:
     """Choose the eval split and find the training documents that copy it (see the module docstring).
     `blocks` are (block name, input index) in input order; `segment` names the last segment's folder (the
@@ -354,7 +355,8 @@ def split(
     held = _from_source(config, tokenizer) if config.source else _chosen(run_tasks, work, names, segment, config)
     near = pa.table({"order": pa.array([], pa.int64()), "eval_id": pa.array([], pa.string())})
     if config.decontaminate == "near" and names:
-        source = _near_source(run_tasks, work, names, segment, config, minhash, near_dedup_segment, tokenizer)
+        source = _near_source(run_tasks, work, names, segment, config, minhash, near_dedup_segment, near_dedup_groups,
+                              tokenizer)
         near = _first_near_copies(near_copies(run_tasks, work, held.orders, minhash, source), held)
     shared = (str(work), str(out_dir), segment, held.hashes, held.ids, bool(config.source), near, keep_text)
     items = [(b, input_index, held.chosen.get(b, np.empty(0, np.int64))) for b, input_index in blocks]
@@ -408,15 +410,13 @@ def _domains(meta: list[pa.Table]) -> dict[str, dict[str, int]]:
 
 def _near_source(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], segment: str,
                  config: EvalSplitConfig, minhash: MinHashConfig, near_dedup_segment: str | None,
-                 tokenizer: tuple[str, str]) -> KeySource:
+                 near_dedup_groups: dict[str, int] | None, tokenizer: tuple[str, str]) -> KeySource:
     """The MinHash keys to match the eval documents against: near dedup's own (still in work/minhash/, its nodes
-    gathered by its groups), or, when near dedup did not run (or the split is another run's), keys made here."""
-    if near_dedup_segment is not None and not config.source:
-        recorded = work / "minhash" / "records" / near_dedup.GROUPS_RECORD
-        if (groups := read_record(recorded)) is None:  # written by the resolve that just finished
-            raise DamagedWorkFile(recorded, "it is missing or does not match its digest")
+    gathered by its groups, `near_dedup_groups` from its summary), or, when near dedup did not run (or the split
+    is another run's), keys made here."""
+    if near_dedup_segment is not None and near_dedup_groups is not None and not config.source:
         return near_dedup.KeySource(str(work / "minhash"), str(work), tuple(f"{near_dedup_segment}/{b}" for b in names),
-                                    gathered=True, run=uuid.uuid4().hex, groups=near_dedup.Groups(**groups))
+                                    gathered=True, run=uuid.uuid4().hex, groups=near_dedup.Groups(**near_dedup_groups))
     source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names), run=uuid.uuid4().hex)
     documents = sum(r["rows"] for r in run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names],
                                                  "eval_split minhash", record=record_in(RECORDS, "buckets")))

@@ -605,7 +605,9 @@ class NearDedupStage(MinHashStage, GlobalStage):
         return resolve(run_tasks, folder, self, out_dir, senders, documents)
 
 
-GROUPS_RECORD = "groups.json"  # records/groups.json: the resolve's groups, fixed by its first run
+def fixed_groups_task(shared: tuple[str, dict[str, int]]) -> dict[str, int]:
+    """The resolve's grouping as this run proposes it; its record keeps the first run's for every resume."""
+    return shared[1]
 
 
 def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location, senders: Sequence[str],
@@ -616,11 +618,11 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     `out_dir/near_duplicates/clusters.parquet` and `folder/losers-tNNN.arrow` (one per group); returns a
     summary for the stats."""
     config = stage.config
-    groups = dataclasses.replace(resolve_groups(config.partitions, documents),
-                                 senders_per_file=key_senders_per_file(config, documents, len(senders)))
-    recorded = folder / "records" / GROUPS_RECORD  # fixed by the first run: a resume keeps its grouping
-    if (first := read_record(recorded)) is None:
-        write_record(recorded, first := groups.record())
+    proposed = dataclasses.replace(resolve_groups(config.partitions, documents),
+                                   senders_per_file=key_senders_per_file(config, documents, len(senders)))
+    # fixed by the first run (the task's record, `records/groups.json`): a resume keeps its grouping
+    first = run_tasks(fixed_groups_task, (str(folder), proposed.record()), [()], f"{stage.name} groups",
+                      record=record_in("records", "groups"))[0]
     groups = Groups(**first)
     parts = groups.items()
     source = KeySource(str(folder), str(folder.parent), tuple(senders), run=uuid.uuid4().hex, groups=groups)
@@ -677,6 +679,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
         "exact_documents_read": verified["exact_documents_read"],  # one range read each (once per verify task)
         "edges": edges,
         "rounds": rounds,
+        "groups": groups.record(),  # the grouping (the eval split's near check reads its keys by it)
         "clusters": n_clusters,
         "removed": losers,
         "tasks": groups.count,
