@@ -42,11 +42,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from datapipe.core.shuffle import COMBINE_BYTES, COMBINE_SENDERS, senders_per_file
+from datapipe.core.shuffle import files_per_combine, senders_per_file
 from datapipe.core.storage import PREFIXES
 from datapipe.curate.config import auto_block_bytes, auto_partitions
 from datapipe.curate.exchange import LOSER_BYTES
-from datapipe.curate.phases.near_dedup import GROUP_DOCS, key_senders_per_file
+from datapipe.curate.phases.near_dedup import GROUP_DOCS, SMALL_EXCHANGE, key_senders_per_file
 from stages.exact_dedup import KEY_BYTES
 from stages.minhash import MinHashConfig
 
@@ -86,9 +86,7 @@ def _exchange(senders: int, receivers: int, per_file: int) -> dict[str, int]:
 def _step_per_file(step_bytes: float, groups: int) -> int:
     """`exchange_groups`: group files combined as many to a file as fit COMBINE_BYTES at the largest file's size
     (taken as 1.5 x the mean); none at SMALL_EXCHANGE groups or fewer."""
-    if groups <= 4:
-        return 1
-    return max(1, min(COMBINE_SENDERS, int(COMBINE_BYTES // max(3 * 1.5 * step_bytes / groups, 1))))
+    return 1 if groups <= SMALL_EXCHANGE else files_per_combine(int(1.5 * step_bytes / groups))
 
 
 def _add(*parts: dict[str, int]) -> dict[str, int]:

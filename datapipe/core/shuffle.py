@@ -244,12 +244,16 @@ COMBINE_SENDERS = 1024  # sender files merged into one by a combine task, at mos
 COMBINE_BYTES = 1 << 30  # bytes of sender files one combine task holds at most (its senders' files, then their merge)
 
 
+def files_per_combine(sender_bytes: int) -> int:
+    """How many senders' files of `sender_bytes` one combine task merges: as many as fit COMBINE_BYTES (three times
+    over: the files, the merged table, its bytes), at most COMBINE_SENDERS. Few combined files is what keeps a
+    receiver's requests few: it reads two ranges of each."""
+    return max(1, min(COMBINE_SENDERS, COMBINE_BYTES // (3 * max(int(sender_bytes), 1))))
+
+
 def senders_per_file(documents: int, senders: int, bytes_per_document: int) -> int:
-    """How many senders' files one combine task merges: as many as fit COMBINE_BYTES (three times over: the files,
-    the merged table, its bytes) at the average sender's size, at most COMBINE_SENDERS. Few combined files is what
-    keeps a receiver's requests few: it reads two ranges of each."""
-    per_sender = max(1, documents // max(senders, 1)) * bytes_per_document
-    return max(1, min(COMBINE_SENDERS, COMBINE_BYTES // (3 * per_sender)))
+    """`files_per_combine` at the average sender's size: `documents` over `senders`, `bytes_per_document` each."""
+    return files_per_combine(max(1, documents // max(senders, 1)) * bytes_per_document)
 
 
 def combine_task(shared: tuple[str, int, str | None], index: int, names: list[str], first: int) -> dict[str, int]:

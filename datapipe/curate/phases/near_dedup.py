@@ -59,7 +59,7 @@ import pyarrow.parquet as pq
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.shards import replacing
 from datapipe.core.workfiles import read_record, read_work_table, write_record, write_work_table
-from datapipe.core.shuffle import (COMBINE_BYTES, COMBINE_SENDERS, combine, combined_names, read_shuffle, shuffle_files,
+from datapipe.core.shuffle import (combine, combined_names, files_per_combine, read_shuffle, shuffle_files,
                                    senders_per_file as shuffle_senders_per_file, write_shuffle)
 from datapipe.core.storage import Location, location, remove_tree
 from datapipe.curate.blocks import block_documents, read_texts
@@ -179,7 +179,7 @@ def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, resul
     sizes = [int(r["bytes"]) for r in results if "bytes" in r]
     if groups.count <= SMALL_EXCHANGE or not sizes:  # (no sizes: a step recorded before the exchange existed)
         return groups
-    per_file = min(COMBINE_SENDERS, COMBINE_BYTES // max(3 * max(sizes), 1))
+    per_file = files_per_combine(max(sizes))
     if per_file < 2:
         return groups
     combine(run_tasks, folder, groups.names(), partitions or groups.partitions, f"{desc} combine", per_file=per_file)
@@ -470,12 +470,16 @@ def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, 
     shared = (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config, str(edges_folder))
     checked = run_tasks(verify_task, shared, parts, f"{desc} verify", record=record_in("records", "verify"))
     remove_tree(pairs_root / "pairs-v")  # consumed (its signatures are the resolve's largest files)
-    # the exact check's reads: the texts' frames, beside the bytes of the texts they held (each document once a task)
-    return {"edges": sum(x["edges"] for x in checked), "exact_checked": sum(x["checked"] for x in checked),
-            "exact_bytes_read": sum(x.get("bytes_read", 0) for x in checked),
-            "exact_text_bytes": sum(x.get("text_bytes", 0) for x in checked),
-            "exact_documents_read": sum(x.get("documents_read", 0) for x in checked),
-            "largest_bytes": max((x.get("bytes", 0) for x in checked), default=0)}
+    return _edges_summary(checked)
+
+
+def _edges_summary(results: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """What the tasks that wrote the components' input edges report: the edges, the exact check's pairs and its
+    reads (the texts' frames, beside the bytes of the texts they held; none without verification), the largest file."""
+    total = lambda key: sum(x.get(key, 0) for x in results)
+    return {"edges": total("edges"), "exact_checked": total("checked"), "exact_bytes_read": total("bytes_read"),
+            "exact_text_bytes": total("text_bytes"), "exact_documents_read": total("documents_read"),
+            "largest_bytes": max((x.get("bytes", 0) for x in results), default=0)}
 
 
 def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
@@ -636,11 +640,9 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     ranges = OrderRanges(units, max(1, min(MERGE_RANGES, units)))
     remove_tree(folder / "nodes")
     source = dataclasses.replace(source, gathered=True)
-    verified = {"edges": sum(x["edges"] for x in found), "exact_checked": 0, "exact_bytes_read": 0, "exact_text_bytes": 0,
-                "exact_documents_read": 0,
-                "largest_bytes": max((x.get("bytes", 0) for x in found), default=0)}
-    if config.verify:  # the verified edges are the components' input, as the star edges are without
-        verified = verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name, found)
+    # the verified edges are the components' input, as the pairs step's star edges are without verification
+    verified = (verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name, found)
+                if config.verify else _edges_summary(found))
     edges = verified["edges"]
     labelled = folder / "records" / "members-done.json"  # components and members finished: cc/ is gone
     if (done := read_record(labelled)) is not None:
@@ -659,9 +661,9 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
             converged = f"r{rounds - 1:03d}"  # the input of the last round
         member_rows = run_tasks(members_task, (str(folder), config, dataclasses.replace(source, groups=groups)),
                                 [(converged, g) for (g,) in parts], f"{stage.name} members", record=record_in("records", "members"))
-        write_record(labelled, {"rounds": rounds, "largest_bytes": max((x.get("bytes", 0) for x in member_rows), default=0)})
+        done = {"rounds": rounds, "largest_bytes": max((x.get("bytes", 0) for x in member_rows), default=0)}
+        write_record(labelled, done)
         remove_tree(folder / "cc")  # consumed: the members carry the labels on
-        done = read_record(labelled)
     largest = [{"bytes": done["largest_bytes"]}] if "largest_bytes" in done else []
     groups = exchange_groups(run_tasks, folder / "members", groups, largest, f"{stage.name} members")
     kept = run_tasks(winners_task, (str(folder), config, groups, ranges), parts, f"{stage.name} keep",
