@@ -256,13 +256,13 @@ def senders_per_file(documents: int, senders: int, bytes_per_document: int) -> i
     return files_per_combine(max(1, documents // max(senders, 1)) * bytes_per_document)
 
 
-def combine_task(shared: tuple[str, int, str | None], index: int, names: list[str], first: int) -> dict[str, int]:
+def combine_task(shared: tuple[str, int, str | None, str], index: int, names: list[str], first: int) -> dict[str, int]:
     """Merge the shuffle files `folder/<name>.shuffle` into one, `folder/combined-NNNNN.shuffle`, with the same
     partitions: each sender's file is read whole (one range after its header), and within a partition the rows
     keep the senders' order, so a receiver of one partition reads exactly the rows it read from the senders. With
     `source_column`, an int32 column of that name holds each row's sender: its index among all senders (`first`
     is this file's first)."""
-    folder, partitions, source_column = shared
+    folder, partitions, source_column, _ = shared
     table = read_shuffle(shuffle_files(folder, names), 0, partitions, through=partitions, partition_column="partition",
                          source_column=source_column)
     if source_column is not None:
@@ -282,21 +282,24 @@ def combined_names(senders: int, per_file: int) -> list[str]:
     return [combined_name(k) for k in range(-(-senders // per_file))]
 
 
-def combine_record(shared: tuple[str, int, str | None], index: int, *_: object) -> Location:
-    """Beside the folder, not in it: a phase may delete a consumed folder whole, and its combine stays done."""
-    folder = location(shared[0])
-    return folder.parent / "records" / f"combine-{folder.name}-{index:05d}.json"
+def combine_record(shared: tuple[str, int, str | None, str], index: int, *_: object) -> Location:
+    """In the records folder `combine` was given (not in the combined folder: a phase may delete a consumed folder
+    whole, and its combine stays done)."""
+    return location(shared[3]) / f"combine-{location(shared[0]).name}-{index:05d}.json"
 
 
 def combine(run_tasks: Callable[..., list], folder: str | Location, senders: Sequence[str], partitions: int, desc: str,
-            *, per_file: int = COMBINE_SENDERS, source_column: str | None = None) -> list[str]:
+            *, per_file: int = COMBINE_SENDERS, source_column: str | None = None,
+            records: str | Location | None = None) -> list[str]:
     """A two-level exchange: `senders`' files in `folder` merged, `per_file` at a time, by combine tasks; the names
     of the combined files, which receivers read instead. A receiver then makes two requests per combined file, not
     per sender: requests grow as senders + receivers (M reads, M/per_file writes, P x M/per_file x 2 range reads),
     not as senders x receivers. A combine task holds `per_file` senders' files: size it to the task's memory. The
-    senders' files are deleted once every combine task is done, so the keys are not kept twice."""
+    senders' files are deleted once every combine task is done, so the keys are not kept twice. `records`: where the
+    combine tasks' records go (`<folder's parent>/records` unless given: outside any folder deleted while they count)."""
     groups = [list(senders[i : i + per_file]) for i in range(0, len(senders), per_file)]
-    run_tasks(combine_task, (str(folder), partitions, source_column), [(k, g, k * per_file) for k, g in enumerate(groups)],
+    records = location(records) if records is not None else location(folder).parent / "records"
+    run_tasks(combine_task, (str(folder), partitions, source_column, str(records)), [(k, g, k * per_file) for k, g in enumerate(groups)],
               desc, record=combine_record)
     # every combine task has left its record: the senders' files are read by no one now (a resume skips the combines)
     remove_files([spread(p) for p in shuffle_files(folder, senders)])

@@ -19,8 +19,9 @@ each writing one shuffle file:
                its second document (`pairs-v/`);
 3. verify      joined with the second's: decided by the estimated Jaccard (`estimate_masks`); the pairs too
                near the threshold to tell by the exact Jaccard of shingle sets recomputed from the two
-               documents' text, read from their blocks (`exact_edges`); edges to `cc/r000/`;
-4. components  in one task when there are at most `one_task_edges` edges (large-star and small-star
+               documents' text, each read by range from its block (`exact_edges`); edges to `cc/r000/`;
+4. components  in one task when there are at most `one_task_edges` edges (a choice the first run records:
+               `components_branch_task`) (large-star and small-star
                steps in memory until nothing changes), else in rounds of one task per group,
                large-star and small-star alternately, each reading the directed edges of its
                partition's nodes and sending its output edges on (`cc/rNNN/`), until a large-star +
@@ -58,7 +59,7 @@ import pyarrow.parquet as pq
 
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.shards import replacing
-from datapipe.core.workfiles import read_record, read_work_table, write_record, write_work_table
+from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.shuffle import (combine, combined_names, files_per_combine, read_shuffle, shuffle_files,
                                    senders_per_file as shuffle_senders_per_file, write_shuffle)
 from datapipe.core.storage import Location, location, remove_tree
@@ -170,19 +171,21 @@ SMALL_EXCHANGE = 4  # up to this many groups, each reads every group's file: 2 G
 
 
 def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, results: Sequence[dict[str, Any]],
-                    desc: str, partitions: int | None = None) -> Groups:
+                    desc: str, partitions: int | None = None, *, records: Location) -> Groups:
     """After a step whose G tasks each wrote one shuffle file in `folder` (their results' `bytes`): the two-level
     exchange (`shuffle.combine`) when G > SMALL_EXCHANGE, as many files to a combine task as fit COMBINE_BYTES at
     the largest file's size, so that the next step's G receivers read G / per_file files each, not G: requests
     grow as senders + receivers while a combine holds at most COMBINE_BYTES. The groups the readers then use.
-    `partitions`: the files' own, where not the groups' (the clusters' order ranges)."""
+    `partitions`: the files' own, where not the groups' (the clusters' order ranges); `records`: the combine tasks'
+    (the resolve's records folder: `cc/` is deleted whole after the members, and its combines stay done)."""
     sizes = [int(r["bytes"]) for r in results if "bytes" in r]
     if groups.count <= SMALL_EXCHANGE or not sizes:  # (no sizes: a step recorded before the exchange existed)
         return groups
     per_file = files_per_combine(max(sizes))
     if per_file < 2:
         return groups
-    combine(run_tasks, folder, groups.names(), partitions or groups.partitions, f"{desc} combine", per_file=per_file)
+    combine(run_tasks, folder, groups.names(), partitions or groups.partitions, f"{desc} combine", per_file=per_file,
+            records=records)
     combined = dict(groups.combined)
     combined[folder.name] = per_file
     return dataclasses.replace(groups, combined=tuple(sorted(combined.items())))
@@ -461,12 +464,14 @@ def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, 
     the edges end in `edges_folder` (one shuffle file per group, partitioned by source). Returns the
     counts and `largest_bytes`, the largest edges file."""
     pairs_root = location(pairs_folder)
-    groups = exchange_groups(run_tasks, pairs_root / "pairs-u", source.groups, sent, f"{desc} pairs")
+    groups = exchange_groups(run_tasks, pairs_root / "pairs-u", source.groups, sent, f"{desc} pairs",
+                             records=pairs_root / "records")
     shared = (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config, str(edges_folder))
     parts = source.groups.items()
     attached = run_tasks(attach_task, shared, parts, f"{desc} attach", record=record_in("records", "attach"))
     remove_tree(pairs_root / "pairs-u")  # consumed: every attach task's record is written
-    groups = exchange_groups(run_tasks, pairs_root / "pairs-v", groups, attached, f"{desc} attach")
+    groups = exchange_groups(run_tasks, pairs_root / "pairs-v", groups, attached, f"{desc} attach",
+                             records=pairs_root / "records")
     shared = (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config, str(edges_folder))
     checked = run_tasks(verify_task, shared, parts, f"{desc} verify", record=record_in("records", "verify"))
     remove_tree(pairs_root / "pairs-v")  # consumed (its signatures are the resolve's largest files)
@@ -614,6 +619,11 @@ def fixed_groups_task(shared: tuple[str, dict[str, int]]) -> dict[str, int]:
     return shared[1]
 
 
+def components_branch_task(shared: tuple[str, bool]) -> dict[str, bool]:
+    """Whether the components are found in one task, as this run proposes; its record keeps the first run's."""
+    return {"one_task": shared[1]}
+
+
 def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location, senders: Sequence[str],
             documents: int) -> dict[str, Any]:
     """Run the whole resolution with `run_tasks(fn, shared, items, desc)` (an executor's: it calls
@@ -644,32 +654,32 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     verified = (verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name, found)
                 if config.verify else _edges_summary(found))
     edges = verified["edges"]
-    labelled = folder / "records" / "members-done.json"  # components and members finished: cc/ is gone
-    if (done := read_record(labelled)) is not None:
-        rounds = done["rounds"]
+    # fixed by the first run (the task's record): a resume with another `one_task_edges` keeps the branch whose
+    # files it has; every step below is recorded, so a resume after `cc/` is deleted runs none of them again
+    branch = run_tasks(components_branch_task, (str(folder), edges <= config.one_task_edges), [()],
+                       f"{stage.name} components branch", record=record_in("records", "components-branch"))[0]
+    groups = exchange_groups(run_tasks, folder / "cc" / "r000", groups, [{"bytes": verified["largest_bytes"]}],
+                             f"{stage.name} edges", records=folder / "records")
+    shared = (str(folder), config, groups)
+    if branch["one_task"]:
+        one = run_tasks(components_task, shared, [()], f"{stage.name} components", record=record_in("records", "components"))
+        rounds, converged = one[0]["rounds"], "one-task"
+        groups = exchange_groups(run_tasks, folder / "cc" / converged, groups, one, f"{stage.name} components",
+                                 records=folder / "records")
     else:
-        groups = exchange_groups(run_tasks, folder / "cc" / "r000", groups, [{"bytes": verified["largest_bytes"]}],
-                                 f"{stage.name} edges")
-        shared = (str(folder), config, groups)
-        # (one task or rounds: `one_task_edges` may change on a resume, so cc/r000 stays until the end)
-        if edges <= config.one_task_edges:
-            one = run_tasks(components_task, shared, [()], f"{stage.name} components", record=record_in("records", "components"))
-            rounds, converged = one[0]["rounds"], "one-task"
-            groups = exchange_groups(run_tasks, folder / "cc" / converged, groups, one, f"{stage.name} components")
-        else:
-            rounds, groups = _component_rounds(run_tasks, shared, config)
-            converged = f"r{rounds - 1:03d}"  # the input of the last round
-        member_rows = run_tasks(members_task, (str(folder), config, dataclasses.replace(source, groups=groups)),
-                                [(converged, g) for (g,) in parts], f"{stage.name} members", record=record_in("records", "members"))
-        done = {"rounds": rounds, "largest_bytes": max((x.get("bytes", 0) for x in member_rows), default=0)}
-        write_record(labelled, done)
-        remove_tree(folder / "cc")  # consumed: the members carry the labels on
-    largest = [{"bytes": done["largest_bytes"]}] if "largest_bytes" in done else []
-    groups = exchange_groups(run_tasks, folder / "members", groups, largest, f"{stage.name} members")
+        rounds, groups = _component_rounds(run_tasks, shared, config)
+        converged = f"r{rounds - 1:03d}"  # the input of the last round
+    member_rows = run_tasks(members_task, (str(folder), config, dataclasses.replace(source, groups=groups)),
+                            [(converged, g) for (g,) in parts], f"{stage.name} members", record=record_in("records", "members"))
+    remove_tree(folder / "cc")  # consumed: the members carry the labels on
+    largest = [{"bytes": max((x.get("bytes", 0) for x in member_rows), default=0)}]
+    groups = exchange_groups(run_tasks, folder / "members", groups, largest, f"{stage.name} members",
+                             records=folder / "records")
     kept = run_tasks(winners_task, (str(folder), config, groups, ranges), parts, f"{stage.name} keep",
                      record=record_in("records", "winners"))
     remove_tree(folder / "members")  # consumed
-    groups = exchange_groups(run_tasks, folder / "clusters", groups, kept, f"{stage.name} keep", ranges.count)
+    groups = exchange_groups(run_tasks, folder / "clusters", groups, kept, f"{stage.name} keep", ranges.count,
+                             records=folder / "records")
     run_tasks(clusters_task, (str(folder), str(out_dir), groups, ranges), [(0,)], f"{stage.name} clusters",
               record=record_in("records", "clusters"))
     losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)
@@ -701,7 +711,7 @@ def _component_rounds(run_tasks: RunTasks, shared: tuple[str, Any, Groups], conf
         if r % 2 == 0 and r >= 2 and checksums[r] == checksums[r - 2]:
             return r + 1, shared[2]
         groups = exchange_groups(run_tasks, location(shared[0]) / "cc" / f"r{r + 1:03d}", shared[2], results,
-                                 f"minhash components round {r + 1}")
+                                 f"minhash components round {r + 1}", records=location(shared[0]) / "records")
         shared = (shared[0], shared[1], groups)
         if r >= 2:  # the input of the round before (not r000): no later round reads it, and this one was not the last
             remove_tree(location(shared[0]) / "cc" / f"r{r - 1:03d}")
