@@ -253,22 +253,28 @@ def _dies_after(fn, n: int):
 def test_the_split_is_deterministic_and_a_killed_run_resumes_to_the_same_split(tmp_path, monkeypatch):
     inputs, _ = _corpus(tmp_path)
     raw = ARMS["raw (dedup off)"]  # the arm that runs every eval task (its own MinHash buckets too)
+    chooses, choose = [], eval_split.choose_task  # the choose step's partition count, per task
+    monkeypatch.setattr(eval_split, "choose_task", lambda shared, p: (chooses.append(shared[2]), choose(shared, p))[1])
     ref = tmp_path / "ref"
     _run(ref, inputs, **raw)
-    # other blocks and several resolve groups instead of one: other task boundaries, the same split
+    ref_chooses, chooses[:] = list(chooses), []
+    # other blocks, several resolve groups instead of one, more choose tasks: other task boundaries, the same split
     groups, match = [], eval_split.match_task
     monkeypatch.setattr(near_dedup, "GROUP_DOCS", 5)
     monkeypatch.setattr(eval_split, "match_task", lambda shared, g: (groups.append(g), match(shared, g))[1])
     other = tmp_path / "other"
     _run(other, inputs, read={"block_bytes": 2048}, **raw)
     assert _checksums(other) == _checksums(ref)
-    assert len(groups) > 1
+    assert len(groups) > 1 and min(chooses) > max(ref_chooses)
     monkeypatch.setattr(eval_split, "match_task", match)
+    monkeypatch.setattr(eval_split, "choose_task", choose)
+    assert len({r["domain"] for r in _rows(ref / "eval")}) > 1  # domains chosen apart in the reference run
     out = tmp_path / "out"
-    for module, task in ((eval_split, "hash_task"), (eval_split, "bucket_task"), (eval_split, "match_task"),
-                         (run_module, "eval_shard_task")):  # killed in each eval phase in turn, resumed each time
+    for module, task, done in ((eval_split, "hash_task", 1), (eval_split, "candidate_task", 1), (eval_split, "choose_task", 0),
+                               (eval_split, "bucket_task", 1), (eval_split, "match_task", 1),
+                               (run_module, "eval_shard_task", 1)):  # killed in each eval phase in turn, resumed each time
         with monkeypatch.context() as patch:
-            patch.setattr(module, task, _dies_after(getattr(module, task), 1))
+            patch.setattr(module, task, _dies_after(getattr(module, task), done))
             with pytest.raises(_Killed):
                 _run(out, inputs, **raw)
         assert not (out / "manifest.json").exists()

@@ -7,9 +7,10 @@ folder), and names it in the main manifest under `splits.eval`. The trainer eval
 1. choose  per domain, the documents whose seeded hash of their id falls below `eval.fraction`,
            taken lowest hash first into `eval.max_tokens_per_domain` tokens (one that would overflow it is
            skipped, so a single huge document cannot leave the domain's split nearly empty). One task
-           per block finds its candidates (hash below the fraction); the driver applies the token
-           budget to the candidates only. One task per block then marks its eval rows and drops its
-           training copies (steps 2-3), into work/eval/rows/<block>.arrow.
+           per block sends its candidates (hash below the fraction) by domain (`candidate_task`); one
+           task per domain partition applies the token budget (`choose_task`), so the candidates stay in
+           tasks and the driver reads the chosen documents only. One task per block then marks its eval
+           rows and drops its training copies (steps 2-3), into work/eval/rows/<block>.arrow.
            It runs on the tokenized blocks (a token budget needs the token counts): after dedup and the
            filters, before diversity sampling and the mixture. So eval documents are never sampled away
            and never repeated, and with dedup on they are the winners of their duplicate clusters.
@@ -31,8 +32,8 @@ folder's documents are the split (copied to OUT/eval/), and steps 2-3 compare th
 them (their MinHash keys from their decoded tokens; a training document with the same id is dropped too). So every
 arm of an ablation, whatever its filters and dedup, evaluates on the same documents and trains on none of them.
 
-The choice depends only on ids, token counts and block order, and every task writes its output atomically
-and is skipped when that output exists, so the split is the same on any number of workers and after a resume.
+The choice depends only on ids, token counts and input order, and every task writes its output atomically and
+then its record, so the split is the same on any number of workers and blocks, and after a resume.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from datapipe.core.shards import atomic_write_table
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.curate.config import EvalSplitConfig
 from datapipe.curate.counters import Counters
-from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.shuffle import combine, read_shuffle, senders_per_file, shuffle_files, write_shuffle
 from datapipe.curate.phases import near_dedup
 from datapipe.curate.blocks import block_documents
 from datapipe.curate.phase import record_in
@@ -108,11 +109,26 @@ def choose(meta: dict[str, pa.Table], config: EvalSplitConfig) -> dict[str, np.n
     rank = np.concatenate([eval_rank(meta[b].column("id").to_pylist(), config.seed) for b in names])
     domain = np.concatenate([np.array(meta[b].column("domain").to_pylist(), dtype=object) for b in names])
     tokens = np.concatenate([meta[b].column("num_tokens").to_numpy() for b in names])
-    position = np.arange(len(rank))  # global input order: breaks ties between equal ids
+    candidate = rank < _rank_below(config)
     chosen = np.zeros(len(rank), dtype=bool)
-    candidate = rank < np.uint64(min(int(config.fraction * 2**64), 2**64 - 1))
-    for d in np.unique(domain[candidate]):
-        rows = np.flatnonzero(candidate & (domain == d))
+    # global input order breaks ties between equal ids
+    chosen[candidate] = chosen_mask(rank[candidate], domain[candidate], tokens[candidate],
+                                    np.flatnonzero(candidate), config)
+    return dict(zip(names, np.split(chosen, np.cumsum(sizes)[:-1])))
+
+
+def _rank_below(config: EvalSplitConfig) -> np.uint64:
+    """A document is a candidate when its seeded hash falls below this: `fraction` of the hash space."""
+    return np.uint64(min(int(config.fraction * 2**64), 2**64 - 1))
+
+
+def chosen_mask(rank: np.ndarray, domain: np.ndarray, tokens: np.ndarray, position: np.ndarray,
+                config: EvalSplitConfig) -> np.ndarray:
+    """Of some candidates (every candidate of each domain present): the mask of those chosen, per domain lowest
+    hash first (ties by `position`, input order) into `max_tokens_per_domain` tokens."""
+    chosen = np.zeros(len(rank), dtype=bool)
+    for d in np.unique(domain):
+        rows = np.flatnonzero(domain == d)
         rows = rows[np.lexsort((position[rows], rank[rows]))]  # lowest hash first
         if config.max_tokens_per_domain is not None:
             # a document that would overflow the budget is skipped, not an end: one huge document early
@@ -123,7 +139,7 @@ def choose(meta: dict[str, pa.Table], config: EvalSplitConfig) -> dict[str, np.n
                     fits[i], left = True, left - n
             rows = rows[fits]
         chosen[rows] = True
-    return dict(zip(names, np.split(chosen, np.cumsum(sizes)[:-1])))
+    return chosen
 
 
 # ---------------------------------------------------------------- tasks
@@ -251,35 +267,65 @@ def source_bucket_task(shared: tuple[str, str, str, MinHashConfig], part: int) -
 # ---------------------------------------------------------------- the whole split
 
 
-def candidate_task(shared: tuple[str, str, EvalSplitConfig], block: str) -> dict[str, Any]:
-    """The block's candidates for the split (rows whose seeded hash of the id falls below `fraction`):
-    their rows, ids, domains, token counts, token hashes (`hash_task`) and orders."""
-    work, segment, config = location(shared[0]), shared[1], shared[2]
+CANDIDATE_SCHEMA = pa.schema([("order", pa.int64()), ("rank", pa.uint64()), ("id", pa.string()),
+                              ("domain", pa.string()), ("num_tokens", pa.int64()), ("hash", pa.binary(16))])
+CANDIDATE_BYTES = 96  # a candidate's row, about: what sizes a combine task's share
+CHOOSE_TASKS = 64  # domain partitions, at most: every candidate of a domain meets in one choose task
+
+
+CHOOSE_BASE_BYTES = 256 << 20  # a choose task's memory besides its candidates (4 x their rows' bytes)
+
+
+def _domain_partition(domains: pa.Array, partitions: int) -> np.ndarray:
+    return np.fromiter((xxhash.xxh64_intdigest((d or "").encode()) % partitions for d in domains.to_pylist()),
+                       dtype=np.int64, count=len(domains))
+
+
+def candidate_task(shared: tuple[str, str, EvalSplitConfig, int], block: str) -> dict[str, Any]:
+    """The block's candidates for the split (rows whose seeded hash of the id falls below `fraction`), with their
+    order, hash rank, id, domain, token count and token hash (`hash_task`), sent by domain to
+    work/eval/candidates/<block>.shuffle (so every candidate of a domain meets in one choose task)."""
+    work, segment, config, partitions = location(shared[0]), shared[1], shared[2], shared[3]
     meta = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
     rank = eval_rank(meta.column("id").to_pylist(), config.seed)
-    rows = np.flatnonzero(rank < np.uint64(min(int(config.fraction * 2**64), 2**64 - 1)))
-    take = pa.array(rows)
-    return {"rows": rows, "meta": meta.take(take),
-            "hash": read_work_table(work / EVAL_DIR / "hashes" / f"{block}.arrow").column("hash").take(take).combine_chunks(),
-            "order": block_documents(work, segment, block, ["order"]).column("order").to_numpy()[rows]}
+    rows = pa.array(np.flatnonzero(rank < _rank_below(config)))
+    orders = block_documents(work, segment, block, ["order"]).column("order").take(rows)
+    hashes = read_work_table(work / EVAL_DIR / "hashes" / f"{block}.arrow").column("hash").take(rows)
+    table = pa.table([orders, pa.array(rank).take(rows), *meta.take(rows).columns, hashes], schema=CANDIDATE_SCHEMA)
+    domains = table.column("domain").combine_chunks()
+    partition = _domain_partition(domains, partitions)
+    write_shuffle(work / EVAL_DIR / "candidates" / f"{block}.shuffle", table, partition, partitions)
+    return {"candidates": table.num_rows, "by_partition": np.bincount(partition, minlength=partitions).tolist()}
 
 
-def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, bool, pa.Table, bool], block: str, input_index: int,
-                eval_rows: np.ndarray) -> dict[str, Any]:
+def choose_task(shared: tuple[str, tuple[str, ...], int, EvalSplitConfig], p: int) -> dict[str, int]:
+    """The eval documents of the domains of partition p: their candidates from every (combined) candidates file,
+    chosen by `chosen_mask`, written to work/eval/chosen/pNNN.arrow (order, id, domain, num_tokens, hash)."""
+    work, names, partitions, config = location(shared[0]), shared[1], shared[2], shared[3]
+    table = read_shuffle(shuffle_files(work / EVAL_DIR / "candidates", list(names)), p, partitions, CANDIDATE_SCHEMA)
+    table = table.sort_by([("order", "ascending")])
+    mask = chosen_mask(table.column("rank").to_numpy(), np.array(table.column("domain").to_pylist(), dtype=object),
+                       table.column("num_tokens").to_numpy(), table.column("order").to_numpy(), config)
+    chosen = table.filter(pa.array(mask)).drop(["rank"])
+    write_work_table(work / EVAL_DIR / "chosen" / f"p{p:03d}.arrow", chosen)
+    return {"chosen": chosen.num_rows}
+
+
+def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, np.ndarray, bool, pa.Table, bool], block: str,
+                input_index: int) -> dict[str, Any]:
     """One block's training copies of eval documents: exact (identical tokens; with another run's split,
     also the same id) and near (`near`: order and eval id of every near copy). Writes the dropped
     documents' records (with their text when `keep_text`: output.keep_dropped_text) and
     work/eval/rows/<block>.arrow; returns the counters' changes and the counts."""
-    work, out_dir, segment, eval_hashes, eval_ids, by_id, near, keep_text = (location(shared[0]), location(shared[1]),
-                                                                             *shared[2:])
+    work, out_dir, segment, eval_hashes, eval_ids, eval_orders, by_id, near, keep_text = (
+        location(shared[0]), location(shared[1]), *shared[2:])
     meta = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
     # the text only when it is kept with the dropped records (a view's rows are joined to the read block's text)
     documents = block_documents(work, segment, block, None if keep_text else ["order"])
     orders = documents.column("order").to_numpy()
     if len(orders) != meta.num_rows:  # a bug, never bad input
         raise RuntimeError(f"eval split: the token blocks and the {segment} blocks differ in rows")
-    is_eval = np.zeros(meta.num_rows, dtype=bool)
-    is_eval[eval_rows] = True
+    is_eval = np.isin(orders, eval_orders)  # (none for `eval.source`: its orders follow every input's)
     hashes = read_work_table(work / EVAL_DIR / "hashes" / f"{block}.arrow").column("hash").combine_chunks()
     where = pc.index_in(hashes, value_set=eval_hashes)
     if by_id:
@@ -318,13 +364,12 @@ def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, bool, pa.Table,
 
 @dataclass
 class _Held:
-    """The eval documents: their token hashes, ids and orders; per block, the rows chosen (none for `eval.source`);
+    """The eval documents (in input order): their token hashes, ids and orders (`eval.source`'s after every input);
     their metadata tables (domain, num_tokens) for the report."""
 
     hashes: pa.Array
     ids: pa.Array
     orders: np.ndarray
-    chosen: dict[str, np.ndarray]
     meta: list[pa.Table]
 
 
@@ -347,9 +392,9 @@ def split(
     `blocks` are (block name, input index) in input order; `segment` names the last segment's folder (the
     documents' text and `order`, row for row with the token blocks). Writes the dropped copies to
     out_dir/dropped/ (with their text when `keep_text`) and takes them out of `counters.kept` (eval
-    documents stay kept: they are written). Per-document work runs in tasks over blocks; the driver holds
-    the eval documents (a `fraction` of the corpus: with a token cap, the candidates) and their near copies
-    only."""
+    documents stay kept: they are written). Per-document work runs in tasks; the driver holds the chosen eval
+    documents (their hash, id and order: at most `max_tokens_per_domain` per domain when set) and their near
+    copies only."""
     names = [b for b, _ in blocks]
     run_tasks(hash_task, str(work), [(b,) for b in names], "eval_split exact", record=record_in(RECORDS, "hashes"))
     held = _from_source(config, tokenizer) if config.source else _chosen(run_tasks, work, names, segment, config)
@@ -358,8 +403,8 @@ def split(
         source = _near_source(run_tasks, work, names, segment, config, minhash, near_dedup_segment, near_dedup_groups,
                               tokenizer)
         near = _first_near_copies(near_copies(run_tasks, work, held.orders, minhash, source), held)
-    shared = (str(work), str(out_dir), segment, held.hashes, held.ids, bool(config.source), near, keep_text)
-    items = [(b, input_index, held.chosen.get(b, np.empty(0, np.int64))) for b, input_index in blocks]
+    shared = (str(work), str(out_dir), segment, held.hashes, held.ids, held.orders, bool(config.source), near, keep_text)
+    items = [(b, input_index) for b, input_index in blocks]
     removed_counts: dict[str, int] = {"eval_duplicate": 0, "eval_near_duplicate": 0}
     by_block = record_in(f"{EVAL_DIR}/{ROWS_DIR}", first_item_only=True)
     for r in run_tasks(finish_task, shared, items, "eval_split remove", record=by_block):
@@ -381,21 +426,30 @@ def _from_source(config: EvalSplitConfig, tokenizer: tuple[str, str]) -> _Held:
     hashes = pa.array([xxhash.xxh3_128_digest(values[offsets[i]:offsets[i + 1]].tobytes()) for i in range(len(tokens))],
                       pa.binary(16))
     orders = np.array([order_key(SOURCE_UNIT, i) for i in range(source_docs.num_rows)], dtype=np.int64)
-    return _Held(hashes, source_docs.column("id").chunk(0), orders, {}, [source_docs])
+    return _Held(hashes, source_docs.column("id").chunk(0), orders, [source_docs])
 
 
 def _chosen(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], segment: str,
             config: EvalSplitConfig) -> _Held:
-    """The documents chosen by the seeded hash of their id (`choose`), from each block's candidates."""
-    found = run_tasks(candidate_task, (str(work), segment, config), [(b,) for b in names], "eval_split choose")
-    picked = choose({b: f["meta"] for b, f in zip(names, found)}, config)  # candidates only: the same choice
-    keep = [pa.array(picked[b]) for b in names]
-    hashes = pa.concat_arrays([f["hash"].filter(k) for f, k in zip(found, keep)]) if names else pa.array([], pa.binary(16))
-    ids = (pa.concat_arrays([f["meta"].column("id").combine_chunks().filter(k) for f, k in zip(found, keep)])
-           if names else pa.array([], pa.string()))
-    orders = np.concatenate([f["order"][picked[b]] for b, f in zip(names, found)] + [np.empty(0, np.int64)])
-    chosen = {b: f["rows"][picked[b]] for b, f in zip(names, found)}
-    return _Held(hashes, ids, orders, chosen, [f["meta"].filter(k) for f, k in zip(found, keep)])
+    """The documents chosen by the seeded hash of their id (see `choose`): each block's candidates sent by domain
+    (`candidate_task`), the blocks' files combined, one task per domain partition choosing (`choose_task`). The
+    candidates stay in tasks; the driver reads the chosen documents only."""
+    partitions = max(1, min(CHOOSE_TASKS, len(names)))
+    found = run_tasks(candidate_task, (str(work), segment, config, partitions), [(b,) for b in names],
+                      "eval_split candidates", record=record_in(RECORDS, "candidates"))
+    per_file = senders_per_file(sum(f["candidates"] for f in found), len(names), CANDIDATE_BYTES)
+    combined = combine(run_tasks, work / EVAL_DIR / "candidates", names, partitions, "eval_split candidates combine",
+                       per_file=per_file, records=work / RECORDS)
+    largest = int(np.sum([f["by_partition"] for f in found], axis=0).max()) if found else 0  # a domain's share
+    run_tasks(choose_task, (str(work), tuple(combined), partitions, config), [(p,) for p in range(partitions)],
+              "eval_split choose", record=record_in(RECORDS, "choose"),
+              memory=CHOOSE_BASE_BYTES + 4 * largest * CANDIDATE_BYTES)
+    chosen = [read_work_table(work / EVAL_DIR / "chosen" / f"p{p:03d}.arrow") for p in range(partitions)]
+    held = pa.concat_tables(chosen).sort_by([("order", "ascending")]).combine_chunks() if chosen else None
+    if held is None or held.num_rows == 0:
+        return _Held(pa.array([], pa.binary(16)), pa.array([], pa.string()), np.empty(0, np.int64), [])
+    return _Held(held.column("hash").chunk(0), held.column("id").chunk(0), held.column("order").to_numpy(),
+                 [held.select(["domain", "num_tokens"])])
 
 
 def _domains(meta: list[pa.Table]) -> dict[str, dict[str, int]]:
