@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datapipe.core.workfiles import read_record
+from datapipe.core.workfiles import read_record, read_work_table, write_work_table
 from tokenizers import Tokenizer
 
 from helpers import ASSETS, run_tasks_in_process, small_config
@@ -196,6 +196,17 @@ def _keys_of_one_bucket(tmp_path, signatures, orders, num_perm):
     return KeySource(str(keys), str(tmp_path), ("seg/x",), groups=Groups(1, 1))
 
 
+def _near_copies(work: Path, eval_orders: list[int], config: MinHashConfig, source: KeySource) -> pa.Table:
+    """`eval_split.near_copies` with these documents held out for eval (ids d<order>): its near.arrow."""
+    held = pa.table({"order": pa.array(eval_orders, pa.int64()), "id": [f"d{o}" for o in eval_orders],
+                     "hash": pa.array([o.to_bytes(16, "little") for o in eval_orders], pa.binary(16))})
+    write_work_table(work / eval_split.HELD, held)
+    copies = eval_split.near_copies(run_tasks_in_process(), work, config, source)
+    found = read_work_table(work / eval_split.NEAR)
+    assert found.num_rows == copies
+    return found
+
+
 def test_the_near_check_compares_every_bucket_member_with_the_eval_documents(tmp_path):
     """A bucket {A, H, B} in input order, A held out for eval, B a near copy of A, H unlike both. Near
     dedup verifies each member against the `bucket_window` (here 1) members before it: A-H and H-B,
@@ -211,8 +222,8 @@ def test_the_near_check_compares_every_bucket_member_with_the_eval_documents(tmp
     assert sorted(zip(u.tolist(), v.tolist())) == [(1, 2), (2, 3)]  # near dedup: A-H and H-B, never A-B
     assert len(decide_pairs(u, v, sig[u - 1].astype(np.uint16), sig[v - 1].astype(np.uint16), config).edge_u) == 0
     source = _keys_of_one_bucket(tmp_path, sig, [1, 2, 3], 8)
-    found = eval_split.near_copies(run_tasks_in_process(), tmp_path, np.array([1]), config, source)
-    assert found.to_pylist() == [{"order": 3, "eval_order": 1}]
+    found = _near_copies(tmp_path, [1], config, source)
+    assert found.to_pylist() == [{"order": 3, "eval_order": 1, "eval_id": "d1"}]
 
 
 def test_the_near_check_is_bounded_by_the_window_in_a_crowded_bucket(tmp_path):
@@ -222,12 +233,12 @@ def test_the_near_check_is_bounded_by_the_window_in_a_crowded_bucket(tmp_path):
     orders = list(range(50))
     sig = np.tile(np.arange(8, dtype=np.uint32), (50, 1))  # all alike
     source = _keys_of_one_bucket(tmp_path, sig, orders, 8)
-    eval_orders = np.arange(10, 50)
-    found = eval_split.near_copies(run_tasks_in_process(), tmp_path, eval_orders, config, source)
+    found = _near_copies(tmp_path, list(range(10, 50)), config, source)
     record = read_record(tmp_path / "eval" / "records" / "match-0.json")
     assert record["candidates"] == 40
-    assert sorted(found.column("order").to_pylist()) == sorted(list(range(10)) * 4)
-    assert set(found.column("eval_order").to_pylist()) == {10, 11, 12, 13}
+    # each training document once, named by the first eval document (in input order) it is near
+    assert found.column("order").to_pylist() == list(range(10))
+    assert set(found.column("eval_order").to_pylist()) == {10}
 
 
 def _checksums(out: Path) -> list[str]:

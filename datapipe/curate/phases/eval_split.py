@@ -73,6 +73,8 @@ SOURCE_UNIT = (1 << 23) - 1  # the input unit of `eval.source` documents in the 
 
 RECORDS = f"{EVAL_DIR}/records"  # work/eval/records/<step>-<item>.json: the split's task records
 ROWS_DIR = "rows"  # work/eval/rows/<block>.arrow: per row `eval` (held out for eval) and `held_out` (not for training)
+HELD = f"{EVAL_DIR}/held.arrow"  # work/eval/held.arrow: the eval documents' order, id and token hash, in input order
+NEAR = f"{EVAL_DIR}/near.arrow"  # work/eval/near.arrow: each near copy's order and the eval document it copies
 
 
 @dataclass
@@ -164,13 +166,14 @@ def bucket_task(shared: tuple[str, str, MinHashConfig], block: str) -> dict[str,
     return {"rows": table.num_rows}
 
 
-def match_task(shared: tuple[str, np.ndarray, MinHashConfig, KeySource], g: int) -> dict[str, int]:
+def match_task(shared: tuple[str, MinHashConfig, KeySource], g: int) -> dict[str, int]:
     """The candidate pairs (training document, eval document) of the bucket partitions of group g
     (`source.groups`): every member of a bucket with each of the first `bucket_window` eval documents in
     it (input order), so the work is bounded by members x window however crowded a bucket is. Written (as
     u, v) to work/eval/pairs-u/gNNN.shuffle, partitioned by the training document, for
     `near_dedup.verify_pairs`; without `verify` every candidate is a match, written to work/eval/edges/ directly."""
-    work, eval_orders, config, source = location(shared[0]), shared[1], shared[2], shared[3]
+    work, config, source = location(shared[0]), shared[1], shared[2]
+    eval_orders = read_work_table(work / HELD).column("order").to_numpy()
     lo, hi = source.groups.range(g)
     rows = source.read("buckets", lo, config.partitions, through=hi)
     u = v = np.empty(0, np.int64)
@@ -193,21 +196,36 @@ def match_task(shared: tuple[str, np.ndarray, MinHashConfig, KeySource], g: int)
     return {"candidates": int(len(u))}
 
 
-def near_copies(run_tasks: Callable[..., list[Any]], work: Location, eval_orders: np.ndarray, config: MinHashConfig,
-                source: KeySource) -> pa.Table:
-    """(order, eval_order) of every training document that is a near-duplicate of an eval document by near
-    dedup's own rule (the signature estimate, then the exact Jaccard near the threshold): `match_task`'s
-    candidates, decided by `near_dedup.verify_pairs`."""
-    run_tasks(match_task, (str(work), eval_orders, config, source), source.groups.items(), "eval_split near",
+def near_copies(run_tasks: Callable[..., list[Any]], work: Location, config: MinHashConfig, source: KeySource) -> int:
+    """The training documents that are near-duplicates of an eval document (work/eval/held.arrow) by near dedup's
+    own rule (the signature estimate, then the exact Jaccard near the threshold): `match_task`'s candidates, decided
+    by `near_dedup.verify_pairs`, named by `near_task` in work/eval/near.arrow; how many."""
+    run_tasks(match_task, (str(work), config, source), source.groups.items(), "eval_split near",
               record=record_in(RECORDS, "match"))
-    edges_folder = work / EVAL_DIR / "edges"
     if config.verify:
-        near_dedup.verify_pairs(run_tasks, work / EVAL_DIR, work / EVAL_DIR, source, config, edges_folder, "eval_split near")
-    files = shuffle_files(edges_folder, source.groups.names())
-    edges = read_shuffle(files, 0, config.partitions, near_dedup.EDGE_SCHEMA, through=config.partitions)
+        near_dedup.verify_pairs(run_tasks, work / EVAL_DIR, work / EVAL_DIR, source, config, work / EVAL_DIR / "edges",
+                                "eval_split near")
+    return run_tasks(near_task, (str(work), config.partitions, tuple(source.groups.names())), [()],
+                     "eval_split near copies", record=record_in(RECORDS, "near"))[0]["copies"]
+
+
+def near_task(shared: tuple[str, int, tuple[str, ...]]) -> dict[str, int]:
+    """work/eval/near.arrow: (order, eval_order, eval_id) of each training document near an eval document, from
+    the edges, with the first eval document in input order named."""
+    work, partitions, names = location(shared[0]), shared[1], list(shared[2])
+    edges = read_shuffle(shuffle_files(work / EVAL_DIR / "edges", names), 0, partitions, near_dedup.EDGE_SCHEMA,
+                         through=partitions)
+    held = read_work_table(work / HELD)
+    eval_orders = held.column("order").to_numpy()
     is_eval = np.isin(edges.column("dst").to_numpy(), eval_orders) & ~np.isin(edges.column("src").to_numpy(), eval_orders)
     edges = edges.filter(pa.array(is_eval))
-    return pa.table({"order": edges.column("src"), "eval_order": edges.column("dst")}, schema=PAIR_SCHEMA)
+    pairs = pa.table({"order": edges.column("src"), "eval_order": edges.column("dst")}, schema=PAIR_SCHEMA)
+    pairs = pairs.sort_by([("order", "ascending"), ("eval_order", "ascending")]).combine_chunks()
+    order_col = pairs.column("order").to_numpy()
+    pairs = pairs.filter(pa.array(np.r_[True, order_col[1:] != order_col[:-1]] if len(order_col) else np.zeros(0, bool)))
+    eval_id = held.column("id").take(pc.index_in(pairs.column("eval_order"), value_set=held.column("order")))
+    write_work_table(work / NEAR, pairs.append_column("eval_id", eval_id))
+    return {"copies": pairs.num_rows}
 
 
 # ---------------------------------------------------------------- another run's split (eval.source)
@@ -308,24 +326,26 @@ def choose_task(shared: tuple[str, tuple[str, ...], int, EvalSplitConfig], p: in
                        table.column("num_tokens").to_numpy(), table.column("order").to_numpy(), config)
     chosen = table.filter(pa.array(mask)).drop(["rank"])
     write_work_table(work / EVAL_DIR / "chosen" / f"p{p:03d}.arrow", chosen)
-    return {"chosen": chosen.num_rows}
+    return {"chosen": chosen.num_rows, "domains": _domains(chosen)}
 
 
-def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, np.ndarray, bool, pa.Table, bool], block: str,
-                input_index: int) -> dict[str, Any]:
+def finish_task(shared: tuple[str, str, str, bool, bool, bool], block: str, input_index: int) -> dict[str, Any]:
     """One block's training copies of eval documents: exact (identical tokens; with another run's split,
     also the same id) and near (`near`: order and eval id of every near copy). Writes the dropped
     documents' records (with their text when `keep_text`: output.keep_dropped_text) and
     work/eval/rows/<block>.arrow; returns the counters' changes and the counts."""
-    work, out_dir, segment, eval_hashes, eval_ids, eval_orders, by_id, near, keep_text = (
-        location(shared[0]), location(shared[1]), *shared[2:])
+    work, out_dir, segment, by_id, near_checked, keep_text = location(shared[0]), location(shared[1]), *shared[2:]
+    held = read_work_table(work / HELD)  # the eval documents (one read a block: a small file)
+    eval_hashes, eval_ids = held.column("hash").combine_chunks(), held.column("id").combine_chunks()
+    near = read_work_table(work / NEAR) if near_checked else pa.table({"order": pa.array([], pa.int64()),
+                                                                         "eval_id": pa.array([], pa.string())})
     meta = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
     # the text only when it is kept with the dropped records (a view's rows are joined to the read block's text)
     documents = block_documents(work, segment, block, None if keep_text else ["order"])
     orders = documents.column("order").to_numpy()
     if len(orders) != meta.num_rows:  # a bug, never bad input
         raise RuntimeError(f"eval split: the token blocks and the {segment} blocks differ in rows")
-    is_eval = np.isin(orders, eval_orders)  # (none for `eval.source`: its orders follow every input's)
+    is_eval = np.isin(orders, held.column("order").to_numpy())  # (none for `eval.source`: its orders follow every input's)
     hashes = read_work_table(work / EVAL_DIR / "hashes" / f"{block}.arrow").column("hash").combine_chunks()
     where = pc.index_in(hashes, value_set=eval_hashes)
     if by_id:
@@ -362,17 +382,6 @@ def finish_task(shared: tuple[str, str, str, pa.Array, pa.Array, np.ndarray, boo
     return {"counters": counters.to_json(), "removed": removed_counts}
 
 
-@dataclass
-class _Held:
-    """The eval documents (in input order): their token hashes, ids and orders (`eval.source`'s after every input);
-    their metadata tables (domain, num_tokens) for the report."""
-
-    hashes: pa.Array
-    ids: pa.Array
-    orders: np.ndarray
-    meta: list[pa.Table]
-
-
 def split(
     run_tasks: Callable[..., list[Any]],
     work: Location,
@@ -392,48 +401,56 @@ def split(
     `blocks` are (block name, input index) in input order; `segment` names the last segment's folder (the
     documents' text and `order`, row for row with the token blocks). Writes the dropped copies to
     out_dir/dropped/ (with their text when `keep_text`) and takes them out of `counters.kept` (eval
-    documents stay kept: they are written). Per-document work runs in tasks; the driver holds the chosen eval
-    documents (their hash, id and order: at most `max_tokens_per_domain` per domain when set) and their near
-    copies only."""
+    documents stay kept: they are written). Every per-document step runs in tasks, through files in work/eval/
+    (the eval documents in `held.arrow`, their near copies in `near.arrow`); the driver adds up counts."""
     names = [b for b, _ in blocks]
     run_tasks(hash_task, str(work), [(b,) for b in names], "eval_split exact", record=record_in(RECORDS, "hashes"))
-    held = _from_source(config, tokenizer) if config.source else _chosen(run_tasks, work, names, segment, config)
-    near = pa.table({"order": pa.array([], pa.int64()), "eval_id": pa.array([], pa.string())})
-    if config.decontaminate == "near" and names:
+    domains = _from_source(run_tasks, work, config, tokenizer) if config.source else _chosen(run_tasks, work, names, segment, config)
+    near_checked = config.decontaminate == "near" and bool(names)
+    if near_checked:
         source = _near_source(run_tasks, work, names, segment, config, minhash, near_dedup_segment, near_dedup_groups,
                               tokenizer)
-        near = _first_near_copies(near_copies(run_tasks, work, held.orders, minhash, source), held)
-    shared = (str(work), str(out_dir), segment, held.hashes, held.ids, held.orders, bool(config.source), near, keep_text)
-    items = [(b, input_index) for b, input_index in blocks]
+        near_copies(run_tasks, work, minhash, source)
+    shared = (str(work), str(out_dir), segment, bool(config.source), near_checked, keep_text)
     removed_counts: dict[str, int] = {"eval_duplicate": 0, "eval_near_duplicate": 0}
     by_block = record_in(f"{EVAL_DIR}/{ROWS_DIR}", first_item_only=True)
-    for r in run_tasks(finish_task, shared, items, "eval_split remove", record=by_block):
+    for r in run_tasks(finish_task, shared, list(blocks), "eval_split remove", record=by_block):
         counters.merge(Counters.from_json(r["counters"]))
         for reason, n in r["removed"].items():
             removed_counts[reason] += n
     report = {"path": EVAL_DIR, "fraction": config.fraction, "max_tokens_per_domain": config.max_tokens_per_domain,
               "seed": config.seed, "source": config.source, "decontaminate": config.decontaminate,
-              "domains": _domains(held.meta), "removed_from_train": removed_counts}
-    return Split(str(work / EVAL_DIR / ROWS_DIR), 0 if config.source else len(held.orders), report)
+              "domains": domains, "removed_from_train": removed_counts}
+    return Split(str(work / EVAL_DIR / ROWS_DIR), 0 if config.source else sum(d["docs"] for d in domains.values()), report)
 
 
-def _from_source(config: EvalSplitConfig, tokenizer: tuple[str, str]) -> _Held:
-    """Another run's split: nothing is chosen here; its documents are held out as they are."""
-    source_manifest, source_docs = read_source(config.source)
-    check_source_tokenizer(config.source, source_manifest, tokenizer[1])
-    tokens = source_docs.column("tokens").chunk(0)
+def _from_source(run_tasks: Callable[..., list[Any]], work: Location, config: EvalSplitConfig,
+                 tokenizer: tuple[str, str]) -> dict[str, dict[str, int]]:
+    """Another run's split: nothing is chosen here; its documents are held out as they are (`source_held_task`).
+    Per domain, its documents and tokens."""
+    check_source_tokenizer(config.source, shards.read_manifest(config.source), tokenizer[1])
+    return run_tasks(source_held_task, (str(work), config.source), [()], "eval_split source",
+                     record=record_in(RECORDS, "source"))[0]["domains"]
+
+
+def source_held_task(shared: tuple[str, str]) -> dict[str, Any]:
+    """work/eval/held.arrow from `eval.source`'s documents (orders after every input); per domain, their counts."""
+    work, source = location(shared[0]), shared[1]
+    _, docs = read_source(source)
+    tokens = docs.column("tokens").chunk(0)
     values, offsets = tokens.values.to_numpy(), tokens.offsets.to_numpy()
     hashes = pa.array([xxhash.xxh3_128_digest(values[offsets[i]:offsets[i + 1]].tobytes()) for i in range(len(tokens))],
                       pa.binary(16))
-    orders = np.array([order_key(SOURCE_UNIT, i) for i in range(source_docs.num_rows)], dtype=np.int64)
-    return _Held(hashes, source_docs.column("id").chunk(0), orders, [source_docs])
+    orders = pa.array([order_key(SOURCE_UNIT, i) for i in range(docs.num_rows)], pa.int64())
+    write_work_table(work / HELD, pa.table({"order": orders, "id": docs.column("id"), "hash": hashes}))
+    return {"domains": _domains(docs)}
 
 
 def _chosen(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], segment: str,
-            config: EvalSplitConfig) -> _Held:
+            config: EvalSplitConfig) -> dict[str, dict[str, int]]:
     """The documents chosen by the seeded hash of their id (see `choose`): each block's candidates sent by domain
-    (`candidate_task`), the blocks' files combined, one task per domain partition choosing (`choose_task`). The
-    candidates stay in tasks; the driver reads the chosen documents only."""
+    (`candidate_task`), the blocks' files combined, one task per domain partition choosing (`choose_task`), one
+    gathering the chosen into work/eval/held.arrow (`held_task`). Per domain, the chosen documents and tokens."""
     partitions = max(1, min(CHOOSE_TASKS, len(names)))
     found = run_tasks(candidate_task, (str(work), segment, config, partitions), [(b,) for b in names],
                       "eval_split candidates", record=record_in(RECORDS, "candidates"))
@@ -441,24 +458,28 @@ def _chosen(run_tasks: Callable[..., list[Any]], work: Location, names: list[str
     combined = combine(run_tasks, work / EVAL_DIR / "candidates", names, partitions, "eval_split candidates combine",
                        per_file=per_file, records=work / RECORDS)
     largest = int(np.sum([f["by_partition"] for f in found], axis=0).max()) if found else 0  # a domain's share
-    run_tasks(choose_task, (str(work), tuple(combined), partitions, config), [(p,) for p in range(partitions)],
-              "eval_split choose", record=record_in(RECORDS, "choose"),
-              memory=CHOOSE_BASE_BYTES + 4 * largest * CANDIDATE_BYTES)
-    chosen = [read_work_table(work / EVAL_DIR / "chosen" / f"p{p:03d}.arrow") for p in range(partitions)]
-    held = pa.concat_tables(chosen).sort_by([("order", "ascending")]).combine_chunks() if chosen else None
-    if held is None or held.num_rows == 0:
-        return _Held(pa.array([], pa.binary(16)), pa.array([], pa.string()), np.empty(0, np.int64), [])
-    return _Held(held.column("hash").chunk(0), held.column("id").chunk(0), held.column("order").to_numpy(),
-                 [held.select(["domain", "num_tokens"])])
+    chosen = run_tasks(choose_task, (str(work), tuple(combined), partitions, config), [(p,) for p in range(partitions)],
+                       "eval_split choose", record=record_in(RECORDS, "choose"),
+                       memory=CHOOSE_BASE_BYTES + 4 * largest * CANDIDATE_BYTES)
+    run_tasks(held_task, (str(work), partitions), [()], "eval_split held", record=record_in(RECORDS, "held"),
+              memory=CHOOSE_BASE_BYTES + 4 * sum(c["chosen"] for c in chosen) * CANDIDATE_BYTES)
+    return dict(sorted((d, c) for r in chosen for d, c in r["domains"].items()))
 
 
-def _domains(meta: list[pa.Table]) -> dict[str, dict[str, int]]:
+def held_task(shared: tuple[str, int]) -> dict[str, int]:
+    """work/eval/held.arrow: every choose task's documents (order, id, hash), in input order."""
+    work, partitions = location(shared[0]), shared[1]
+    held = pa.concat_tables([read_work_table(work / EVAL_DIR / "chosen" / f"p{p:03d}.arrow") for p in range(partitions)])
+    write_work_table(work / HELD, held.sort_by([("order", "ascending")]).select(["order", "id", "hash"]))
+    return {"held": held.num_rows}
+
+
+def _domains(meta: pa.Table) -> dict[str, dict[str, int]]:
     domains: dict[str, dict[str, int]] = {}
-    for sub in meta:
-        for d, k in zip(sub.column("domain").to_pylist(), sub.column("num_tokens").to_pylist()):
-            entry = domains.setdefault(d, {"docs": 0, "tokens": 0})
-            entry["docs"] += 1
-            entry["tokens"] += k
+    for d, k in zip(meta.column("domain").to_pylist(), meta.column("num_tokens").to_pylist()):
+        entry = domains.setdefault(d, {"docs": 0, "tokens": 0})
+        entry["docs"] += 1
+        entry["tokens"] += k
     return dict(sorted(domains.items()))
 
 
@@ -479,15 +500,3 @@ def _near_source(run_tasks: Callable[..., list[Any]], work: Location, names: lis
                                "eval_split source minhash", record=record_in(RECORDS, "buckets-source"))[0]["rows"]
         source = dataclasses.replace(source, senders=(*source.senders, f"{EVAL_DIR}/{SOURCE_BLOCK}"))
     return dataclasses.replace(source, groups=near_dedup.resolve_groups(minhash.partitions, documents))
-
-
-def _first_near_copies(pairs: pa.Table, held: _Held) -> pa.Table:
-    """(order, eval id) of each training document near an eval document: one eval document named per copy, the
-    first in input order."""
-    pairs = pairs.sort_by([("order", "ascending"), ("eval_order", "ascending")])
-    if not pairs.num_rows:
-        return pa.table({"order": pa.array([], pa.int64()), "eval_id": pa.array([], pa.string())})
-    order_col = pairs.column("order").to_numpy()
-    pairs = pairs.filter(pa.array(np.r_[True, order_col[1:] != order_col[:-1]])).combine_chunks()
-    eval_name = held.ids.take(pc.index_in(pairs.column("eval_order").chunk(0), value_set=pa.array(held.orders)))
-    return pa.table({"order": pairs.column("order").chunk(0), "eval_id": eval_name})
