@@ -54,3 +54,17 @@ def test_no_function_in_datapipe_or_stages_is_over_80_lines():
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert not long, "\n".join(long)
+
+
+def test_no_record_is_checked_outside_the_run_loop():
+    """Resume is done once: only `phase.recorded_task` (which the run loop alone calls) reads or writes a task's
+    record; a phase that needs a choice kept across resumes makes it a recorded task."""
+    found = []
+    for package in ("datapipe", "stages"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+                if name in ("read_record", "write_record", "recorded_task"):  # a call or a reference (a partial)
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    allowed = {"datapipe/curate/phase.py", "datapipe/curate/run_loop.py"}
+    assert found and not [f for f in found if f.split(":")[0] not in allowed], found

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import os
 import sys
@@ -36,8 +35,7 @@ from datapipe.curate.counters import Counters
 from datapipe.curate.executors import Executor, make_executor, ray_address, ray_is_running
 from datapipe.curate.identity import check_output
 from datapipe.curate.exchange import route_losers
-from datapipe.curate.phase import recorded_task
-from datapipe.curate.run_loop import Run
+from datapipe.curate.run_loop import Run, in_this_process
 from datapipe.curate.phases.read import EarlyReader, read_phase, read_record_at, read_task
 from datapipe.curate.phases.segment import build_segments, segment_phase
 from datapipe.curate.phases.shards import (
@@ -143,7 +141,7 @@ def _executor(plan: Plan, executor: Executor | None, progress: bool) -> Iterator
         return
     cfg, early = plan.cfg, None
     if ray_address(cfg.ray.address) is None and not ray_is_running():  # an embedded Ray: this machine's cores
-        early = EarlyReader(plan, functools.partial(recorded_task, (read_task, read_record_at, plan)))
+        early = EarlyReader(plan, in_this_process(read_task, read_record_at, plan))
         early.start()
     interrupted = False
     try:

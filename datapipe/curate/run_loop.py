@@ -2,7 +2,8 @@
 
 It is the only place that
 - checks task records: a task with a `record` is skipped when its record is there and sound (`recorded_task`),
-  and its record is written after its outputs, so a killed run resumes to the same output;
+  and its record is written after its outputs, so a killed run resumes to the same output (the early reader's
+  tasks in the driver too: `in_this_process`);
 - counts the tasks a resumed run found done;
 - tells the executor the memory a task declares;
 - times the run by user-level stage (`stats.json`'s `phase_seconds`) and shows progress: one line per stage
@@ -14,6 +15,7 @@ selection) get `Run.tasks(stage)`, a plain `run_tasks(fn, shared, items, desc, *
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -30,6 +32,12 @@ def _named_after(task: Callable[..., Any]) -> Callable[..., tuple[Any, bool]]:
 
     recorded.__name__ = recorded.__qualname__ = getattr(task, "__name__", "task")
     return recorded
+
+
+def in_this_process(task: Callable[..., Any], record: Callable[..., Location], shared: Any) -> Callable[..., tuple[Any, bool]]:
+    """A phase's task run in the driver's process (the early reader's, while Ray starts): `fn(*item)` gives its
+    (result, found done), its record checked and written as `Run.execute` does."""
+    return functools.partial(recorded_task, (task, record, shared))
 
 
 class StageLines:

@@ -277,6 +277,18 @@ class _DriverReads(LocalExecutor):
 
         for module in (exchange, shards, selection, eval_split, near_dedup, unique_ids, stages.base):
             monkeypatch.setattr(module, "read_work_table", spy)
+        import datapipe.core.shuffle as shuffle
+        from datapipe.curate.phases import tokenize
+        import stages.exact_dedup
+        real_shuffle = shuffle.read_shuffle
+
+        def spy_shuffle(paths, *args, **kwargs):
+            if not self.in_task:
+                self.driver_reads.extend(str(p) for p in paths)
+            return real_shuffle(paths, *args, **kwargs)
+
+        for module in (shuffle, exchange, eval_split, near_dedup, unique_ids, tokenize, stages.exact_dedup):
+            monkeypatch.setattr(module, "read_shuffle", spy_shuffle)
 
     def run_tasks(self, fn, shared, items, desc, **kwargs):
         self.in_task = True
@@ -301,9 +313,10 @@ def test_the_driver_reads_no_document_table(tmp_path, slice_input, monkeypatch):
     assert result.stats["eval"]["domains"] and result.stats["diversity"]["man"]["docs_kept"] > 0
     work = tmp_path / "out" / "work"
     read = {os.path.relpath(p, work) for p in executor.driver_reads}
-    # No file at all: shard planning's sums and cuts, diversity's histogram sums run in tasks over groups
-    # of blocks (the driver adds up one number per block). (Before: every block's lengths, copies, eval
-    # row marks and histogram, one file at a time.)
+    # No file at all, work table or shuffle file: shard planning's sums and cuts, diversity's histogram sums run in
+    # tasks over groups of blocks (the driver adds up one number per block); the eval split's candidates, chosen
+    # documents and near copies stay in tasks. (Before: every block's lengths, copies, eval row marks and
+    # histogram, one file at a time; the eval candidates and near-copy edges.)
     assert read == set()
 
 
@@ -338,8 +351,10 @@ def test_a_resumed_run_says_how_much_work_it_reused(tmp_path, slice_input):
     (line,) = [x for x in lines if x.startswith("resumed: ")]
     # by user-level stage: read (its units and the id partitions), exact dedup (its blocks, resolve and routing), ...
     found = re.fullmatch(r"resumed: (\d+) of \d+ tasks were already done \(read (\d+)/\2, exact dedup (\d+)/\3, "
-                         rf"filters \+ crash {seg1}/{seg0}, tokenize 0/{seg0}, shards 0/\d+\)", line)
+                         rf"filters \+ crash {seg1}/{seg0}, tokenize 0/(\d+), shards 0/\d+\)", line)
     assert found, line
+    # the tokenizer's sample (a task a block, one combine, one training task), then a tokenize task a block
+    assert int(found[4]) == seg0 + 1 + 1 + seg0
     # one unit, the ids' combine task and 3 id partitions; the blocks and the resolve
     assert int(found[2]) == 1 + 1 + 3 and int(found[3]) > seg0
     assert result.resumed_tasks == int(found[1]) == int(found[2]) + int(found[3]) + seg1

@@ -7,7 +7,8 @@ over blocks; the driver holds per-domain (and per-cluster) totals only:
 
 1. count     one task per block: training documents and tokens per domain;
 2. centroids (diversity) a seeded sample of at most `fit_docs` documents per sampled domain, taken by
-             one task per block, fits the k-means centroids in the driver; one task per block assigns
+             one task per block and sent by domain, fits the k-means centroids in one task per domain
+             (their records carry the centroids to the driver); one task per block assigns
              every document to its nearest centroid (`work/diversity/<block>.arrow`);
 3. histogram (diversity) one task per block writes its documents' (cluster, rank bucket) counts and
              tokens; the driver adds them up one block at a time into each cluster's quota (spread
@@ -27,14 +28,14 @@ copies, and neither step sees them.
 
 from __future__ import annotations
 
-import io
 from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
 from datapipe.curate.counters import Counters
-from datapipe.core.shards import atomic_write_bytes, atomic_write_table
+from datapipe.core.shards import atomic_write_table
+from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, combine, files_per_combine, read_shuffle, shuffle_files, write_shuffle
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curate.phase import record_in
@@ -66,46 +67,61 @@ def count_task(shared: tuple[str, RowCopies | None], block: str) -> dict[str, li
     return out
 
 
-def sample_task(shared: tuple[str, diversity.DiversityConfig, dict[str, int], RowCopies | None], block: str) -> dict[str, list[np.ndarray]]:
-    """The block's part of the seeded sample that fits the centroids: per sampled domain, the tokens of
-    its training rows whose seeded rank falls below `fit_docs` / the domain's documents."""
+SAMPLE_SCHEMA = pa.schema([("tokens", pa.large_list(pa.uint32()))])
+
+
+def sample_task(shared: tuple[str, diversity.DiversityConfig, dict[str, int], RowCopies | None], block: str) -> dict[str, int]:
+    """The block's part of the seeded sample that fits the centroids: per sampled domain, the tokens of its training
+    rows whose seeded rank falls below `fit_docs` / the domain's documents, sent by domain (its index among the
+    sampled domains) to work/diversity/sample/<block>.shuffle."""
     work, config, doc_counts, held_out = location(shared[0]), shared[1], shared[2], shared[3]
     table = read_work_table(_token_file(work, block)).select(["id", "domain", "tokens"])
     domains = table.column("domain").to_pylist()
     rank = diversity.seeded_rank(table.column("id").to_pylist(), config.seed)
     held = held_rows(held_out, block, table.num_rows)
-    tokens = table.column("tokens")
-    sample: dict[str, list[np.ndarray]] = {}
+    index = {d: i for i, d in enumerate(config.domains)}
+    rows, parts = [], []
     for i, d in enumerate(domains):
-        if d in config.domains and not held[i]:
+        if d in index and not held[i]:
             rate = config.fit_docs / max(doc_counts.get(d, 1), 1)
             if rate >= 1.0 or int(rank[i]) < int(rate * 2**64):
-                sample.setdefault(d, []).append(tokens[i].values.to_numpy())
-    return sample
+                rows.append(i)
+                parts.append(index[d])
+    tokens = table.column("tokens").combine_chunks().take(pa.array(rows, pa.int64())).cast(SAMPLE_SCHEMA.field("tokens").type)
+    size = write_shuffle(work / "diversity" / "sample" / f"{block}{SHUFFLE_SUFFIX}", pa.table({"tokens": tokens}),
+                         np.array(parts, np.int64), len(index))
+    return {"documents": len(rows), "bytes": size}
+
+
+def fit_task(shared: tuple[str, tuple[str, ...], diversity.DiversityConfig, dict[str, int]], index: int) -> dict[str, Any]:
+    """One sampled domain's k-means centroids, fit on its sample (every block's, in block order), as lists (a
+    record is JSON: float32 values come back exactly); none without a sample."""
+    work, names, config, doc_counts = location(shared[0]), list(shared[1]), shared[2], shared[3]
+    d = list(config.domains)[index]
+    sample = read_shuffle(shuffle_files(work / "diversity" / "sample", names), index, len(config.domains), SAMPLE_SCHEMA)
+    column = sample.column("tokens").combine_chunks()
+    values, offsets = column.values.to_numpy(), column.offsets.to_numpy()
+    toks = [values[offsets[i]:offsets[i + 1]] for i in range(len(column))]
+    if not toks:
+        return {"domain": d, "centroids": None}
+    k = config.clusters or diversity.default_clusters(doc_counts.get(d, len(toks)))
+    return {"domain": d, "centroids": diversity.kmeans(diversity.features(toks, config.dims), k, config.iterations,
+                                                       config.seed).tolist()}
 
 
 def fit_centroids(run_tasks: Callable[..., list[Any]], work: Location, blocks: list[str], config: diversity.DiversityConfig,
                   doc_counts: dict[str, int], held_out: RowCopies | None = None) -> dict[str, np.ndarray]:
-    """Per sampled domain: k-means centroids fit on at most `fit_docs` documents (seeded choice, taken
-    by one task per block), never on `held_out` rows."""
-    saved = work / "diversity" / "centroids.npz"
-    if saved.exists():
-        with np.load(io.BytesIO(saved.read_bytes())) as f:
-            return {k: f[k] for k in f.files}
-    sample: dict[str, list[np.ndarray]] = {d: [] for d in config.domains}
-    for part in run_tasks(sample_task, (str(work), config, doc_counts, held_out), [(b,) for b in blocks], "diversity sample"):
-        for d, toks in part.items():
-            sample[d] += toks
-    centroids = {}
-    for d, toks in sample.items():
-        if not toks:
-            continue
-        k = config.clusters or diversity.default_clusters(doc_counts.get(d, len(toks)))
-        centroids[d] = diversity.kmeans(diversity.features(toks, config.dims), k, config.iterations, config.seed)
-    buffer = io.BytesIO()  # the output folder may be a URL (datapipe.core.storage): written whole, atomically
-    np.savez(buffer, **centroids)
-    atomic_write_bytes(saved, buffer.getvalue())
-    return centroids
+    """Per sampled domain: k-means centroids fit on at most `fit_docs` documents (seeded choice, taken by one task per
+    block, `sample_task`), never on `held_out` rows; the blocks' sample files combined, one task per domain fits
+    (`fit_task`)."""
+    parts = run_tasks(sample_task, (str(work), config, doc_counts, held_out), [(b,) for b in blocks], "diversity sample",
+                      record=record_in("diversity/records", "sample"))
+    combined = combine(run_tasks, work / "diversity" / "sample", blocks, len(config.domains), "diversity sample combine",
+                       per_file=files_per_combine(max((p["bytes"] for p in parts), default=1)),
+                       records=work / "diversity" / "records")
+    fits = run_tasks(fit_task, (str(work), tuple(combined), config, doc_counts), [(i,) for i in range(len(config.domains))],
+                     "diversity fit", record=record_in("diversity/records", "fit"))
+    return {f["domain"]: np.asarray(f["centroids"], dtype=np.float32) for f in fits if f["centroids"] is not None}
 
 
 def assign_task(shared: tuple[str, diversity.DiversityConfig, dict[str, np.ndarray]], block: str) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """The tokenizer and the tokenize phase.
 
 The tokenizer is loaded (`tokenizer.path`) or trained once on a deterministic sample of the kept text, taken by
-one task per block (`sample_task`: the documents whose id hashes below a rate). Then one task per block encodes
+one task per block (`sample_task`: the documents whose id hashes below a rate), combined, and trained on by one
+task (`train_task`), each recorded. Then one task per block encodes
 its kept documents into `work/tokens/<block>.arrow` (and their lengths, for shard planning); each worker process
 builds the tokenizer once (`_tokenize_stage`).
 """
@@ -13,10 +14,12 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 import xxhash
 
 from datapipe.core.shards import atomic_write_bytes, shard_schema
+from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, combine, files_per_combine, read_shuffle, shuffle_files, write_shuffle
 from datapipe.core.storage import Location, is_url, location
 from datapipe.core.workfiles import write_work_table
 from datapipe.curate.blocks import block_documents
@@ -26,29 +29,61 @@ from datapipe.curate.plan import WORK_COMPRESSION, Plan, block_name, task_memory
 from stages.tokenize import TokenizeStage, TokenizerConfig, train_tokenizer
 
 
-def sample_task(plan: Plan, unit: int, block: int, rate: float) -> list[str]:
-    """The block's part of the tokenizer's training sample: the kept documents whose id hashes below `rate`."""
+SAMPLE_DIR = "tokenizer"  # work/tokenizer/: the training sample (sample/<block>.shuffle, combined) and the records
+SAMPLE_SCHEMA = pa.schema([("text", pa.large_string())])
+TRAIN_BYTES_PER_SAMPLE_BYTE = 8  # the training task's memory, about, per byte of its sample (texts, then word counts)
+
+
+def sample_task(plan: Plan, unit: int, block: int, rate: float) -> dict[str, int]:
+    """The block's part of the tokenizer's training sample: the kept documents whose id hashes below `rate`,
+    written to work/tokenizer/sample/<block>.shuffle (one partition) for the combine and the training task."""
     threshold = int(rate * 2**64)
-    table = block_documents(plan.work, plan.segments[-1].name, block_name(unit, block), ["id", "text"])
-    return [text for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist())
-            if rate >= 1.0 or xxhash.xxh64_intdigest(doc_id.encode()) < threshold]
+    name = block_name(unit, block)
+    table = block_documents(plan.work, plan.segments[-1].name, name, ["id", "text"])
+    texts = [text for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist())
+             if rate >= 1.0 or xxhash.xxh64_intdigest(doc_id.encode()) < threshold]
+    sample = pa.table({"text": pa.array(texts, pa.large_string())}, schema=SAMPLE_SCHEMA)
+    size = write_shuffle(plan.work / SAMPLE_DIR / "sample" / f"{name}{SHUFFLE_SUFFIX}", sample, np.zeros(len(texts), np.int64), 1)
+    return {"documents": len(texts), "bytes": size}
+
+
+def _sample_record(plan: Plan, unit: int, block: int, rate: float) -> Location:
+    return plan.work / SAMPLE_DIR / "records" / f"sample-{block_name(unit, block)}.json"
+
+
+def train_task(shared: tuple[Plan, tuple[str, ...]]) -> dict[str, str]:
+    """The tokenizer trained on the (combined) sample files named in `shared`, in block order, written atomically to
+    OUT/tokenizer.json."""
+    plan, names = shared
+    sample = read_shuffle(shuffle_files(plan.work / SAMPLE_DIR / "sample", list(names)), 0, 1, SAMPLE_SCHEMA)
+    tokenizer = train_tokenizer(iter(sample.column("text").to_pylist()), plan.cfg.tokenizer)
+    atomic_write_bytes(plan.out / "tokenizer.json", tokenizer.to_str().encode(), durable=True)
+    return {"path": "tokenizer.json"}
+
+
+def _train_record(shared: tuple[Plan, tuple[str, ...]]) -> Location:
+    return shared[0].work / SAMPLE_DIR / "records" / "train.json"
 
 
 def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int, run_tasks: Callable[..., list[Any]]) -> tuple[str, str]:
-    """(absolute path of the tokenizer.json, the path the manifest records). Trains one when the
-    config names none, on a deterministic sample of the kept text (about `sample_bytes`), taken by
-    one task per block (`sample_task`)."""
+    """(absolute path of the tokenizer.json, the path the manifest records). Trains one when the config names
+    none, on a deterministic sample of the kept text (about `sample_bytes`): one task per block takes its part
+    (`sample_task`), their files are combined (`shuffle.combine`), one task trains (`train_task`)."""
     tcfg = plan.cfg.tokenizer
     if tcfg.path is not None:
         return (tcfg.path if is_url(tcfg.path) else os.path.join(plan.cwd, tcfg.path)), tcfg.path
+    if kept_bytes == 0:
+        raise RuntimeError("no document survived curation: there is no text to train a tokenizer on")
+    rate = min(1.0, tcfg.train.sample_bytes / kept_bytes)
+    parts = run_tasks(sample_task, plan, [(u, b, rate) for u, b in blocks], "tokenizer sample", record=_sample_record)
+    names = [block_name(u, b) for u, b in blocks]
+    records = plan.work / SAMPLE_DIR / "records"
+    combined = combine(run_tasks, plan.work / SAMPLE_DIR / "sample", names, 1, "tokenizer sample combine",
+                       per_file=files_per_combine(max((p["bytes"] for p in parts), default=1)), records=records)
+    sample_bytes = sum(p["bytes"] for p in parts)
+    run_tasks(train_task, (plan, tuple(combined)), [()], "tokenizer train", record=_train_record,
+              memory=task_memory(plan, "segment") + TRAIN_BYTES_PER_SAMPLE_BYTE * sample_bytes)
     saved = plan.out / "tokenizer.json"
-    if not saved.exists():
-        if kept_bytes == 0:
-            raise RuntimeError("no document survived curation: there is no text to train a tokenizer on")
-        rate = min(1.0, tcfg.train.sample_bytes / kept_bytes)
-        parts = run_tasks(sample_task, plan, [(u, b, rate) for u, b in blocks], "tokenizer sample")
-        tokenizer = train_tokenizer((text for part in parts for text in part), tcfg)
-        atomic_write_bytes(saved, tokenizer.to_str().encode(), durable=True)
     if tcfg.train.save_dir:
         text = saved.read_text()
         target = Path(plan.cwd) / tcfg.train.save_dir / "tokenizer.json"
