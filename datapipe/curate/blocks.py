@@ -74,14 +74,37 @@ def _read_block(work: Location, block: str, with_text: bool) -> pa.Table:
     return rest.add_column(min(at, rest.num_columns), DOC_SCHEMA.field("text"), text)
 
 
+FRAME_GAP = 32 << 10  # frames this close are read in one request: at 64 in flight a request costs far more than 32 KiB
+
+
+def frame_ranges(at: np.ndarray, nbytes: np.ndarray, gap: int = FRAME_GAP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Neighbouring frames of one block coalesced into ranges: (each frame's range, the ranges' starts and ends).
+    A frame whose start is at most `gap` bytes past the previous one's end (in block order) joins its range, so a
+    task that wants many documents of a block (a dense cluster of near copies) makes few requests for them."""
+    if len(at) == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+    by_at = np.argsort(at, kind="stable")
+    a, e = at[by_at], (at + nbytes)[by_at]
+    reach = np.maximum.accumulate(e)
+    new = np.r_[True, a[1:] > reach[:-1] + gap]
+    index = np.cumsum(new) - 1
+    starts = a[new]
+    ends = np.maximum.reduceat(e, np.flatnonzero(new))
+    group = np.empty(len(at), np.int64)
+    group[by_at] = index
+    return group, starts, ends
+
+
 def read_texts(work: Location, block: str, at: np.ndarray, nbytes: np.ndarray) -> list[str]:
-    """The texts whose frames are at `at` (`nbytes` long) in `block`'s read block: one range read each, all
-    concurrent on an object store, each frame checked by its own checksum."""
+    """The texts whose frames are at `at` (`nbytes` long) in `block`'s read block: one range read per run of
+    neighbouring frames (`frame_ranges`), all concurrent on an object store, each frame checked by its own checksum."""
     path = read_block_path(work, block)
-    frames = read_work_ranges(path, at.tolist(), (at + nbytes).tolist())
+    group, starts, ends = frame_ranges(at, nbytes)
+    ranges = read_work_ranges(path, starts.tolist(), ends.tolist())
     decompressor = zstandard.ZstdDecompressor()
     try:
-        return [decompressor.decompress(f).decode("utf-8") for f in frames]
+        return [decompressor.decompress(memoryview(ranges[g])[a - starts[g] : a - starts[g] + n]).decode("utf-8")
+                for g, a, n in zip(group.tolist(), at.tolist(), nbytes.tolist())]
     except (zstandard.ZstdError, UnicodeDecodeError) as exc:
         raise DamagedWorkFile(path, f"a document's text does not decompress to what its task wrote ({exc})") from None
 

@@ -323,11 +323,12 @@ def test_recomputed_shingles_are_cached_per_run_only(tmp_path):
     got, read = sets("r1", at, nbytes)
     assert got[1].tolist() == shingle_sets([first], config)[0].tolist()
     first_frame = int(nbytes[0])
-    assert read == {"bytes_read": first_frame, "text_bytes": len(first), "documents_read": 1}  # its frame alone
+    assert read == {"bytes_read": first_frame, "text_bytes": len(first), "documents_read": 1, "ranges_read": 1}  # its frame alone
     at, nbytes = block(second)
     again, read = sets("r1", at, nbytes)
     assert again[1].tolist() == got[1].tolist()  # the same run: from the cache, the new text not read
-    assert read == {"bytes_read": first_frame, "text_bytes": len(first), "documents_read": 1}  # the cache changes no count
+    # the cache changes no count: the read is costed from the locators given, as if it were made
+    assert read == {"bytes_read": int(nbytes[0]), "text_bytes": len(first), "documents_read": 1, "ranges_read": 1}
     other, _ = sets("r2", at, nbytes)
     assert other[1].tolist() == shingle_sets([second], config)[0].tolist()
     whole, read = sets("r3", np.array([-1]), np.array([-1]))  # no locator: the block file is read
@@ -357,6 +358,38 @@ def test_a_damaged_text_frame_stops_the_exact_check_naming_the_read_block(tmp_pa
         read_texts(tmp_path, "b0", at[1:], nbytes[1:])
     with pytest.raises(DamagedWorkFile, match="b0.arrow"):  # a whole read checks the object's digest
         block_documents(tmp_path, READ, "b0")
+
+
+def test_neighbouring_frames_are_read_in_one_request_and_costed_as_read(tmp_path, monkeypatch):
+    """Frames within FRAME_GAP of each other in a read block are one range read; the documents' costs add up to
+    the bytes of the ranges read, and a range's first document counts its request."""
+    from datapipe.core.schema import DOC_SCHEMA
+    from datapipe.curate import blocks
+    from datapipe.curate.blocks import READ, FRAME_GAP, block_documents, frame_ranges, read_texts, write_read_block
+    from datapipe.curate.phases.near_dedup import _read_costs
+
+    rng = np.random.default_rng(0)
+    words = [" ".join(f"w{x}" for x in rng.integers(0, 10**6, n)) for n in (40, 50, 60)]
+    texts = [words[0], words[1], "x" * 0 + " ".join(f"z{x}" for x in rng.integers(0, 10**9, 9000)), words[2]]
+    n = len(texts)  # the third's frame (~60 KB of random words) stands between the first two and the last
+    table = pa.table({"id": [f"d{i}" for i in range(n)], "domain": ["d"] * n, "text": pa.array(texts, pa.large_string()),
+                      "order": pa.array(range(n), pa.int64()), "lang": pa.nulls(n, pa.string()),
+                      "lang_score": pa.nulls(n, pa.float32())}, schema=DOC_SCHEMA)
+    write_read_block(tmp_path, "b0", table, "zstd")
+    located = block_documents(tmp_path, READ, "b0", ["order"], locate=True)
+    at, nbytes = located.column("text_at").to_numpy(), located.column("text_bytes").to_numpy()
+    assert nbytes[2] > FRAME_GAP
+    want = np.array([3, 1, 0])  # out of order: the texts come back in the order asked
+    requests = []
+    real = blocks.read_work_ranges
+    monkeypatch.setattr(blocks, "read_work_ranges", lambda path, starts, ends: (requests.append(len(starts)), real(path, starts, ends))[1])
+    assert read_texts(tmp_path, "b0", at[want], nbytes[want]) == [texts[3], texts[1], texts[0]]
+    assert requests == [2]  # frames 0 and 1 together, frame 3 alone (past the big frame)
+    group, starts, ends = frame_ranges(at[want], nbytes[want])
+    assert group[1] == group[2] != group[0]
+    costs, first = _read_costs(at[want], nbytes[want])
+    assert costs.sum() == (ends - starts).sum() and first.sum() == 2
+    assert costs[0] == nbytes[3] and costs[2] == nbytes[0] and costs[1] == at[1] + nbytes[1] - at[0] - nbytes[0]
 
 
 def test_without_verification_every_candidate_pair_joins_a_cluster(tmp_path):

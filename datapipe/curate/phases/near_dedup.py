@@ -63,7 +63,7 @@ from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.shuffle import (combine, combined_names, files_per_combine, read_shuffle, shuffle_files,
                                    senders_per_file as shuffle_senders_per_file, write_shuffle)
 from datapipe.core.storage import Location, location, remove_tree
-from datapipe.curate.blocks import block_documents, read_texts
+from datapipe.curate.blocks import block_documents, frame_ranges, read_texts
 from datapipe.curate.phase import record_in
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 from stages.minhash import (
@@ -273,7 +273,8 @@ class _ShingleCache:
     document near the threshold with many partners is checked by several tasks): least recently used out
     beyond `budget` bytes. Keyed by the run's `KeySource.run` (a fresh id per resolve), so a later run in
     the same process, whose blocks may differ, never reads an earlier one's sets. Only speed depends on it:
-    each entry keeps what reading its document took, so a task's reported reads do not depend on the process."""
+    each entry keeps its text's size (and a block read whole, that block's bytes), and a frame's read is costed over
+    all the documents a call wants, so a task's reported reads do not depend on the process."""
 
     def __init__(self, budget: int = 256 * 2**20) -> None:
         self.budget, self.used = budget, 0
@@ -301,44 +302,67 @@ def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray
     none for the documents this process already computed in this run (`_ShingleCache`). A document whose
     place in its read block is known (`at`, `nbytes`; -1 where not) is read by its own range; the others
     (a block that holds its text itself: an `eval.source` block) by one read of their block file. Also the
-    bytes each distinct document's read takes (its frame; its block's text where it has no frame), the bytes of
-    the texts and the documents, for the resolve's summary: counted whether or not the cache spared the read."""
+    bytes each distinct document's read takes (its frame and the gap before it in its range, `_read_costs`; its
+    block's text where it has no frame), the bytes of the texts, the documents and the requests (ranges), for the
+    resolve's summary: counted whether or not the cache spared the read."""
     out: dict[int, np.ndarray] = {}
-    read = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0}
+    read = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0, "ranges_read": 0}
     work = location(source.work)
     for s in np.unique(senders).tolist():
         mine = np.flatnonzero(senders == s)
         mine = mine[np.unique(orders[mine], return_index=True)[1]]
+        costs, requests = _read_costs(at[mine], nbytes[mine])  # of all of them: the cache changes no count
         wanted = []
-        for i in mine.tolist():
+        for k, i in enumerate(mine.tolist()):
             cached = _SHINGLES.get((source.run, int(orders[i])))
             if cached is None:
-                wanted.append(i)
+                wanted.append(k)
             else:
                 out[int(orders[i])] = cached[0]
-                read["documents_read"] += 1
-                read["bytes_read"] += cached[1]
-                read["text_bytes"] += cached[2]
+                _count(read, int(costs[k]) if costs[k] >= 0 else cached[2], cached[1], int(requests[k]))
         if not wanted:
             continue
         wanted = np.array(wanted, np.int64)
+        rows = mine[wanted]
         folder, name = source.senders[s].rsplit("/", 1)
-        if (at[wanted] >= 0).all():
-            texts = pa.array(read_texts(work, name, at[wanted], nbytes[wanted]), pa.large_string())
-            costs = nbytes[wanted].tolist()
+        if (at[rows] >= 0).all():
+            texts = pa.array(read_texts(work, name, at[rows], nbytes[rows]), pa.large_string())
         else:
             block = block_documents(work, folder, name, ["order", "text"])
-            rows = pc.index_in(pa.array(orders[wanted], pa.int64()), value_set=block.column("order"))
-            texts = block.column("text").take(rows).combine_chunks()
-            costs = [int(pc.sum(pc.binary_length(block.column("text"))).as_py() or 0)] * len(wanted)
-        sizes = pc.binary_length(texts).to_numpy(zero_copy_only=False).tolist()
-        for order, shingles, cost, size in zip(orders[wanted].tolist(), shingle_sets(texts, config), costs, sizes):
+            texts = block.column("text").take(pc.index_in(pa.array(orders[rows], pa.int64()), value_set=block.column("order")))
+            costs = np.where(costs >= 0, costs, int(pc.sum(pc.binary_length(block.column("text"))).as_py() or 0))
+        sizes = pc.binary_length(texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts)
+        for order, shingles, k, size in zip(orders[rows].tolist(), shingle_sets(texts, config), wanted.tolist(),
+                                            sizes.to_numpy(zero_copy_only=False).tolist()):
             out[order] = shingles
-            _SHINGLES.put((source.run, order), (shingles, int(cost), int(size)))
-            read["documents_read"] += 1
-            read["bytes_read"] += int(cost)
-            read["text_bytes"] += int(size)
+            _SHINGLES.put((source.run, order), (shingles, int(size), int(costs[k])))
+            _count(read, int(costs[k]), int(size), int(requests[k]))
     return out, read
+
+
+def _read_costs(at: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per document of one block, as `read_texts` reads them all: the bytes its read takes (its frame and the gap
+    before it within its range; a range's documents add up to the range) and whether it starts a range (a request).
+    Without locators (the block holds its text itself): one read of the whole block, its bytes unknown here (-1)."""
+    if len(at) == 0 or (at < 0).any():
+        return np.full(len(at), -1, np.int64), (np.arange(len(at)) == 0).astype(np.int64)
+    group, starts, _ = frame_ranges(at, nbytes)
+    by_at = np.argsort(at, kind="stable")
+    ends = (at + nbytes)[by_at]
+    before = np.r_[starts[group[by_at[0]]], np.maximum.accumulate(ends)[:-1]]  # where the range stood before it
+    first = np.r_[True, group[by_at][1:] != group[by_at][:-1]]
+    before = np.where(first, at[by_at], before)
+    costs, requests = np.empty(len(at), np.int64), np.empty(len(at), np.int64)
+    costs[by_at] = np.maximum(ends - before, 0)
+    requests[by_at] = first
+    return costs, requests
+
+
+def _count(read: dict[str, int], cost: int, size: int, request: int) -> None:
+    read["documents_read"] += 1
+    read["bytes_read"] += cost
+    read["text_bytes"] += size
+    read["ranges_read"] += request
 
 
 def _locators(table: pa.Table, suffix: str = "") -> tuple[np.ndarray, np.ndarray]:
@@ -429,7 +453,8 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         pairs = groups.read(pairs_root / "pairs-v", g)
         if pairs is None or pairs.num_rows == 0:
             size = send_edges(edges_root, np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, f"g{g:03d}")
-            return {"edges": 0, "checked": 0, "near": 0, "bytes_read": 0, "text_bytes": 0, "documents_read": 0, "bytes": size}
+            return {"edges": 0, "checked": 0, "near": 0, "bytes_read": 0, "text_bytes": 0, "documents_read": 0,
+                    "ranges_read": 0, "bytes": size}
         u, v = pairs.column("u").to_numpy(), pairs.column("v").to_numpy()
         found = _lookup(source.nodes(g), v, ["signature", "sender", "text_at", "text_bytes"])
         edge, near = estimate_masks(signature_values(pairs.column("sig_u"), config.num_perm),
@@ -439,7 +464,7 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         rows = np.flatnonzero(near)
         rows = rows[_not_yet_connected(u[edge], v[edge], u[rows], v[rows])]
         near_u, near_v = u[rows], v[rows]
-        read = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0}
+        read = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0, "ranges_read": 0}
         if len(rows):
             orders = np.r_[near_u, near_v]
             senders = np.r_[pairs.column("sender_u").to_numpy()[rows], found.column("sender").to_numpy()[rows]]
@@ -484,7 +509,7 @@ def _edges_summary(results: Sequence[dict[str, Any]]) -> dict[str, int]:
     total = lambda key: sum(x.get(key, 0) for x in results)
     return {"edges": total("edges"), "exact_checked": total("checked"), "exact_bytes_read": total("bytes_read"),
             "exact_text_bytes": total("text_bytes"), "exact_documents_read": total("documents_read"),
-            "largest_bytes": max((x.get("bytes", 0) for x in results), default=0)}
+            "exact_ranges_read": total("ranges_read"), "largest_bytes": max((x.get("bytes", 0) for x in results), default=0)}
 
 
 def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
@@ -688,7 +713,8 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
         "exact_checked": verified["exact_checked"],
         "exact_bytes_read": verified["exact_bytes_read"],  # the exact check's reads (the documents' frames)
         "exact_text_bytes": verified["exact_text_bytes"],  # and the bytes of the texts they held
-        "exact_documents_read": verified["exact_documents_read"],  # one range read each (once per verify task)
+        "exact_documents_read": verified["exact_documents_read"],  # once per verify task
+        "exact_ranges_read": verified["exact_ranges_read"],  # its requests: neighbouring frames share one
         "edges": edges,
         "rounds": rounds,
         "groups": groups.record(),  # the grouping (the eval split's near check reads its keys by it)
