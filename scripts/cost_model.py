@@ -26,8 +26,8 @@ The model (its assumptions are flags, listed in BENCHMARKS.md, "Cost model"):
   core = min(`--concurrency`, `--connections`: the S3 client's pool, one worker process per core); and
   **S3's per-prefix rate** (`--prefix-rate` requests a second per prefix) over the prefixes used.
   Counted explicitly: **component rounds** (measured rounds per run), the **exact check's range reads**
-  (`--near-share` of documents in pairs decided by the exact Jaccard: two frames a pair), the **members'
-  ids** (none: they travel in the nodes).
+  (`--near-share` of documents in pairs decided by the exact Jaccard: two frames a pair, `--ranges-per-read`
+  requests a frame: neighbouring frames share one), the **members' ids** (none: they travel in the nodes).
 - **Bytes**: work bytes per document x documents, written once and read about twice, `bandwidth` per core,
   plus the exact check's frames.
 - A phase takes the largest of its bounds; phases are barriers, so the run is their sum. The critical path
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from datapipe.core.shuffle import files_per_combine, senders_per_file
+from datapipe.curate.blocks import FRAME_GAP
 from datapipe.core.storage import PREFIXES
 from datapipe.curate.config import auto_block_bytes, auto_partitions
 from datapipe.curate.exchange import LOSER_BYTES
@@ -55,6 +56,7 @@ UNIT_GROUPS = 256  # exchange.UNIT_GROUPS: the losers are gathered by at most th
 INPUT_RANGE = 5 * 2**20  # s3fs reads an input file in blocks of this size: one GET each
 PAIR_BYTES = {"pairs-u": 16, "pairs-v": 16 + 256 + 8 + 16, "edges": 32}  # a candidate pair's row in each shuffle
 MEMBER_BYTES = 48  # a cluster member's row (order, label, id, length)
+TOKENIZER_SAMPLE_BYTES = 200e6  # configs/web.yaml's tokenizer.train.sample_bytes: what sizes the sample's combine
 LOSER_SHARE = 0.1  # documents a global stage drops, about (the scale corpus: 5% exact, 10% near copies)
 
 
@@ -93,10 +95,21 @@ def _add(*parts: dict[str, int]) -> dict[str, int]:
     return {k: int(sum(p.get(k, 0) for p in parts)) for k in ("spread", "plain")}
 
 
-def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_share: float) -> dict[str, dict[str, int]]:
+def ranges_per_read(lay: dict[str, int], docs: float, near_share: float) -> float:
+    """The exact check's requests per document read, with the documents a verify task wants from a block spread
+    uniformly over it: k = 2 x share x (documents a block) / groups wanted; a frame shares its range with the one
+    before when that one ends within FRAME_GAP, about 1 - exp(-k x FRAME_GAP / block bytes). Near copies that sit
+    together in the input (the shared corpus's manual pages) merge far more: measure them (`exact_ranges_read`)."""
+    wanted = 2 * near_share * (docs / lay["blocks"]) / lay["groups"]
+    return round(math.exp(-wanted * FRAME_GAP / lay["block_bytes"]) if wanted >= 1 else 1.0, 4)
+
+
+def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_share: float,
+             ranges_per_read: float = 1.0) -> dict[str, dict[str, int]]:
     """Requests per phase of a run with exact and near dedup (verification on). A task reads its inputs and
     writes its outputs and its record, after an existence check of the record (HEAD). `near`: measured per
-    document: candidate pairs, edges; and rounds of connected components."""
+    document: candidate pairs, edges; and rounds of connected components. `ranges_per_read`: the exact check's
+    requests per document it reads (neighbouring frames share one: `blocks.frame_ranges`)."""
     m, pe, g, u = lay["blocks"], lay["partitions_exact"], lay["groups"], min(lay["units"], UNIT_GROUPS)
     task = {"plain": 2}  # its record: the existence check and the write
     losers = lambda senders: _add(  # split by unit, combined, gathered by unit group (`exchange.route_losers`)
@@ -117,12 +130,15 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
         "minhash resolve": _add(
             _exchange(m, g, lay["near_keys_per_file"]), _exchange(m, g, lay["near_keys_per_file"]),  # pairs; gather
             step(k_u), step(k_v),  # attach, verify
-            {"spread": int(2 * near_share * docs)},  # the exact check: one range read of a frame per document
+            {"spread": int(2 * near_share * docs * ranges_per_read)},  # the exact check: its range reads
             *[step(k_e) for _ in range(rounds)],  # component rounds
             step(k_m), step(k_m), {"spread": g, "plain": 2},  # members (ids in the nodes: no reads), winners, clusters
             losers(g)),
         "minhash drop": _add({"spread": 2 * m, "plain": 2 * m}, {"plain": 2 * m}),
-        "tokenize": _add({"spread": m, "plain": 3 * m}, {"plain": 2 * m}),
+        # the tokenizer's sample (a block and its view read, the sample written and combined, one training task),
+        # then the tokenize tasks
+        "tokenize": _add({"spread": m, "plain": m}, _exchange(m, 1, files_per_combine(int(TOKENIZER_SAMPLE_BYTES / m))),
+                         {"plain": 2 * m + 2}, {"spread": m, "plain": 3 * m}, {"plain": 2 * m}),
         "shards": _add({"plain": 2 * m + 3 * lay["shards"]}),
     }
 
@@ -158,7 +174,8 @@ def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argpars
     largest = list(scale["scales"].values())[-1]
     growth = max(docs / largest["corpus"]["docs"], text_bytes / largest["corpus"]["bytes"])
     lay = layout(docs, text_bytes)
-    counted = requests(lay, docs, near_per_doc(largest), args.near_share)
+    ranges = args.ranges_per_read if args.ranges_per_read is not None else ranges_per_read(lay, docs, args.near_share)
+    counted = requests(lay, docs, near_per_doc(largest), args.near_share, ranges)
     in_flight = args.cores * min(args.concurrency, args.connections)
     phases: dict[str, dict[str, Any]] = {}
     measured = measured_phases(largest)
@@ -190,7 +207,7 @@ def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argpars
         bounds = {"cpu": p["cpu_s"], "requests": p["request_s"], "prefix": p["prefix_s"], "bytes": p["byte_s"]}
         p["bound"] = max(bounds, key=bounds.get)
         p["seconds"] = max(bounds.values())
-    return _summary(lay, phases, docs, work_bytes, exact_bytes)
+    return {**_summary(lay, phases, docs, work_bytes, exact_bytes), "exact_ranges_per_read": ranges}
 
 
 def _clusters_merge(largest: dict[str, Any], docs: float, growth: float, args: argparse.Namespace) -> dict[str, Any]:
@@ -254,6 +271,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--near-share", type=float, default=0.005,
                         help="documents near the threshold, each read by two verify tasks: 2 x share reads a "
                         "document (measured: 0.021 on the scale benchmark's near-threshold corpus, 0.67 on the shared corpus)")
+    parser.add_argument("--ranges-per-read", type=float, default=None,
+                        help="the exact check's requests per document read (exact_ranges_read / exact_documents_read: "
+                        "neighbouring frames are read together); default: estimated from the layout (`ranges_per_read`)")
     parser.add_argument("--latency-ms", type=float, default=30.0, help="per request, first byte (S3: 10-100 ms)")
     parser.add_argument("--concurrency", type=int, default=16, help="requests a core's tasks keep in flight")
     parser.add_argument("--connections", type=int, default=64, help="the S3 client's pool, per worker process")
