@@ -74,25 +74,31 @@ def _read_block(work: Location, block: str, with_text: bool) -> pa.Table:
     return rest.add_column(min(at, rest.num_columns), DOC_SCHEMA.field("text"), text)
 
 
-FRAME_GAP = 32 << 10  # frames this close are read in one request: at 64 in flight a request costs far more than 32 KiB
+FRAME_GAP = 32 << 10  # frames this close may share a request: at 64 in flight a request costs far more than 32 KiB
+RANGE_WASTE = 2  # a shared range holds at most this many times the bytes of the frames wanted in it
 
 
 def frame_ranges(at: np.ndarray, nbytes: np.ndarray, gap: int = FRAME_GAP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Neighbouring frames of one block coalesced into ranges: (each frame's range, the ranges' starts and ends).
-    A frame whose start is at most `gap` bytes past the previous one's end (in block order) joins its range, so a
-    task that wants many documents of a block (a dense cluster of near copies) makes few requests for them."""
-    if len(at) == 0:
-        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+    In block order, a frame joins the range before it when it starts at most `gap` bytes past that range's end and
+    the range would still hold at most RANGE_WASTE x the bytes of its frames, so a task that wants many documents of
+    a block (a dense cluster of near copies) makes few requests, and one that wants a few far apart reads no more
+    than twice their bytes."""
     by_at = np.argsort(at, kind="stable")
-    a, e = at[by_at], (at + nbytes)[by_at]
-    reach = np.maximum.accumulate(e)
-    new = np.r_[True, a[1:] > reach[:-1] + gap]
-    index = np.cumsum(new) - 1
-    starts = a[new]
-    ends = np.maximum.reduceat(e, np.flatnonzero(new))
     group = np.empty(len(at), np.int64)
-    group[by_at] = index
-    return group, starts, ends
+    starts: list[int] = []
+    ends: list[int] = []
+    wanted = 0
+    for i, a, n in zip(by_at.tolist(), at[by_at].tolist(), nbytes[by_at].tolist()):
+        end = max(ends[-1], a + n) if ends else 0
+        if ends and a <= ends[-1] + gap and end - starts[-1] <= RANGE_WASTE * (wanted + n):
+            ends[-1], wanted = end, wanted + n
+        else:
+            starts.append(a)
+            ends.append(a + n)
+            wanted = n
+        group[i] = len(starts) - 1
+    return group, np.array(starts, np.int64), np.array(ends, np.int64)
 
 
 def read_texts(work: Location, block: str, at: np.ndarray, nbytes: np.ndarray) -> list[str]:

@@ -390,6 +390,9 @@ def test_neighbouring_frames_are_read_in_one_request_and_costed_as_read(tmp_path
     costs, first = _read_costs(at[want], nbytes[want])
     assert costs.sum() == (ends - starts).sum() and first.sum() == 2
     assert costs[0] == nbytes[3] and costs[2] == nbytes[0] and costs[1] == at[1] + nbytes[1] - at[0] - nbytes[0]
+    # two small frames 9.5 KB apart: within FRAME_GAP, but one range would hold 20x their bytes; 100 bytes apart, one
+    assert len(frame_ranges(np.array([0, 10_000]), np.array([500, 500]))[1]) == 2
+    assert frame_ranges(np.array([0, 600]), np.array([500, 500]))[2].tolist() == [1100]
 
 
 def test_without_verification_every_candidate_pair_joins_a_cluster(tmp_path):
