@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from datapipe.core.shuffle import files_per_combine, senders_per_file
-from datapipe.curate.blocks import FRAME_GAP
+from datapipe.curate.blocks import FRAME_GAP, RANGE_WASTE
 from datapipe.core.storage import PREFIXES
 from datapipe.curate.config import auto_block_bytes, auto_partitions
 from datapipe.curate.exchange import LOSER_BYTES
@@ -95,13 +95,17 @@ def _add(*parts: dict[str, int]) -> dict[str, int]:
     return {k: int(sum(p.get(k, 0) for p in parts)) for k in ("spread", "plain")}
 
 
-def ranges_per_read(lay: dict[str, int], docs: float, near_share: float) -> float:
+def ranges_per_read(lay: dict[str, int], docs: float, near_share: float, frame_ratio: float = 0.5) -> float:
     """The exact check's requests per document read, with the documents a verify task wants from a block spread
     uniformly over it: k = 2 x share x (documents a block) / groups wanted; a frame shares its range with the one
-    before when that one ends within FRAME_GAP, about 1 - exp(-k x FRAME_GAP / block bytes). Near copies that sit
-    together in the input (the shared corpus's manual pages) merge far more: measure them (`exact_ranges_read`)."""
-    wanted = 2 * near_share * (docs / lay["blocks"]) / lay["groups"]
-    return round(math.exp(-wanted * FRAME_GAP / lay["block_bytes"]) if wanted >= 1 else 1.0, 4)
+    before when it starts within the gap `frame_ranges` allows (FRAME_GAP, and at most as many gap bytes as frame
+    bytes: 2 (RANGE_WASTE - 1) frames for two), about 1 - exp(-k x (gap + frame) / block bytes). Near copies that sit together
+    in the input (the shared corpus's manual pages) merge far more: measure them (`exact_ranges_read`)."""
+    per_block = docs / lay["blocks"]
+    wanted = 2 * near_share * per_block / lay["groups"]
+    frame = frame_ratio * lay["block_bytes"] / per_block
+    gap = min(FRAME_GAP, 2 * (RANGE_WASTE - 1) * frame)
+    return round(math.exp(-wanted * (gap + frame) / lay["block_bytes"]) if wanted >= 1 else 1.0, 4)
 
 
 def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_share: float,
@@ -145,16 +149,19 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
 
 def measured_phases(run: dict[str, Any]) -> dict[str, float]:
     """The scale run's seconds by the model's phases: its executor steps (stats.json's `step_seconds`) grouped,
-    and the driver's own stages (`phase_seconds`: start, write, clean up). The tokenizer's training, timed within
-    `tokenize` but outside its tasks, is modelled at web.yaml's settings instead."""
+    and the driver's own stages (`phase_seconds`: start, write, clean up). The tokenizer's training (its own task,
+    `tokenizer train`, since it left the driver) is modelled at web.yaml's settings instead."""
     out: dict[str, float] = {}
     for step, seconds in run["step_seconds"].items():
+        if step == "tokenizer train":
+            continue
         if step.startswith("unique_ids"):
             phase = "unique ids"
         elif step.startswith("exact_dedup "):
             phase = "exact_dedup resolve"
         elif step in ("minhash clusters", "minhash drop") or not step.startswith("minhash "):
-            phase = {"tokenizer sample": "tokenize", "shards cut": "shards", "shards plan": "shards"}.get(step, step)
+            phase = {"tokenizer sample": "tokenize", "tokenizer sample combine": "tokenize", "shards cut": "shards",
+                     "shards plan": "shards"}.get(step, step)
         else:
             phase = "minhash resolve"
         out[phase] = out.get(phase, 0.0) + seconds
@@ -174,7 +181,7 @@ def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argpars
     largest = list(scale["scales"].values())[-1]
     growth = max(docs / largest["corpus"]["docs"], text_bytes / largest["corpus"]["bytes"])
     lay = layout(docs, text_bytes)
-    ranges = args.ranges_per_read if args.ranges_per_read is not None else ranges_per_read(lay, docs, args.near_share)
+    ranges = args.ranges_per_read if args.ranges_per_read is not None else ranges_per_read(lay, docs, args.near_share, args.frame_ratio)
     counted = requests(lay, docs, near_per_doc(largest), args.near_share, ranges)
     in_flight = args.cores * min(args.concurrency, args.connections)
     phases: dict[str, dict[str, Any]] = {}

@@ -8,9 +8,9 @@ from scripts.cost_model import _exchange, _step_per_file, layout, measured_phase
 def test_the_exact_checks_ranges_merge_only_where_a_task_wants_many_documents_of_a_block():
     lay = layout(1e9, 1e12)  # 61 MB blocks, 1,165 groups
     assert ranges_per_read(lay, 1e9, 0.005) == 1.0  # under one document a (task, block): every frame its own request
-    assert 0.95 < ranges_per_read(lay, 1e9, 0.336) < 1.0  # ~35 a (task, block) over 61 MB: few within 32 KiB
+    assert 0.99 < ranges_per_read(lay, 1e9, 0.336) < 1.0  # ~35 a (task, block) over 61 MB: hardly any adjacent
     dense = {**lay, "blocks": 100, "groups": 1, "block_bytes": int(1e7)}  # 1e5 documents a 10 MB block, all wanted
-    assert ranges_per_read(dense, 1e7, 0.5) < 0.01
+    assert ranges_per_read(dense, 1e7, 0.5) < 0.25
     near = {"candidate_pairs": 0.5, "edges": 0.2, "rounds": 4}
     half = requests(lay, 1e9, near, 0.005, 0.5)["minhash resolve"]["spread"]
     assert requests(lay, 1e9, near, 0.005)["minhash resolve"]["spread"] - half == 0.005 * 1e9
