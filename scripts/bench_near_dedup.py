@@ -392,7 +392,7 @@ def main() -> None:
     args = p.parse_args()
     t0 = time.perf_counter()
     docs = load_docs(args.corpus)
-    from importlib.metadata import version  # the baseline's speed moves with its release: datasketch 2.0's is 2.5x 1.10's
+    from importlib.metadata import version  # a baseline's speed moves with its release (and ours with numpy's)
 
     results: dict[str, Any] = {"corpus_docs": len(docs), "cpus": os.cpu_count(),
                                "versions": {name: version(name) for name in ("datasketch", "numpy", "pyarrow")}}
