@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from datapipe.core.shards import atomic_write_bytes, shard_schema
@@ -44,7 +45,8 @@ def sample_task(plan: Plan, unit: int, block: int, rate: float) -> dict[str, int
              if rate >= 1.0 or xxhash.xxh64_intdigest(doc_id.encode()) < threshold]
     sample = pa.table({"text": pa.array(texts, pa.large_string())}, schema=SAMPLE_SCHEMA)
     size = write_shuffle(plan.work / SAMPLE_DIR / "sample" / f"{name}{SHUFFLE_SUFFIX}", sample, np.zeros(len(texts), np.int64), 1)
-    return {"documents": len(texts), "bytes": size}
+    text_bytes = int(pc.sum(pc.binary_length(sample.column("text"))).as_py() or 0)
+    return {"documents": len(texts), "bytes": size, "text_bytes": text_bytes}
 
 
 def _sample_record(plan: Plan, unit: int, block: int, rate: float) -> Location:
@@ -80,7 +82,7 @@ def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int
     records = plan.work / SAMPLE_DIR / "records"
     combined = combine(run_tasks, plan.work / SAMPLE_DIR / "sample", names, 1, "tokenizer sample combine",
                        per_file=files_per_combine(max((p["bytes"] for p in parts), default=1)), records=records)
-    sample_bytes = sum(p["bytes"] for p in parts)
+    sample_bytes = sum(p.get("text_bytes", p["bytes"]) for p in parts)  # (the texts, not their compressed files)
     run_tasks(train_task, (plan, tuple(combined)), [()], "tokenizer train", record=_train_record,
               memory=task_memory(plan, "segment") + TRAIN_BYTES_PER_SAMPLE_BYTE * sample_bytes)
     saved = plan.out / "tokenizer.json"
