@@ -109,10 +109,10 @@ def ranges_per_read(lay: dict[str, int], docs: float, near_share: float, frame_r
 
 
 def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_share: float,
-             ranges_per_read: float = 1.0) -> dict[str, dict[str, int]]:
+             ranges_a_read: float = 1.0) -> dict[str, dict[str, int]]:
     """Requests per phase of a run with exact and near dedup (verification on). A task reads its inputs and
     writes its outputs and its record, after an existence check of the record (HEAD). `near`: measured per
-    document: candidate pairs, edges; and rounds of connected components. `ranges_per_read`: the exact check's
+    document: candidate pairs, edges; and rounds of connected components. `ranges_a_read`: the exact check's
     requests per document it reads (neighbouring frames share one: `blocks.frame_ranges`)."""
     m, pe, g, u = lay["blocks"], lay["partitions_exact"], lay["groups"], min(lay["units"], UNIT_GROUPS)
     task = {"plain": 2}  # its record: the existence check and the write
@@ -134,7 +134,7 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
         "minhash resolve": _add(
             _exchange(m, g, lay["near_keys_per_file"]), _exchange(m, g, lay["near_keys_per_file"]),  # pairs; gather
             step(k_u), step(k_v),  # attach, verify
-            {"spread": int(2 * near_share * docs * ranges_per_read)},  # the exact check: its range reads
+            {"spread": int(2 * near_share * docs * ranges_a_read)},  # the exact check: its range reads
             *[step(k_e) for _ in range(rounds)],  # component rounds
             step(k_m), step(k_m), {"spread": g, "plain": 2},  # members (ids in the nodes: no reads), winners, clusters
             losers(g)),

@@ -21,7 +21,7 @@ each writing one shuffle file:
                near the threshold to tell by the exact Jaccard of shingle sets recomputed from the two
                documents' text, each read by range from its block (`exact_edges`); edges to `cc/r000/`;
 4. components  in one task when there are at most `one_task_edges` edges (a choice the first run records:
-               `components_branch_task`) (large-star and small-star
+               `first_run_choice_task`) (large-star and small-star
                steps in memory until nothing changes), else in rounds of one task per group,
                large-star and small-star alternately, each reading the directed edges of its
                partition's nodes and sending its output edges on (`cc/rNNN/`), until a large-star +
@@ -171,13 +171,13 @@ SMALL_EXCHANGE = 4  # up to this many groups, each reads every group's file: 2 G
 
 
 def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, results: Sequence[dict[str, Any]],
-                    desc: str, partitions: int | None = None, *, records: Location) -> Groups:
+                    desc: str, partitions: int | None = None, *, records: Location | None = None) -> Groups:
     """After a step whose G tasks each wrote one shuffle file in `folder` (their results' `bytes`): the two-level
     exchange (`shuffle.combine`) when G > SMALL_EXCHANGE, as many files to a combine task as fit COMBINE_BYTES at
     the largest file's size, so that the next step's G receivers read G / per_file files each, not G: requests
     grow as senders + receivers while a combine holds at most COMBINE_BYTES. The groups the readers then use.
     `partitions`: the files' own, where not the groups' (the clusters' order ranges); `records`: the combine tasks'
-    (the resolve's records folder: `cc/` is deleted whole after the members, and its combines stay done)."""
+    where not `shuffle.combine`'s own (`cc/rNNN/`'s go to the resolve's: `cc/` is deleted whole after the members)."""
     sizes = [int(r["bytes"]) for r in results if "bytes" in r]
     if groups.count <= SMALL_EXCHANGE or not sizes:  # (no sizes: a step recorded before the exchange existed)
         return groups
@@ -346,14 +346,12 @@ def _read_costs(at: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndar
     Without locators (the block holds its text itself): one read of the whole block, its bytes unknown here (-1)."""
     if len(at) == 0 or (at < 0).any():
         return np.full(len(at), -1, np.int64), (np.arange(len(at)) == 0).astype(np.int64)
-    group, starts, _ = frame_ranges(at, nbytes)
+    group, _, _ = frame_ranges(at, nbytes)
     by_at = np.argsort(at, kind="stable")
-    ends = (at + nbytes)[by_at]
-    before = np.r_[starts[group[by_at[0]]], np.maximum.accumulate(ends)[:-1]]  # where the range stood before it
+    ends = (at + nbytes)[by_at]  # a block's frames never overlap: in block order a range grows by end - previous end
     first = np.r_[True, group[by_at][1:] != group[by_at][:-1]]
-    before = np.where(first, at[by_at], before)
     costs, requests = np.empty(len(at), np.int64), np.empty(len(at), np.int64)
-    costs[by_at] = np.maximum(ends - before, 0)
+    costs[by_at] = np.where(first, nbytes[by_at], ends - np.r_[0, ends[:-1]])
     requests[by_at] = first
     return costs, requests
 
@@ -489,14 +487,12 @@ def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, 
     the edges end in `edges_folder` (one shuffle file per group, partitioned by source). Returns the
     counts and `largest_bytes`, the largest edges file."""
     pairs_root = location(pairs_folder)
-    groups = exchange_groups(run_tasks, pairs_root / "pairs-u", source.groups, sent, f"{desc} pairs",
-                             records=pairs_root / "records")
+    groups = exchange_groups(run_tasks, pairs_root / "pairs-u", source.groups, sent, f"{desc} pairs")
     shared = (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config, str(edges_folder))
     parts = source.groups.items()
     attached = run_tasks(attach_task, shared, parts, f"{desc} attach", record=record_in("records", "attach"))
     remove_tree(pairs_root / "pairs-u")  # consumed: every attach task's record is written
-    groups = exchange_groups(run_tasks, pairs_root / "pairs-v", groups, attached, f"{desc} attach",
-                             records=pairs_root / "records")
+    groups = exchange_groups(run_tasks, pairs_root / "pairs-v", groups, attached, f"{desc} attach")
     shared = (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config, str(edges_folder))
     checked = run_tasks(verify_task, shared, parts, f"{desc} verify", record=record_in("records", "verify"))
     remove_tree(pairs_root / "pairs-v")  # consumed (its signatures are the resolve's largest files)
@@ -639,14 +635,10 @@ class NearDedupStage(MinHashStage, GlobalStage):
         return resolve(run_tasks, folder, self, out_dir, senders, documents)
 
 
-def fixed_groups_task(shared: tuple[str, dict[str, int]]) -> dict[str, int]:
-    """The resolve's grouping as this run proposes it; its record keeps the first run's for every resume."""
+def first_run_choice_task(shared: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """A choice as this run proposes it (the grouping; one task or rounds for the components); its record keeps
+    the first run's for every resume, whose files follow that choice."""
     return shared[1]
-
-
-def components_branch_task(shared: tuple[str, bool]) -> dict[str, bool]:
-    """Whether the components are found in one task, as this run proposes; its record keeps the first run's."""
-    return {"one_task": shared[1]}
 
 
 def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location, senders: Sequence[str],
@@ -660,7 +652,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     proposed = dataclasses.replace(resolve_groups(config.partitions, documents),
                                    senders_per_file=key_senders_per_file(config, documents, len(senders)))
     # fixed by the first run (the task's record, `records/groups.json`): a resume keeps its grouping
-    first = run_tasks(fixed_groups_task, (str(folder), proposed.record()), [()], f"{stage.name} groups",
+    first = run_tasks(first_run_choice_task, (str(folder), proposed.record()), [()], f"{stage.name} groups",
                       record=record_in("records", "groups"))[0]
     groups = Groups(**first)
     parts = groups.items()
@@ -681,7 +673,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     edges = verified["edges"]
     # fixed by the first run (the task's record): a resume with another `one_task_edges` keeps the branch whose
     # files it has; every step below is recorded, so a resume after `cc/` is deleted runs none of them again
-    branch = run_tasks(components_branch_task, (str(folder), edges <= config.one_task_edges), [()],
+    branch = run_tasks(first_run_choice_task, (str(folder), {"one_task": edges <= config.one_task_edges}), [()],
                        f"{stage.name} components branch", record=record_in("records", "components-branch"))[0]
     groups = exchange_groups(run_tasks, folder / "cc" / "r000", groups, [{"bytes": verified["largest_bytes"]}],
                              f"{stage.name} edges", records=folder / "records")
@@ -698,13 +690,11 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
                             [(converged, g) for (g,) in parts], f"{stage.name} members", record=record_in("records", "members"))
     remove_tree(folder / "cc")  # consumed: the members carry the labels on
     largest = [{"bytes": max((x.get("bytes", 0) for x in member_rows), default=0)}]
-    groups = exchange_groups(run_tasks, folder / "members", groups, largest, f"{stage.name} members",
-                             records=folder / "records")
+    groups = exchange_groups(run_tasks, folder / "members", groups, largest, f"{stage.name} members")
     kept = run_tasks(winners_task, (str(folder), config, groups, ranges), parts, f"{stage.name} keep",
                      record=record_in("records", "winners"))
     remove_tree(folder / "members")  # consumed
-    groups = exchange_groups(run_tasks, folder / "clusters", groups, kept, f"{stage.name} keep", ranges.count,
-                             records=folder / "records")
+    groups = exchange_groups(run_tasks, folder / "clusters", groups, kept, f"{stage.name} keep", ranges.count)
     run_tasks(clusters_task, (str(folder), str(out_dir), groups, ranges), [(0,)], f"{stage.name} clusters",
               record=record_in("records", "clusters"))
     losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)

@@ -82,7 +82,7 @@ def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int
     records = plan.work / SAMPLE_DIR / "records"
     combined = combine(run_tasks, plan.work / SAMPLE_DIR / "sample", names, 1, "tokenizer sample combine",
                        per_file=files_per_combine(max((p["bytes"] for p in parts), default=1)), records=records)
-    sample_bytes = sum(p.get("text_bytes", p["bytes"]) for p in parts)  # (the texts, not their compressed files)
+    sample_bytes = sum(p["text_bytes"] for p in parts)  # (the texts, not their compressed files)
     run_tasks(train_task, (plan, tuple(combined)), [()], "tokenizer train", record=_train_record,
               memory=task_memory(plan, "segment") + TRAIN_BYTES_PER_SAMPLE_BYTE * sample_bytes)
     saved = plan.out / "tokenizer.json"
