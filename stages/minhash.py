@@ -1,20 +1,21 @@
 r"""Near-duplicate removal with MinHash-LSH: the pure parts (the curation phases distribute them).
 
-1. **Signatures**, vectorised per batch. Each document's shingles (word n-grams of the lowercased
+1. **Signatures**, a batch at a time. Each document's shingles (word n-grams of the lowercased
    text, or character n-grams; words are `\w+` runs, or with `words: whitespace` those of
    `str.split()`) are hashed to 64 bits, and the 32 bits datasketch
    would see go through datasketch's own permutations (its `affine32` scheme: the MurmurHash3
    finalizer, then `a * h + b mod 2**32`, with `a, b` drawn from `np.random.RandomState(seed)`
    exactly as `datasketch.MinHash` draws them); the signature is the per-permutation minimum,
-   computed as numpy arrays over all shingles of a batch, never one Python object per document.
+   computed by compiled loops over all shingles of a batch (`stages.minhash_kernels`, numba), never
+   one Python object per document.
    With `hash: sha1` the 32-bit shingle hash is datasketch's default (`sha1_hash32` of the UTF-8
    shingle), so the signatures equal `datasketch.MinHash(num_perm, seed).update(shingle)` exactly;
    `hash: xxh3` hashes each word (or character) once and combines n of them polynomially, which
    is several times faster and equals `datasketch.MinHash(..., hashfunc=shingle_hash32)`. The
-   default `hash: vector` sees the same words but runs no Python
-   per word: the words of a whole batch are found by numpy over its UTF-8 bytes and each is hashed
-   as a byte polynomial (`vector_word_hash`), then combined into shingles as `xxh3` combines its
-   word hashes (for `shingle: char` the two are the same hash).
+   default `hash: vector` sees the same words but runs no Python per word: the words of a whole
+   batch are found and hashed in one compiled pass over its UTF-8 bytes, each as a byte polynomial
+   (`vector_word_hash`), then combined into shingles as `xxh3` combines its word hashes (for
+   `shingle: char` the two are the same hash).
 2. **LSH**: `bands × rows` of the signature; each band's rows hash to a bucket key. Unless given,
    they are derived from `candidate_recall`: the steepest banding (most rows) whose probability of
    making a pair at exactly the threshold a candidate, `1 - (1 - t**rows)**bands`, reaches it, with
@@ -125,7 +126,7 @@ class MinHashConfig:
     seed: int = note(1, help="seed of the permutations (datasketch's MinHash seed)")
     hash: Literal["vector", "xxh3", "sha1"] = note(
         "vector",
-        help="shingle hash: vector (the fastest: words found and hashed by numpy over a batch's bytes, "
+        help="shingle hash: vector (the fastest: words found and hashed in one compiled pass over a batch's bytes, "
         "stages.minhash.vector_word_hash), xxh3 (each word's xxh3-64 in Python) or sha1 (datasketch's default); "
         "all three see the same words. With shingle: char, vector and xxh3 are the same hash",
     )
@@ -208,77 +209,27 @@ def _word_hashes(words: list[str]) -> np.ndarray:
     return np.fromiter(map(xxhash.xxh3_64_intdigest, map(str.encode, words)), dtype=_U64, count=len(words))
 
 
+@functools.lru_cache(maxsize=1)
+def _kernels():  # type: ignore[no-untyped-def]
+    """`stages.minhash_kernels`, imported on first use: numba (0.3 s) only in a process that hashes."""
+    from stages import minhash_kernels
+
+    return minhash_kernels
+
+
 def _windows(unit_hashes: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
     """64-bit hashes of every window of n consecutive unit hashes inside each document (documents
     are consecutive runs of `counts` units; a document shorter than n has one window of all its
-    units), in document order, then position order."""
-    starts = np.r_[0, np.cumsum(counts)[:-1]].astype(np.int64)
-    long_docs = counts >= n
-    with np.errstate(over="ignore"):
-        if long_docs.any():
-            # every window of the concatenation, then only those inside one document
-            span = len(unit_hashes) - n + 1
-            acc = np.zeros(span, dtype=_U64)
-            for j in range(n):
-                acc = acc * _POLY + unit_hashes[j : j + span]
-            per_doc = np.where(long_docs, counts - n + 1, 0)
-            first = np.repeat(starts, per_doc)
-            offset = np.arange(per_doc.sum()) - np.repeat(np.cumsum(per_doc) - per_doc, per_doc)
-            long_windows = acc[first + offset]
-        else:
-            long_windows = np.empty(0, dtype=_U64)
-        short = np.flatnonzero(~long_docs & (counts > 0))
-        if len(short) == 0:
-            return long_windows
-        # documents shorter than a shingle: one window each, spliced in at their place
-        short_values = np.zeros(len(short), dtype=_U64)
-        for k, d in enumerate(short):
-            for h in unit_hashes[starts[d] : starts[d] + counts[d]]:
-                short_values[k] = short_values[k] * _POLY + h
-        windows_per_doc = np.where(long_docs, counts - n + 1, (counts > 0).astype(np.int64))
-        out = np.empty(int(windows_per_doc.sum()), dtype=_U64)
-        is_short_slot = np.zeros(len(out), dtype=bool)
-        slot_start = np.cumsum(windows_per_doc) - windows_per_doc
-        is_short_slot[slot_start[short]] = True
-        out[is_short_slot] = short_values
-        out[~is_short_slot] = long_windows
-        return out
+    units), in document order, then position order: `acc = acc * _POLY + h` over the window."""
+    return _kernels().window_hashes(np.ascontiguousarray(unit_hashes, dtype=_U64), np.asarray(counts, dtype=np.int64), n, _POLY)
 
 
 # ------------------------------------------------------------------------------------- hash: vector
 
 _BYTE_POLY = _U64(0xC2B2AE3D27D4EB4F)  # odd: a word's bytes are the coefficients of a polynomial in it
-_BYTE_POLY_INVERSE = _U64(pow(int(_BYTE_POLY), -1, 1 << 64))
 _LENGTH_MIX = _U64(0x165667B19E3779F9)  # odd: times the length, which tells "a" from "a\0" (a zero byte adds 0)
-_VECTOR_CHUNK = 1 << 16  # bytes per hashing step: the fastest of 16 KiB-1 MiB (the step stays in cache)
-
-# The characters `str.split()` splits on (none above U+FFFF; a test checks the whole range), and the
-# UTF-8 encodings of the non-ASCII ones, by their length in bytes.
+# The characters `str.split()` splits on: none above U+FFFF (a test checks the whole range).
 _WHITESPACE = "".join(chr(c) for c in range(0x10000) if chr(c).isspace())
-_WIDE_WHITESPACE = {
-    size: np.array(sorted(int.from_bytes(ch.encode(), "big") for ch in _WHITESPACE if len(ch.encode()) == size), dtype=np.uint32)
-    for size in (2, 3)
-}
-_WIDE_LEADS = sorted({ch.encode()[0] for ch in _WHITESPACE if not ch.isascii()})
-assert all(len(ch.encode()) <= 3 for ch in _WHITESPACE) and min(_WIDE_LEADS) >= 0xC2
-
-
-class _Powers:
-    """`_BYTE_POLY ** i` and its inverse's, for i below the longest span asked for so far."""
-
-    def __init__(self) -> None:
-        self.up = self.down = np.ones(0, dtype=_U64)
-
-    def upto(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        if len(self.up) < n:
-            size = max(n, _VECTOR_CHUNK + 1)
-            with np.errstate(over="ignore"):
-                self.up = np.cumprod(np.r_[_U64(1), np.full(size - 1, _BYTE_POLY)], dtype=_U64)  # wraps mod 2**64
-                self.down = np.cumprod(np.r_[_U64(1), np.full(size - 1, _BYTE_POLY_INVERSE)], dtype=_U64)
-        return self.up, self.down
-
-
-_POWERS = _Powers()
 
 
 def vector_word_hash(word: bytes) -> int:
@@ -320,105 +271,27 @@ def _lowered(texts: pa.Array) -> pa.Array:
     return pc.replace_with_mask(lowered, pa.array(mask), by_python)
 
 
-def _word_bounds(data: np.ndarray, text_offsets: np.ndarray, words: Literal["alnum", "whitespace"] = "whitespace") -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) byte positions of the words in `data` (`words`: the runs of word characters of
-    `\\w+`, or the words of `str.split()`), never across the end of a text."""
-    space = _non_word_mask(data) if words == "alnum" else _space_mask(data)
-    return _runs(space, text_offsets)
-
-
-@functools.lru_cache(maxsize=1)
-def _word_characters() -> np.ndarray:
-    """`is_word[code point]`: the characters of Python's `\\w` (str.isalnum() or `_`), for all of Unicode
-    (0.1 s, once per process)."""
+@functools.lru_cache(maxsize=2)
+def _word_characters(words: Literal["alnum", "whitespace"] = "alnum") -> np.ndarray:
+    """`is_word[code point]` for all of Unicode: the characters of Python's `\\w` (str.isalnum() or `_`) for
+    `alnum`, every character but whitespace for `whitespace` (once per process)."""
+    if words == "whitespace":
+        table = np.ones(0x110000, dtype=bool)
+        table[[ord(c) for c in _WHITESPACE]] = False
+        return table
     table = np.zeros(0x110000, dtype=bool)
-    for m in _WORD.finditer("".join(map(chr, range(0x110000)))):
+    every_character = np.arange(0x110000, dtype=np.uint32).tobytes().decode("utf-32-le", "surrogatepass")
+    for m in _WORD.finditer(every_character):
         table[m.start() : m.end()] = True
     return table
 
 
-def _non_word_mask(data: np.ndarray) -> np.ndarray:
-    """True at every byte of `data` (UTF-8) that belongs to a character outside `\\w`."""
-    table = _word_characters()
-    word = table[: 0x80][np.minimum(data, 0x7F)] & (data < 0x80)  # ASCII by the table; the rest below
-    lead = np.flatnonzero(data >= 0xC0)
-    if len(lead):
-        last = len(data) - 1
-        b = [data[np.minimum(lead + k, last)].astype(np.uint32) & 0x3F for k in range(4)]
-        b0 = data[lead].astype(np.uint32)
-        size = 2 + (b0 >= 0xE0) + (b0 >= 0xF0)
-        cp = np.where(size == 2, ((b0 & 0x1F) << 6) | b[1],
-                      np.where(size == 3, ((b0 & 0x0F) << 12) | (b[1] << 6) | b[2],
-                               ((b0 & 0x07) << 18) | (b[1] << 12) | (b[2] << 6) | b[3]))
-        is_word = table[np.minimum(cp, 0x10FFFF)]
-        for k in range(4):
-            at = size > k
-            word[lead[at] + k] = is_word[at]
-    return ~word
-
-
-def _space_mask(data: np.ndarray) -> np.ndarray:
-    """True at every byte of `data` (UTF-8) that belongs to a whitespace character of `str.split()`."""
-    # ASCII whitespace is 9-13 and 28-32: (byte - 9) and (byte - 28) wrap below 0 to large values
-    space = np.subtract(data, 9, dtype=np.uint8) <= 4
-    space |= np.subtract(data, 28, dtype=np.uint8) <= 4
-    # the few non-ASCII whitespace characters: check the bytes at each possible lead byte
-    lead = np.flatnonzero(np.subtract(data, _WIDE_LEADS[0], dtype=np.uint8) <= _WIDE_LEADS[-1] - _WIDE_LEADS[0])
-    if len(lead):
-        last = len(data) - 1
-        b0 = data[lead].astype(np.uint32)
-        b1 = data[np.minimum(lead + 1, last)].astype(np.uint32)
-        b2 = data[np.minimum(lead + 2, last)].astype(np.uint32)
-        for size, key in ((2, (b0 << 8) | b1), (3, (b0 << 16) | (b1 << 8) | b2)):
-            at = lead[np.isin(key, _WIDE_WHITESPACE[size])]
-            for k in range(size):
-                space[at + k] = True
-    return space
-
-
-def _runs(space: np.ndarray, text_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) of the runs of False in `space`, cut at every text start."""
-    # the runs of word bytes: they start and end where the mask changes
-    word = np.zeros(len(space) + 2, dtype=bool)  # with a whitespace byte before and after
-    np.invert(space, out=word[1:-1])
-    change = np.flatnonzero(word[1:] != word[:-1])
-    starts, ends = change[0::2], change[1::2]
-    # a run over the start of a text is two words, cut there
-    text_starts = text_offsets[:-1][(np.diff(text_offsets) > 0) & (text_offsets[:-1] > 0)]  # of non-empty texts
-    cut = text_starts[~space[text_starts] & ~space[text_starts - 1]]
-    if len(cut):
-        starts = np.insert(starts, np.searchsorted(starts, cut), cut)
-        ends = np.insert(ends, np.searchsorted(ends, cut), cut)
-    return starts, ends
-
-
 def _vector_units(texts: pa.Array, lowercase: bool, words: Literal["alnum", "whitespace"] = "whitespace") -> tuple[np.ndarray, np.ndarray]:
     """(`vector_word_hash` of every word of every text, in order; the number of words of each text),
-    the words being those of `_units` (`\\w+` or `str.split()` of the text, lowercased with `lowercase`)."""
+    the words being those of `_units` (`\\w+` or `str.split()` of the text, lowercased with `lowercase`):
+    one compiled pass over the texts' UTF-8 bytes (`minhash_kernels.word_hashes`)."""
     data, text_offsets = _text_bytes(_lowered(texts) if lowercase else texts)
-    if len(data) == 0:
-        return np.empty(0, dtype=_U64), np.zeros(len(texts), dtype=np.int64)
-    starts, ends = _word_bounds(data, text_offsets, words)
-    counts = np.diff(np.searchsorted(starts, text_offsets)).astype(np.int64)
-    sums = np.empty(len(starts), dtype=_U64)
-    # Whole words per step, about _VECTOR_CHUNK bytes: each byte times K ** (its distance from the
-    # step's first byte), summed per word (a difference of running sums), then times
-    # K ** -(the word's distance from it).
-    cuts = np.unique(np.r_[np.searchsorted(starts, np.arange(0, len(data), _VECTOR_CHUNK)), len(starts)])
-    longest = int(max(np.max(ends[cuts[1:] - 1] - starts[cuts[:-1]]), 0)) if len(starts) else 0
-    up, down = _POWERS.upto(longest + 1)
-    running = np.zeros(longest + 1, dtype=_U64)  # running[i]: the sum of the step's first i products
-    with np.errstate(over="ignore"):
-        for w0, w1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-            first, span = int(starts[w0]), int(ends[w1 - 1] - starts[w0])
-            step = running[1 : span + 1]
-            np.multiply(data[first : first + span], up[:span], out=step)  # wraps mod 2**64
-            np.cumsum(step, out=step)
-            word_starts = starts[w0:w1] - first
-            word_sums = running[ends[w0:w1] - first] - running[word_starts]
-            np.multiply(word_sums, down[word_starts], out=sums[w0:w1])
-        sums += (ends - starts).astype(_U64) * _LENGTH_MIX
-    return fmix(sums, 64), counts
+    return _kernels().word_hashes(data, text_offsets, _word_characters(words), _BYTE_POLY, _LENGTH_MIX)
 
 
 def shingle_hashes64(texts: list[str] | pa.Array, config: MinHashConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -450,14 +323,6 @@ def shingle_hashes64(texts: list[str] | pa.Array, config: MinHashConfig) -> tupl
     return _windows(unit_hashes, unit_counts, config.ngram), counts
 
 
-def to_hash32(hashes64: np.ndarray, config: MinHashConfig) -> np.ndarray:
-    """The 32-bit shingle hashes the permutations see: datasketch's `sha1_hash32` (the first 4
-    digest bytes) for sha1, the top 32 bits for xxh3 (= `shingle_hash32`) and vector."""
-    if config.hash == "sha1":
-        return (hashes64 & _U64(0xFFFFFFFF)).astype(np.uint32)
-    return (hashes64 >> _U64(32)).astype(np.uint32)
-
-
 def shingle_hash32(shingle: bytes, *, shingle_unit: Literal["word", "char"] = "word") -> int:
     """The `xxh3` shingle hash of one shingle's bytes (words joined by spaces, or the characters):
     a reference for tests, and a `hashfunc` for `datasketch.MinHash` that reproduces our signatures."""
@@ -482,21 +347,21 @@ def shingles(text: str, config: MinHashConfig) -> list[bytes]:
 # ------------------------------------------------------------------------------------- signatures
 
 
+def affine32_permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b), uint32: datasketch 2's `affine32` permutations `h -> a * h + b mod 2**32`, drawn from
+    `np.random.RandomState(seed)` as `datasketch.MinHash(num_perm, seed)` draws them (an odd `a`: a bijection).
+    Drawn here rather than read from a `MinHash`: importing datasketch imports scipy (0.45 s a process)."""
+    gen = np.random.RandomState(seed)
+    a = gen.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+    return a, gen.randint(0, 1 << 32, num_perm, dtype=np.uint32)
+
+
 class MinHasher:
     """Computes MinHash signatures for many documents at once with datasketch's permutations."""
 
-    # Shingles per vectorised step. The (num_perm, CHUNK) block is laid out permutation-major, so
-    # each document's minimum is a reduction along contiguous memory: 8,192 ran 5x faster than the
-    # shingle-major 1,024 x num_perm block of before (measured on random hashes, 667 per document).
-    CHUNK = 1 << 13
-
     def __init__(self, config: MinHashConfig) -> None:
         self.config = config
-        from datasketch import MinHash  # here: datasketch imports scipy (0.3 s), which a worker that never hashes skips
-
-        a, b = MinHash(num_perm=config.num_perm, seed=config.seed).permutations
-        self.a = np.asarray(a, dtype=np.uint32)
-        self.b = np.asarray(b, dtype=np.uint32)
+        self.a, self.b = affine32_permutations(config.num_perm, config.seed)
 
     def signatures(self, texts: list[str] | pa.Array) -> tuple[np.ndarray, np.ndarray]:
         """(signatures of shape (n, num_perm) uint32, mask of documents that have shingles)."""
@@ -505,30 +370,14 @@ class MinHasher:
 
     def signatures_and_shingles(self, texts: list[str] | pa.Array) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """Signatures, the mask of documents with shingles, and (the 64-bit shingle hashes of all
-        documents concatenated, each document's count) as `shingle_hashes64` gives them."""
+        documents concatenated, each document's count) as `shingle_hashes64` gives them. A signature
+        value is the minimum over a document's shingles of `a * fmix(h, 32) + b mod 2**32`, h the 32 bits
+        of its hash datasketch would see: the low ones for sha1 (`sha1_hash32`: the first 4 digest bytes),
+        the top ones for xxh3 (= `shingle_hash32`) and vector (`minhash_kernels.permuted_minimum`)."""
         hashes64, counts = shingle_hashes64(texts, self.config)
-        perms = self.config.num_perm
-        sig_t = np.full((perms, len(texts)), np.iinfo(np.uint32).max, dtype=np.uint32)
-        has = counts > 0
-        if not has.any():
-            return sig_t.T.copy(), has, (hashes64, counts)
-        flat = fmix(to_hash32(hashes64, self.config), 32)
-        doc_of = np.repeat(np.arange(len(texts)), counts)
-        a, b = self.a[:, None], self.b[:, None]
-        buf = np.empty((perms, self.CHUNK), dtype=np.uint32)
-        with np.errstate(over="ignore"):
-            for start in range(0, len(flat), self.CHUNK):
-                hv = flat[start : start + self.CHUNK]
-                docs = doc_of[start : start + self.CHUNK]
-                permuted = buf[:, : len(hv)]
-                np.multiply(a, hv[None, :], out=permuted)  # wraps mod 2**32
-                np.add(permuted, b, out=permuted)
-                # minimum per document run inside this chunk, then into the signature
-                starts = np.flatnonzero(np.r_[True, docs[1:] != docs[:-1]])
-                mins = np.minimum.reduceat(permuted, starts, axis=1)
-                idx = docs[starts]
-                sig_t[:, idx] = np.minimum(sig_t[:, idx], mins)
-        return np.ascontiguousarray(sig_t.T), has, (hashes64, counts)
+        sig = _kernels().permuted_minimum(np.ascontiguousarray(hashes64, dtype=_U64), np.asarray(counts, dtype=np.int64),
+                                          self.a, self.b, self.config.hash != "sha1")
+        return sig, counts > 0, (hashes64, counts)
 
 
 def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
@@ -637,15 +486,20 @@ def distinct_sorted(values: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
+def pair_jaccards(sets: list[np.ndarray], left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """The Jaccard similarity of sets[left[i]] and sets[right[i]] for each i (sets as sorted arrays of distinct
+    values; two empty sets are equal: 1.0)."""
+    sizes = np.fromiter(map(len, sets), dtype=np.int64, count=len(sets))
+    values = np.concatenate(sets).astype(_U64, copy=False) if sets else np.empty(0, _U64)
+    left, right = np.asarray(left, dtype=np.int64), np.asarray(right, dtype=np.int64)
+    common = _kernels().sorted_intersections(values, np.r_[0, np.cumsum(sizes)], left, right)
+    union = sizes[left] + sizes[right] - common
+    return np.where(union > 0, common / np.maximum(union, 1), 1.0)
+
+
 def exact_jaccard(a: np.ndarray, b: np.ndarray) -> float:
     """Jaccard similarity of two sets given as sorted arrays of distinct values."""
-    if len(a) == 0 or len(b) == 0:
-        return 1.0 if len(a) == len(b) else 0.0
-    if len(a) > len(b):
-        a, b = b, a
-    at = np.searchsorted(b, a)  # binary search of the smaller set's values in the larger
-    inter = int(np.count_nonzero(b[np.minimum(at, len(b) - 1)] == a))
-    return inter / (len(a) + len(b) - inter)
+    return float(pair_jaccards([a, b], np.array([0]), np.array([1]))[0])
 
 
 def _bucket_groups(buckets: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -731,9 +585,9 @@ def exact_edges(u: np.ndarray, v: np.ndarray, shingle_sets: ShingleSets, thresho
     document's set is fetched once."""
     if len(u) == 0:
         return u, v
-    sets = shingle_sets(np.unique(np.concatenate([u, v])))
-    keep = np.fromiter((exact_jaccard(sets[a], sets[b]) >= threshold for a, b in zip(u.tolist(), v.tolist())),
-                       dtype=bool, count=len(u))
+    docs = np.unique(np.concatenate([u, v]))
+    sets = shingle_sets(docs)
+    keep = pair_jaccards([sets[d] for d in docs.tolist()], np.searchsorted(docs, u), np.searchsorted(docs, v)) >= threshold
     return u[keep], v[keep]
 
 
