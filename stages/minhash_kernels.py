@@ -1,5 +1,7 @@
-"""The compiled loops of `stages.minhash` (numba): one pass over a batch's bytes, shingles or signature values
-where numpy needs a pass, and a temporary the size of the batch, per step.
+"""The compiled loops of `stages.minhash` (numba): a batch's words, shingles and signatures, one pass each.
+
+Where numpy needs several passes per step, each with a temporary the size of the batch, each loop here reads
+its input once.
 
 Each is the exact equivalent of a formula `stages.minhash` states (and its tests check against pure-Python
 references and datasketch): only speed depends on this module. Compiled on first use and cached next to this
