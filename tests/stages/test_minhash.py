@@ -42,6 +42,7 @@ from stages.minhash import (
     signature_values,
     small_star,
     star_edges,
+    unique_pairs,
     vector_word_hash,
 )
 from stages import minhash
@@ -289,6 +290,15 @@ def test_connected_components_equal_union_find_on_random_graphs():
         assert rounds < 40
         in_memory, steps = _in_one_task(edges)  # the one-task path: the same labels
         assert in_memory == got and steps < 40
+
+
+def test_unique_pairs_are_the_distinct_rows_in_order():
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 7, 500):
+        a, b = rng.integers(0, 6, n), rng.integers(-3, 3, n)  # many repeats, one key equal across rows
+        expected = sorted(set(zip(a.tolist(), b.tolist())))
+        x, y = unique_pairs(a, b)
+        assert list(zip(x.tolist(), y.tolist())) == expected
 
 
 def test_long_chain_converges():

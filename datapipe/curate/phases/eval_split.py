@@ -63,7 +63,7 @@ from datapipe.curate.phases.near_dedup import KeySource
 from datapipe.curate.phases.cuts import RowCopies
 from datapipe.core.storage import Location, location
 from stages.base import write_keys
-from stages.minhash import MinHashConfig, MinHashStage, partition_of
+from stages.minhash import MinHashConfig, MinHashStage, partition_of, unique_pairs
 
 EVAL_DIR = "eval"  # OUT/eval/: the split's curated folder
 STAGE = "eval_split"  # the stage name of the training documents dropped as copies of eval documents
@@ -186,8 +186,8 @@ def match_task(shared: tuple[str, MinHashConfig, KeySource], g: int) -> dict[str
         ev = ev.filter(pa.array(rank < config.bucket_window)).rename_columns(["bucket", "eval_order"])
         joined = rows.filter(pc.invert(is_eval)).join(ev, "bucket", join_type="inner")
         if joined.num_rows:
-            pairs = np.unique(np.stack([joined.column("order").to_numpy(), joined.column("eval_order").to_numpy()], axis=1), axis=0)
-            u, v = pairs[:, 0], pairs[:, 1]  # a pair sharing several buckets, once
+            # a pair sharing several buckets, once
+            u, v = unique_pairs(joined.column("order").to_numpy(), joined.column("eval_order").to_numpy())
     table = pa.table({"u": u, "v": v}, schema=near_dedup.PAIR_SCHEMA)
     if config.verify:
         write_shuffle(work / EVAL_DIR / "pairs-u" / f"g{g:03d}.shuffle", table, partition_of(u, config.partitions), config.partitions)

@@ -83,6 +83,7 @@ from stages.minhash import (
     signature_values,
     small_star,
     star_edges,
+    unique_pairs,
 )
 
 EDGE_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64())])
@@ -248,8 +249,7 @@ def _directed(folder: Location, groups: Groups, g: int) -> tuple[np.ndarray, np.
     table = groups.read(folder, g, EDGE_SCHEMA)
     if table.num_rows == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    pairs = np.unique(np.stack([table.column("src").to_numpy(), table.column("dst").to_numpy()], axis=1), axis=0)
-    return pairs[:, 0], pairs[:, 1]
+    return unique_pairs(table.column("src").to_numpy(), table.column("dst").to_numpy())
 
 
 def _checksum(src: np.ndarray, dst: np.ndarray) -> int:
@@ -404,8 +404,8 @@ def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
     def work() -> dict[str, Any]:
         pairs = groups.read(pairs_root / "pairs-u", g, PAIR_SCHEMA)
         # a pair that shares buckets of several partitions, once
-        uv = np.unique(np.stack([pairs.column("u").to_numpy(), pairs.column("v").to_numpy()], axis=1), axis=0)
-        pairs = pa.table({"u": uv[:, 0], "v": uv[:, 1]}, schema=PAIR_SCHEMA)
+        u, v = unique_pairs(pairs.column("u").to_numpy(), pairs.column("v").to_numpy())
+        pairs = pa.table({"u": u, "v": v}, schema=PAIR_SCHEMA)
         u = pairs.column("u").to_numpy()
         found = _lookup(source.nodes(g), u, ["signature", "sender", "text_at", "text_bytes"])
         at, nbytes = _locators(found)
