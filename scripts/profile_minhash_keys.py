@@ -54,6 +54,7 @@ def _parts(table: Any, rounds: int) -> dict[str, float]:
     cfg, texts = mh.MinHashConfig(), table.column("text").combine_chunks()
     batches = [texts.slice(i, BATCH) for i in range(0, len(texts), BATCH)]
     return {
+        "shingles": int(sum(len(mh.shingle_hashes64(b, cfg)[0]) for b in batches)),
         "lowered_s": _best(lambda: [mh._lowered(b) for b in batches], rounds),
         "word_hashes_s": _best(lambda: [mh._vector_units(b, True, cfg.words) for b in batches], rounds),
         "shingle_hashes_s": _best(lambda: [mh.shingle_hashes64(b, cfg) for b in batches], rounds),
