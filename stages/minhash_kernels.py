@@ -1,9 +1,7 @@
-"""The compiled loops of `stages.minhash` (numba): a batch's words, shingles and signatures, one pass each.
+"""The compiled loops of `stages.minhash` (numba): a batch's words, shingles and signatures, one pass each,
+where numpy needs several passes per step, each with a temporary the size of the batch.
 
-Where numpy needs several passes per step, each with a temporary the size of the batch, each loop here reads
-its input once.
-
-Each is the exact equivalent of a formula `stages.minhash` states (and its tests check against pure-Python
+Each is the exact equivalent of a formula `stages.minhash` states (its tests check them against pure-Python
 references and datasketch): only speed depends on this module. Compiled on first use and cached next to this
 file (numba's `cache=True`, like Python's own `__pycache__`), so a later process loads them instead.
 """
@@ -13,6 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+# MurmurHash3's finalizer, as `stages.minhash.fmix` has it (which cannot lend its table: it must not import numba)
 _FMIX64 = (np.uint64(33), np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53))
 _FMIX32 = (np.uint32(16), np.uint32(0x85EBCA6B), np.uint32(13), np.uint32(0xC2B2AE35))
 _POWERS = 256  # a word's first bytes: their powers of the byte multiplier by table
@@ -33,7 +32,7 @@ def _fmix64(h: np.uint64) -> np.uint64:
 def _fmix32(h: np.uint32) -> np.uint32:
     s1, m1, s2, m2 = _FMIX32
     h ^= h >> s1
-    h = np.uint32(h * m1)
+    h = np.uint32(h * m1)  # numba widens a product of uint32s: keep its low 32 bits
     h ^= h >> s2
     h = np.uint32(h * m2)
     return h ^ (h >> s1)
