@@ -211,7 +211,7 @@ def _word_hashes(words: list[str]) -> np.ndarray:
 
 @functools.lru_cache(maxsize=1)
 def _kernels():  # type: ignore[no-untyped-def]
-    """`stages.minhash_kernels`, imported on first use: numba (0.3 s) only in a process that hashes."""
+    """`stages.minhash_kernels`, imported on first use: numba's import only in a process that hashes."""
     from stages import minhash_kernels
 
     return minhash_kernels
@@ -350,7 +350,7 @@ def shingles(text: str, config: MinHashConfig) -> list[bytes]:
 def affine32_permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(a, b), uint32: datasketch 2's `affine32` permutations `h -> a * h + b mod 2**32`, drawn from
     `np.random.RandomState(seed)` as `datasketch.MinHash(num_perm, seed)` draws them (an odd `a`: a bijection).
-    Drawn here rather than read from a `MinHash`: importing datasketch imports scipy (0.45 s a process)."""
+    Drawn here rather than read from a `MinHash`: importing datasketch imports scipy, which a worker need not."""
     gen = np.random.RandomState(seed)
     a = gen.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
     return a, gen.randint(0, 1 << 32, num_perm, dtype=np.uint32)
@@ -596,7 +596,7 @@ def exact_edges(u: np.ndarray, v: np.ndarray, shingle_sets: ShingleSets, thresho
 
 def unique_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct pairs (a[i], b[i]), sorted by a then b: `np.unique(np.stack([a, b], axis=1), axis=0)`'s
-    rows, by a sort of the two keys (4x faster than unique's comparison of rows)."""
+    rows, by a sort of the two keys (unique compares whole rows as bytes, several times slower)."""
     rows = np.lexsort((b, a))
     a, b = a[rows], b[rows]
     keep = np.empty(len(a), dtype=bool)

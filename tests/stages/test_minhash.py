@@ -23,6 +23,7 @@ from stages.minhash import (
     MinHashConfig,
     MinHasher,
     MinHashStage,
+    affine32_permutations,
     bucket_pairs,
     candidate_probability,
     choose_kept,
@@ -117,6 +118,13 @@ def test_signatures_equal_datasketch(unit, hash_name):
         ref = MinHash(num_perm=64, seed=7, **kwargs)
         ref.update_batch(shingles(text, cfg))
         assert np.array_equal(ref.hashvalues, row)
+
+
+def test_permutations_are_datasketchs():
+    for num_perm, seed in [(128, 1), (64, 7), (1, 123), (256, 2**31)]:
+        a, b = affine32_permutations(num_perm, seed)
+        ref_a, ref_b = MinHash(num_perm=num_perm, seed=seed).permutations
+        assert a.dtype == b.dtype == np.uint32 and a.tolist() == ref_a.tolist() and b.tolist() == ref_b.tolist()
 
 
 @pytest.mark.parametrize("words", ["alnum", "whitespace"])
