@@ -8,8 +8,36 @@ file (numba's `cache=True`, like Python's own `__pycache__`), so a later process
 
 from __future__ import annotations
 
+import warnings
+from typing import Any, Callable
+
 import numba
 import numpy as np
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _can_cache() -> bool:
+    """Whether numba can cache compiled code for this file: beside it, or in the user's cache folder."""
+    try:
+        numba.njit(cache=True)(_identity)
+    except RuntimeError as e:  # numba finds no writable folder for its cache
+        warnings.warn(f"near dedup's compiled loops cannot be cached ({e}): each process compiles them. Set "
+                      "NUMBA_CACHE_DIR to a writable folder to compile them once", stacklevel=2)
+        return False
+    return True
+
+
+_CACHE = _can_cache()
+
+
+def _compiled(**options: Any) -> Callable[[Callable], Callable]:
+    """numba's `njit`, cached where `_can_cache` found a folder (else compiled in each process: the same
+    results, slower to start)."""
+    return numba.njit(cache=_CACHE, nogil=True, **options)
+
 
 # MurmurHash3's finalizer, as `stages.minhash.fmix` has it (which cannot lend its table: it must not import numba)
 _FMIX64 = (np.uint64(33), np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53))
@@ -18,7 +46,7 @@ _POWERS = 256  # a word's first bytes: their powers of the byte multiplier by ta
 _REPLACEMENT = 0xFFFD  # the character a malformed or cut UTF-8 sequence stands for (never a word character)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@_compiled(inline="always")
 def _fmix64(h: np.uint64) -> np.uint64:
     shift, m1, m2 = _FMIX64
     h ^= h >> shift
@@ -28,7 +56,7 @@ def _fmix64(h: np.uint64) -> np.uint64:
     return h ^ (h >> shift)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@_compiled(inline="always")
 def _fmix32(h: np.uint32) -> np.uint32:
     s1, m1, s2, m2 = _FMIX32
     h ^= h >> s1
@@ -38,7 +66,7 @@ def _fmix32(h: np.uint32) -> np.uint32:
     return h ^ (h >> s1)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@_compiled(inline="always")
 def _character(data: np.ndarray, i: int, end: int) -> tuple[int, int]:
     """(the code point of the UTF-8 character at data[i], its size in bytes); a stray continuation byte or a
     sequence cut by `end` is one `_REPLACEMENT` per byte."""
@@ -56,7 +84,7 @@ def _character(data: np.ndarray, i: int, end: int) -> tuple[int, int]:
     return (cp if cp <= 0x10FFFF else _REPLACEMENT), size
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@_compiled(inline="always")
 def _add_byte(acc: np.uint64, length: int, power: np.uint64, byte: np.uint8, powers: np.ndarray,
               byte_poly: np.uint64) -> tuple[np.uint64, int, np.uint64]:
     """A word's sum with its next byte: `acc + byte * byte_poly**length`, the power looked up while the word
@@ -65,7 +93,7 @@ def _add_byte(acc: np.uint64, length: int, power: np.uint64, byte: np.uint8, pow
     return acc + np.uint64(byte) * power, length + 1, power
 
 
-@numba.njit(cache=True, nogil=True)
+@_compiled()
 def word_hashes(data: np.ndarray, text_offsets: np.ndarray, is_word: np.ndarray, byte_poly: np.uint64,
                 length_mix: np.uint64) -> tuple[np.ndarray, np.ndarray]:
     """(the hash of every word of every text, in order; the number of words of each text). Text t is
@@ -108,7 +136,7 @@ def word_hashes(data: np.ndarray, text_offsets: np.ndarray, is_word: np.ndarray,
     return out[:words], counts
 
 
-@numba.njit(cache=True, nogil=True)
+@_compiled()
 def window_hashes(unit_hashes: np.ndarray, unit_counts: np.ndarray, n: int, poly: np.uint64) -> np.ndarray:
     """The hash of every window of n consecutive unit hashes inside each document (documents are consecutive
     runs of `unit_counts` units; one shorter than n has one window of all its units, an empty one none):
@@ -130,7 +158,7 @@ def window_hashes(unit_hashes: np.ndarray, unit_counts: np.ndarray, n: int, poly
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@_compiled()
 def permuted_minimum(hashes64: np.ndarray, counts: np.ndarray, a: np.ndarray, b: np.ndarray, high: bool) -> np.ndarray:
     """(documents, permutations) uint32: per document (a run of `counts` shingle hashes) and permutation p,
     the minimum over its shingles of `a[p] * fmix32(h) + b[p] mod 2**32`, h being the top 32 bits of the
@@ -148,7 +176,7 @@ def permuted_minimum(hashes64: np.ndarray, counts: np.ndarray, a: np.ndarray, b:
     return sig
 
 
-@numba.njit(cache=True, nogil=True)
+@_compiled()
 def sorted_intersections(values: np.ndarray, offsets: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """For each pair i, the size of the intersection of the sets `left[i]` and `right[i]`; set s is
     values[offsets[s]:offsets[s + 1]], sorted and distinct (one merge of the two)."""

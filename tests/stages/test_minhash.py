@@ -8,7 +8,10 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+import subprocess
+import sys
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -157,6 +160,30 @@ def test_alnum_words_ignore_punctuation():
         assert alnum.words == "alnum" and shingle_sets([a], alnum)[0].tolist() == shingle_sets([b], alnum)[0].tolist()
         spaces = MinHashConfig(hash=hash_name, words="whitespace")
         assert shingle_sets([a], spaces)[0].tolist() != shingle_sets([b], spaces)[0].tolist()
+
+
+_WITHOUT_A_CACHE_FOLDER = """
+import json, warnings
+from numba.core import caching
+caching.CacheImpl._locator_classes = []  # as if no folder numba could cache in were writable
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    from stages import minhash_kernels
+from stages.minhash import MinHashConfig, shingle_hashes64
+flat, counts = shingle_hashes64(["One two, three four five six.", "", "x"], MinHashConfig())
+print(json.dumps([minhash_kernels._CACHE, [str(w.message) for w in caught], flat.tolist(), counts.tolist()]))
+"""
+
+
+def test_the_loops_compile_where_nothing_can_cache_them():
+    # a read-only installation without a writable home: a warning that names the fix, and the same hashes
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_A_CACHE_FOLDER], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cached, warned, flat, counts = orjson.loads(done.stdout.strip().splitlines()[-1])
+    assert cached is False and any("NUMBA_CACHE_DIR" in w for w in warned), warned
+    expected, expected_counts = shingle_hashes64(["One two, three four five six.", "", "x"], MinHashConfig())
+    assert flat == expected.tolist() and counts == expected_counts.tolist() == [2, 0, 1]
 
 
 def test_vector_hash_is_pinned():
