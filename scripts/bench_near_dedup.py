@@ -403,7 +403,7 @@ def main() -> None:
     from importlib.metadata import version  # a baseline's speed moves with its release (and ours with numpy's)
 
     results: dict[str, Any] = {"corpus_docs": len(docs), "cpus": os.cpu_count(),
-                               "versions": {name: version(name) for name in ("datasketch", "numpy", "pyarrow")}}
+                               "versions": {name: version(name) for name in ("datasketch", "numpy", "numba", "pyarrow")}}
     with tempfile.TemporaryDirectory(prefix="bench-near-") as t:
         tmp = Path(t)
         if args.skip != "quality":

@@ -405,16 +405,13 @@ def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         pairs = groups.read(pairs_root / "pairs-u", g, PAIR_SCHEMA)
         # a pair that shares buckets of several partitions, once
         u, v = unique_pairs(pairs.column("u").to_numpy(), pairs.column("v").to_numpy())
-        pairs = pa.table({"u": u, "v": v}, schema=PAIR_SCHEMA)
-        u = pairs.column("u").to_numpy()
         found = _lookup(source.nodes(g), u, ["signature", "sender", "text_at", "text_bytes"])
         at, nbytes = _locators(found)
-        table = pa.table({"u": pairs.column("u"), "v": pairs.column("v"), "sig_u": found.column("signature"),
+        table = pa.table({"u": pa.array(u, pa.int64()), "v": pa.array(v, pa.int64()), "sig_u": found.column("signature"),
                           "sender_u": found.column("sender"), "text_at_u": at, "text_bytes_u": nbytes})
-        v = pairs.column("v").to_numpy()
         size = write_shuffle(pairs_root / "pairs-v" / f"g{g:03d}.shuffle", table, partition_of(v, config.partitions),
                              config.partitions)
-        return {"pairs": pairs.num_rows, "bytes": size}
+        return {"pairs": len(u), "bytes": size}
 
     return work()
 
