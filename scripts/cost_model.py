@@ -12,9 +12,10 @@ Inputs (both kept in benchmarks/, with the commands that made them in BENCHMARKS
 
 The model (its assumptions are flags, listed in BENCHMARKS.md, "Cost model"):
 - **Layout** as the runner chooses it: blocks M = text / `auto_block_bytes`, partitions by `auto_partitions`,
-  near dedup's groups G (`resolve_groups`: one per partition at scale), the map side's key files combined
-  `senders_per_file` to a file, each resolve step's G files combined as many to a file as fit COMBINE_BYTES
-  (`exchange_groups`), losers gathered by at most 256 groups of input units.
+  near dedup's groups G (`resolve_groups`: one per partition at scale), every exchange laid out by
+  `shuffle.combine_layout` (senders merged into at most RECEIVER_FILES groups, each cut into partition ranges
+  where its files do not fit a combine task whole; resolve steps of SMALL_EXCHANGE groups or fewer read each
+  other's files directly), losers gathered by at most 256 groups of input units.
 - **CPU**: each parallel phase's measured CPU (seconds x workers) grows with the larger of the document and
   byte ratios and spreads over the cores, then **wave tails**: T tasks on C cores run in ceil(T/C) waves, and
   the last task of a phase takes `--straggler` x a mean task. Serial: Ray's start, the driver's writes, the
@@ -42,12 +43,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from datapipe.core.shuffle import files_per_combine, senders_per_file
+from datapipe.core.shuffle import Combined, average_sender_bytes, combine_layout
 from datapipe.curate.blocks import FRAME_GAP, RANGE_WASTE
 from datapipe.core.storage import PREFIXES
 from datapipe.curate.config import auto_block_bytes, auto_partitions
 from datapipe.curate.exchange import LOSER_BYTES
-from datapipe.curate.phases.near_dedup import GROUP_DOCS, SMALL_EXCHANGE, key_senders_per_file
+from datapipe.curate.phases.near_dedup import GROUP_DOCS, SMALL_EXCHANGE, key_bytes
 from stages.exact_dedup import KEY_BYTES
 from stages.minhash import MinHashConfig
 
@@ -71,24 +72,30 @@ def layout(docs: float, text_bytes: float, units: int | None = None, blocks: int
     g = groups or max(1, min(p_near, -(-int(docs) // GROUP_DOCS)))
     return {"blocks": m, "block_bytes": int(text_bytes // m), "partitions_exact": p_exact, "partitions_near": p_near,
             "groups": g, "units": units or m, "shards": int(text_bytes * 0.5 // (64 * 2**20)) + 1,
-            "near_keys_per_file": key_senders_per_file(MinHashConfig(), int(docs), m),
-            "exact_keys_per_file": senders_per_file(int(docs), m, KEY_BYTES)}
+            "near_keys_bytes": key_bytes(MinHashConfig(), int(docs), m),
+            "exact_keys_bytes": average_sender_bytes(int(docs), m, KEY_BYTES)}
 
 
-def _exchange(senders: int, receivers: int, per_file: int) -> dict[str, int]:
-    """Requests of a two-level exchange: each sender's file written once and read whole by a combine task
-    (a header and a range), combined files written (and their records), each receiver reading a header and a
-    range of each combined file. Without combining (per_file 1) every receiver reads every sender's file."""
-    if per_file <= 1:
+def _exchange(senders: int, receivers: int, largest_bytes: float, partitions: int | None = None) -> dict[str, int]:
+    """Requests of a two-level exchange laid out as `shuffle.combine_layout` lays it out: each sender's file written
+    once, its range read by each combine task of its group (a header and a range), the combined files written (and
+    their records), each receiver reading a header and a range of each file of its range. `largest_bytes` None: not
+    combined, every receiver reads every sender's file."""
+    if largest_bytes is None:
         return {"spread": senders + 2 * senders * receivers, "plain": 0}
-    combined = -(-senders // per_file)
-    return {"spread": senders + 2 * senders + combined + 2 * combined * receivers, "plain": 2 * combined}
+    lay: Combined = combine_layout("x", senders, partitions or receivers, int(largest_bytes))
+    ranges = len(lay.starts)
+    return {"spread": senders + 2 * senders * ranges + lay.groups * ranges + 2 * lay.groups * receivers,
+            "plain": 2 * lay.groups * ranges}
 
 
-def _step_per_file(step_bytes: float, groups: int) -> int:
-    """`exchange_groups`: group files combined as many to a file as fit COMBINE_BYTES at the largest file's size
-    (taken as 1.5 x the mean); none at SMALL_EXCHANGE groups or fewer."""
-    return 1 if groups <= SMALL_EXCHANGE else files_per_combine(int(1.5 * step_bytes / groups))
+def _step_bytes(step_bytes: float, groups: int) -> float | None:
+    """`exchange_groups`: a step's group files combined at the largest file's size (taken as 1.5 x the mean);
+    none (None) at SMALL_EXCHANGE groups or fewer, or where two files do not fit one combine task."""
+    largest = 1.5 * step_bytes / groups
+    if groups <= SMALL_EXCHANGE or combine_layout("x", groups, groups, int(largest)).per_file < 2:
+        return None
+    return largest
 
 
 def _add(*parts: dict[str, int]) -> dict[str, int]:
@@ -117,22 +124,22 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
     m, pe, g, u = lay["blocks"], lay["partitions_exact"], lay["groups"], min(lay["units"], UNIT_GROUPS)
     task = {"plain": 2}  # its record: the existence check and the write
     losers = lambda senders: _add(  # split by unit, combined, gathered by unit group (`exchange.route_losers`)
-        {"spread": senders}, _exchange(senders, u, senders_per_file(int(LOSER_SHARE * docs), senders, LOSER_BYTES)),
+        {"spread": senders}, _exchange(senders, u, average_sender_bytes(int(LOSER_SHARE * docs), senders, LOSER_BYTES)),
         {"spread": u, "plain": 2 * (senders + u)})
     pairs = near["candidate_pairs"] * docs
-    k_u, k_v = _step_per_file(pairs * PAIR_BYTES["pairs-u"], g), _step_per_file(pairs * PAIR_BYTES["pairs-v"], g)
-    k_e = _step_per_file(near["edges"] * docs * PAIR_BYTES["edges"], g)
-    k_m = _step_per_file(near["edges"] * docs * MEMBER_BYTES, g)
-    step = lambda per_file: _add(_exchange(g, g, per_file), {"spread": g, "plain": 2 * g})  # + each task's nodes, records
+    k_u, k_v = _step_bytes(pairs * PAIR_BYTES["pairs-u"], g), _step_bytes(pairs * PAIR_BYTES["pairs-v"], g)
+    k_e = _step_bytes(near["edges"] * docs * PAIR_BYTES["edges"], g)
+    k_m = _step_bytes(near["edges"] * docs * MEMBER_BYTES, g)
+    step = lambda largest: _add(_exchange(g, g, largest), {"spread": g, "plain": 2 * g})  # + each task's nodes, records
     rounds = max(1, int(near.get("rounds", 1)))
     return {
         "read": _add({"spread": m, "plain": m * (math.ceil(lay["block_bytes"] / INPUT_RANGE) + 1)}, {"plain": 2 * m}),
-        "unique ids": _add(_exchange(m, pe, lay["exact_keys_per_file"]), {"plain": 3 * pe}),
+        "unique ids": _add(_exchange(m, pe, lay["exact_keys_bytes"]), {"plain": 3 * pe}),
         "exact_dedup": _add({"spread": 2 * m, "plain": 2 * m}, {"plain": 2 * m}),  # read block; view; keys; record
-        "exact_dedup resolve": _add(_exchange(m, pe, lay["exact_keys_per_file"]), {"plain": 3 * pe}, losers(pe)),
+        "exact_dedup resolve": _add(_exchange(m, pe, lay["exact_keys_bytes"]), {"plain": 3 * pe}, losers(pe)),
         "filters+minhash": _add({"spread": 3 * m + 2 * m, "plain": 2 * m}, {"plain": 2 * m}),  # + buckets, nodes
         "minhash resolve": _add(
-            _exchange(m, g, lay["near_keys_per_file"]), _exchange(m, g, lay["near_keys_per_file"]),  # pairs; gather
+            _exchange(m, g, lay["near_keys_bytes"]), _exchange(m, g, lay["near_keys_bytes"]),  # pairs; gather
             step(k_u), step(k_v),  # attach, verify
             {"spread": int(2 * near_share * docs * ranges_a_read)},  # the exact check: its range reads
             *[step(k_e) for _ in range(rounds)],  # component rounds
@@ -141,7 +148,7 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
         "minhash drop": _add({"spread": 2 * m, "plain": 2 * m}, {"plain": 2 * m}),
         # the tokenizer's sample (a block and its view read, the sample written and combined, one training task),
         # then the tokenize tasks
-        "tokenize": _add({"spread": m, "plain": m}, _exchange(m, 1, files_per_combine(int(TOKENIZER_SAMPLE_BYTES / m))),
+        "tokenize": _add({"spread": m, "plain": m}, _exchange(m, 1, TOKENIZER_SAMPLE_BYTES / m),
                          {"plain": 2 * m + 2}, {"spread": m, "plain": 3 * m}, {"plain": 2 * m}),
         "shards": _add({"plain": 2 * m + 3 * lay["shards"]}),
     }

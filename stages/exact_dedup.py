@@ -21,7 +21,7 @@ import xxhash
 from datapipe.core.config import check, note
 from datapipe.core.workfiles import write_work_table
 from datapipe.core.storage import Location, location
-from datapipe.core.shuffle import combine, read_shuffle, senders_per_file, shuffle_files
+from datapipe.core.shuffle import Combined, average_sender_bytes, combine
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 
 MIN_PARTITIONS = 16  # `partitions: auto` never goes below this
@@ -74,9 +74,8 @@ class ExactDedupStage(GlobalStage):
         items = [(p,) for p in range(self.config.partitions)]
         keys = folder / "keys"
         combined = combine(run_tasks, keys, [s.rsplit("/", 1)[-1] for s in senders], self.config.partitions,
-                           f"{self.name} combine", per_file=senders_per_file(documents, len(senders), KEY_BYTES))
-        files = [str(f) for f in shuffle_files(keys, combined)]
-        done = run_tasks(partition_task, (str(folder), files, self.config.partitions), items, f"{self.name} resolve",
+                           f"{self.name} combine", largest_bytes=average_sender_bytes(documents, len(senders), KEY_BYTES))
+        done = run_tasks(partition_task, (str(folder), combined), items, f"{self.name} resolve",
                          record=partition_record)
         return {"removed": sum(r["losers"] for r in done)}
 
@@ -105,16 +104,16 @@ class ExactDedupStage(GlobalStage):
         )
 
 
-def partition_record(shared: tuple[str, list[str], int], partition: int) -> Location:
+def partition_record(shared: tuple[str, Combined], partition: int) -> Location:
     """Where a partition task's record goes (the run loop checks it): `folder/losers-tNNN.json`."""
     return location(shared[0]) / f"losers-t{partition:03d}.json"
 
 
-def partition_task(shared: tuple[str, list[str], int], partition: int) -> dict[str, int]:
-    """The losers of one partition (its rows of every key file), written to `folder/losers-tNNN.arrow`
+def partition_task(shared: tuple[str, Combined], partition: int) -> dict[str, int]:
+    """The losers of one partition (its rows of every combined key file), written to `folder/losers-tNNN.arrow`
     (t = the partition); their count."""
-    folder, files, partitions = shared
-    keys = read_shuffle(files, partition, partitions)
+    folder, combined = shared
+    keys = combined.read(partition)
     losers = ExactDedupStage.partition_losers(keys) if keys is not None else LOSER_SCHEMA.empty_table()
     write_work_table(location(folder) / f"losers-t{partition:03d}.arrow", losers)
     return {"losers": losers.num_rows}

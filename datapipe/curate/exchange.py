@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from datapipe.core.schema import ROW_BITS
-from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, combine, read_shuffle, senders_per_file, shuffle_files, write_shuffle
+from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, Combined, combine, read_shuffle, write_shuffle
 from datapipe.core.storage import Location, location
 from datapipe.core.workfiles import read_work_table
 from stages.base import LOSER_SCHEMA
@@ -37,10 +37,12 @@ def route_losers(run_tasks: Callable[..., list], folder: Location, tasks: int, u
     files = [f"losers-t{t:03d}" for t in range(tasks)]  # one per resolve task, always
     split = run_tasks(split_losers_task, (str(folder), units), [(f,) for f in files], f"{stage} losers by unit",
                       record=_split_record)
-    per_file = senders_per_file(sum(x["losers"] for x in split), tasks, LOSER_BYTES)
-    names = combine(run_tasks, folder / LOSERS_BY_UNIT, files, units, f"{stage} losers combine", per_file=per_file)
     groups = -(-units // _unit_group(units))
-    run_tasks(gather_losers_task, (str(folder), tuple(names), units), [(g,) for g in range(groups)],
+    largest = max((x["losers"] for x in split), default=0) * LOSER_BYTES
+    # the ranges start at a group's first unit: a group reads one range of each combined file
+    combined = combine(run_tasks, folder / LOSERS_BY_UNIT, files, units, f"{stage} losers combine", largest_bytes=largest,
+                       spans=[_unit_range(g, units)[0] for g in range(groups)])
+    run_tasks(gather_losers_task, (str(folder), combined, units), [(g,) for g in range(groups)],
               f"{stage} losers by unit group", record=_gather_record)
 
 
@@ -70,19 +72,18 @@ def _unit_range(group: int, units: int) -> tuple[int, int]:
     return group * size, min(units, (group + 1) * size)
 
 
-def _gather_record(shared: tuple[str, int, int], group: int) -> Location:
+def _gather_record(shared: tuple[str, Combined, int], group: int) -> Location:
     return location(shared[0]) / LOSERS_BY_UNIT / f"g{group:05d}.json"
 
 
-def gather_losers_task(shared: tuple[str, tuple[str, ...], int], group: int) -> dict[str, int]:
-    """The losers of one group of input units, from the group's range of every (combined) split file named in
-    `shared` (one read each: its units are adjacent partitions) into one file `losers-by-unit/gNNNNN.shuffle`,
-    partitioned by the unit within the group."""
-    folder, names, units = shared
+def gather_losers_task(shared: tuple[str, Combined, int], group: int) -> dict[str, int]:
+    """The losers of one group of input units, from the group's range of every combined split file (one read each:
+    its units are adjacent partitions) into one file `losers-by-unit/gNNNNN.shuffle`, partitioned by the unit
+    within the group."""
+    folder, combined, units = shared
     root = location(folder) / LOSERS_BY_UNIT
     u0, u1 = _unit_range(group, units)
-    files = shuffle_files(root, list(names))
-    losers = read_shuffle(files, u0, units, LOSER_SCHEMA, through=u1, partition_column="unit").sort_by([("order", "ascending")])
+    losers = combined.read(u0, LOSER_SCHEMA, through=u1, partition_column="unit").sort_by([("order", "ascending")])
     unit = losers.column("unit").to_numpy().astype(np.int64) - u0
     write_shuffle(root / f"g{group:05d}{SHUFFLE_SUFFIX}", losers.drop(["unit"]), unit, u1 - u0)
     return {"losers": losers.num_rows}

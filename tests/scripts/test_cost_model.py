@@ -2,7 +2,7 @@
 
 import argparse
 
-from scripts.cost_model import _exchange, _step_per_file, layout, measured_phases, ranges_per_read, requests
+from scripts.cost_model import _exchange, _step_bytes, layout, measured_phases, ranges_per_read, requests
 
 
 def test_the_exact_checks_ranges_merge_only_where_a_task_wants_many_documents_of_a_block():
@@ -16,18 +16,23 @@ def test_the_exact_checks_ranges_merge_only_where_a_task_wants_many_documents_of
     assert requests(lay, 1e9, near, 0.005)["minhash resolve"]["spread"] - half == 0.005 * 1e9
 
 
-def test_an_exchange_grows_as_senders_plus_receivers_once_combined():
-    # every receiver reads a header and a range of every sender's file: 2 x 10 x 5, plus the 10 writes
-    assert _exchange(10, 5, 1) == {"spread": 10 + 100, "plain": 0}
-    # 256 senders combined 128 to a file: 256 writes, 256 whole reads (2 each), 2 combined files (and their
-    # records), and each of 5 receivers reads 2 ranges of each combined file
-    assert _exchange(256, 5, 128) == {"spread": 256 + 512 + 2 + 20, "plain": 4}
+def test_an_exchange_grows_as_senders_times_ranges_plus_receivers_once_combined():
+    # not combined: every receiver reads a header and a range of every sender's file: 2 x 10 x 5, plus the 10 writes
+    assert _exchange(10, 5, None) == {"spread": 10 + 100, "plain": 0}
+    # 256 small files fit one combine task: 256 writes, 256 ranges read (2 requests each), 1 combined file (and its
+    # record's 2), and each of 5 receivers reads 2 ranges of it
+    assert _exchange(256, 5, 1000) == {"spread": 256 + 512 + 1 + 10, "plain": 2}
+    # 1 TB's near-dedup keys (16,384 files of 9 MB, 1,165 receivers): 64 groups of 256 (RECEIVER_FILES), each cut
+    # into 7 partition ranges to fit COMBINE_BYTES; every sender's range read by 7 tasks, 448 files, 64 a receiver
+    assert _exchange(16_384, 1_165, 9e6) == {"spread": 16_384 + 2 * 16_384 * 7 + 448 + 2 * 64 * 1_165, "plain": 896}
 
 
-def test_resolve_steps_combine_only_past_a_few_groups_and_as_many_as_fit_the_budget():
-    assert _step_per_file(1e9, 4) == 1  # 2 G^2 <= 8 G: each reads every file
-    assert _step_per_file(1e6, 100) == 1024  # small files: the most a combine task takes (COMBINE_SENDERS)
-    assert _step_per_file(1e12, 1000) == 1  # 1.5 GB files: one does not fit twice in a combine's budget
+def test_resolve_steps_combine_past_a_few_groups():
+    assert _step_bytes(1e9, 4) is None  # 2 G^2 <= 8 G: each reads every file
+    assert _step_bytes(1e6, 100) == 1.5e4  # small files: combined, at 1.5 x the mean file
+    # 1.5 GB files: one does not fit a combine task whole, but 1,000 files are more than a receiver may read: combined
+    # 16 to a group, each cut into partition ranges
+    assert _step_bytes(1e12, 1000) == 1.5e9
 
 
 def test_the_layout_is_the_runners_and_the_exact_check_adds_two_reads_a_pair():

@@ -55,7 +55,7 @@ from datapipe.core.shards import atomic_write_table
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.curate.config import EvalSplitConfig
 from datapipe.curate.counters import Counters
-from datapipe.core.shuffle import combine, read_shuffle, senders_per_file, shuffle_files, write_shuffle
+from datapipe.core.shuffle import Combined, combine, read_shuffle, shuffle_files, write_shuffle
 from datapipe.curate.phases import near_dedup
 from datapipe.curate.blocks import block_documents
 from datapipe.curate.phase import record_in
@@ -316,11 +316,11 @@ def candidate_task(shared: tuple[str, str, EvalSplitConfig, int], block: str) ->
     return {"candidates": table.num_rows, "by_partition": np.bincount(partition, minlength=partitions).tolist()}
 
 
-def choose_task(shared: tuple[str, tuple[str, ...], int, EvalSplitConfig], p: int) -> dict[str, int]:
-    """The eval documents of the domains of partition p: their candidates from every (combined) candidates file,
+def choose_task(shared: tuple[str, Combined, EvalSplitConfig], p: int) -> dict[str, int]:
+    """The eval documents of the domains of partition p: their candidates from the combined candidates files,
     chosen by `chosen_mask`, written to work/eval/chosen/pNNN.arrow (order, id, domain, num_tokens, hash)."""
-    work, names, partitions, config = location(shared[0]), shared[1], shared[2], shared[3]
-    table = read_shuffle(shuffle_files(work / EVAL_DIR / "candidates", list(names)), p, partitions, CANDIDATE_SCHEMA)
+    work, combined, config = location(shared[0]), shared[1], shared[2]
+    table = combined.read(p, CANDIDATE_SCHEMA)
     table = table.sort_by([("order", "ascending")])
     mask = chosen_mask(table.column("rank").to_numpy(), np.array(table.column("domain").to_pylist(), dtype=object),
                        table.column("num_tokens").to_numpy(), table.column("order").to_numpy(), config)
@@ -454,11 +454,11 @@ def _chosen(run_tasks: Callable[..., list[Any]], work: Location, names: list[str
     partitions = max(1, min(CHOOSE_TASKS, len(names)))
     found = run_tasks(candidate_task, (str(work), segment, config, partitions), [(b,) for b in names],
                       "eval_split candidates", record=record_in(RECORDS, "candidates"))
-    per_file = senders_per_file(sum(f["candidates"] for f in found), len(names), CANDIDATE_BYTES)
+    largest = max((f["candidates"] for f in found), default=0) * CANDIDATE_BYTES
     combined = combine(run_tasks, work / EVAL_DIR / "candidates", names, partitions, "eval_split candidates combine",
-                       per_file=per_file, records=work / RECORDS)
+                       largest_bytes=largest, records=work / RECORDS)
     largest = int(np.sum([f["by_partition"] for f in found], axis=0).max()) if found else 0  # a domain's share
-    chosen = run_tasks(choose_task, (str(work), tuple(combined), partitions, config), [(p,) for p in range(partitions)],
+    chosen = run_tasks(choose_task, (str(work), combined, config), [(p,) for p in range(partitions)],
                        "eval_split choose", record=record_in(RECORDS, "choose"),
                        memory=CHOOSE_BASE_BYTES + 4 * largest * CANDIDATE_BYTES)
     run_tasks(held_task, (str(work), partitions), [()], "eval_split held", record=record_in(RECORDS, "held"),

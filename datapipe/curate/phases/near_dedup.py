@@ -60,8 +60,7 @@ import pyarrow.parquet as pq
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.shards import replacing
 from datapipe.core.workfiles import read_work_table, write_work_table
-from datapipe.core.shuffle import (combine, combined_names, files_per_combine, read_shuffle, shuffle_files,
-                                   senders_per_file as shuffle_senders_per_file, write_shuffle)
+from datapipe.core.shuffle import (Combined, SenderFiles, average_sender_bytes, combine, combine_layout, write_shuffle)
 from datapipe.core.storage import Location, location, remove_tree
 from datapipe.curate.blocks import block_documents, frame_ranges, read_texts
 from datapipe.curate.phase import record_in
@@ -104,17 +103,19 @@ class KeySource:
     groups: "Groups | None" = None  # the resolve's tasks (`resolve_groups`)
 
     @property
-    def per_file(self) -> int:
-        return self.groups.senders_per_file if self.groups is not None else 0
+    def combined(self) -> bool:
+        return self.groups is not None and self.groups.key_bytes > 0
 
-    def files(self, kind: str) -> list[Location]:
+    def key_files(self, kind: str, partitions: int) -> Combined | SenderFiles:
         """The key files of `kind` a receiver reads: the combined ones (`combine_keys`), else one per sender."""
-        if self.per_file:
-            return shuffle_files(location(self.keys) / kind, combined_names(len(self.senders), self.per_file))
-        return shuffle_files(location(self.keys) / kind, [s.rsplit("/", 1)[-1] for s in self.senders])
+        folder = location(self.keys) / kind
+        if self.combined:
+            return combine_layout(folder, len(self.senders), self.groups.partitions, self.groups.key_bytes,
+                                  spans=self.groups.starts())
+        return SenderFiles(str(folder), tuple(s.rsplit("/", 1)[-1] for s in self.senders), partitions)
 
     def read(self, kind: str, p: int, partitions: int, **kwargs: Any) -> pa.Table | None:
-        return read_shuffle(self.files(kind), p, partitions, **kwargs)
+        return self.key_files(kind, partitions).read(p, **kwargs)
 
     def nodes(self, g: int) -> pa.Table:
         """Group g's nodes (`groups`), with each row's `sender` (its index in `senders`): one file when
@@ -123,7 +124,7 @@ class KeySource:
             return read_work_table(location(self.keys) / GATHERED / f"g{g:03d}.arrow")
         lo, hi = self.groups.range(g)
         # a combined file holds each row's sender already (`combine_keys`)
-        nodes = self.read("nodes", lo, self.groups.partitions, source_column=None if self.per_file else "sender", through=hi)
+        nodes = self.read("nodes", lo, self.groups.partitions, source_column=None if self.combined else "sender", through=hi)
         if nodes is None:
             raise RuntimeError("near dedup: no nodes files in the work folder")
         return nodes
@@ -139,12 +140,16 @@ class Groups:
 
     partitions: int
     count: int
-    senders_per_file: int = 0  # the map side's key files combined this many to a file (`combine_keys`); 0: not
-    # the step folders (by name) whose group files were combined, and how many to a file (`exchange_groups`)
-    combined: tuple[tuple[str, int], ...] = ()
+    key_bytes: int = 0  # the map side's largest key file, estimated: what lays out `combine_keys`; 0: not combined
+    # the step folders (by name) whose group files were combined, and where to (`exchange_groups`)
+    combined: tuple[tuple[str, Combined], ...] = ()
 
     def range(self, g: int) -> tuple[int, int]:
         return g * self.partitions // self.count, (g + 1) * self.partitions // self.count
+
+    def starts(self) -> list[int]:
+        """Each group's first partition: a combine's ranges start at these, so a group reads one range."""
+        return [self.range(g)[0] for g in range(self.count)]
 
     def names(self) -> list[str]:
         return [f"g{g:03d}" for g in range(self.count)]
@@ -156,16 +161,17 @@ class Groups:
         """Group g's rows of every group's shuffle file in `folder` (one range of each), or of the files they
         were combined into (`exchange_groups`)."""
         lo, hi = self.range(g)
-        return read_shuffle(self.files(folder), lo, self.partitions, schema, through=hi)
+        return self.files(folder).read(lo, schema, through=hi)
 
-    def files(self, folder: Location) -> list[Location]:
-        """The shuffle files of a step's folder its readers read: one per group, or the combined ones."""
-        per_file = dict(self.combined).get(folder.name)
-        return shuffle_files(folder, combined_names(self.count, per_file) if per_file else self.names())
+    def files(self, folder: Location, partitions: int | None = None) -> Combined | SenderFiles:
+        """The shuffle files of a step's folder its readers read: the combined ones, or one per group (of
+        `partitions` partitions where not the groups')."""
+        combined = dict(self.combined).get(folder.name)
+        return combined or SenderFiles(str(folder), tuple(self.names()), partitions or self.partitions)
 
     def record(self) -> dict[str, int]:
         """What `records/groups.json` keeps: the grouping, fixed by a resolve's first run (not its combines)."""
-        return {"partitions": self.partitions, "count": self.count, "senders_per_file": self.senders_per_file}
+        return {"partitions": self.partitions, "count": self.count, "key_bytes": self.key_bytes}
 
 
 SMALL_EXCHANGE = 4  # up to this many groups, each reads every group's file: 2 G^2 <= 4 x (G + G) requests
@@ -174,21 +180,21 @@ SMALL_EXCHANGE = 4  # up to this many groups, each reads every group's file: 2 G
 def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, results: Sequence[dict[str, Any]],
                     desc: str, partitions: int | None = None, *, records: Location | None = None) -> Groups:
     """After a step whose G tasks each wrote one shuffle file in `folder` (their results' `bytes`): the two-level
-    exchange (`shuffle.combine`) when G > SMALL_EXCHANGE, as many files to a combine task as fit COMBINE_BYTES at
-    the largest file's size, so that the next step's G receivers read G / per_file files each, not G: requests
+    exchange (`shuffle.combine`) when G > SMALL_EXCHANGE, laid out from the largest file's size (`combine_layout`),
+    so that the next step's G receivers read G / per_file files each, not G: requests
     grow as senders + receivers while a combine holds at most COMBINE_BYTES. The groups the readers then use.
     `partitions`: the files' own, where not the groups' (the clusters' order ranges); `records`: the combine tasks'
     where not `shuffle.combine`'s own (`cc/rNNN/`'s go to the resolve's: `cc/` is deleted whole after the members)."""
     sizes = [int(r["bytes"]) for r in results if "bytes" in r]
     if groups.count <= SMALL_EXCHANGE or not sizes:  # (no sizes: a step recorded before the exchange existed)
         return groups
-    per_file = files_per_combine(max(sizes))
-    if per_file < 2:
+    spans = None if partitions else groups.starts()  # the clusters' order ranges are read one at a time
+    if combine_layout(folder, groups.count, partitions or groups.partitions, max(sizes), spans).per_file < 2:
         return groups
-    combine(run_tasks, folder, groups.names(), partitions or groups.partitions, f"{desc} combine", per_file=per_file,
-            records=records)
+    layout = combine(run_tasks, folder, groups.names(), partitions or groups.partitions, f"{desc} combine",
+                     largest_bytes=max(sizes), spans=spans, records=records)
     combined = dict(groups.combined)
-    combined[folder.name] = per_file
+    combined[folder.name] = layout
     return dataclasses.replace(groups, combined=tuple(sorted(combined.items())))
 
 
@@ -198,21 +204,20 @@ GROUP_DOCS = 16_384  # documents per resolve task, at least: a small corpus make
 _KEY_BYTES = {"buckets": 16, "nodes": 40}  # bytes a document's keys take per band (buckets), besides its signature (nodes)
 
 
-def key_senders_per_file(config: MinHashConfig, documents: int, senders: int) -> int:
-    """How many senders' key files one combine task merges (`shuffle.senders_per_file`), at the larger of a
-    document's buckets (one row per band) and its node (the signature)."""
+def key_bytes(config: MinHashConfig, documents: int, senders: int) -> int:
+    """A sender's key file's bytes, estimated (`shuffle.average_sender_bytes`) at the larger of a document's buckets
+    (one row per band) and its node (the signature): what lays out the keys' combine."""
     per_doc = max(_KEY_BYTES["buckets"] * config.lsh_params()[0], _KEY_BYTES["nodes"] + 4 * config.num_perm)
-    return shuffle_senders_per_file(documents, senders, per_doc)
+    return average_sender_bytes(documents, senders, per_doc)
 
 
 def combine_keys(run_tasks: RunTasks, source: KeySource, desc: str) -> None:
     """The two-level exchange of the map side's buckets and nodes (`shuffle.combine`): receivers then read
-    M / per_file files, not M (the nodes keep each row's sender, which the exact check needs)."""
-    per_file = source.groups.senders_per_file
+    at most RECEIVER_FILES files, not M (the nodes keep each row's sender, which the exact check needs)."""
     names = [s.rsplit("/", 1)[-1] for s in source.senders]
     for kind, column in (("buckets", None), ("nodes", "sender")):
         combine(run_tasks, location(source.keys) / kind, names, source.groups.partitions, f"{desc} combine {kind}",
-                per_file=per_file, source_column=column)
+                largest_bytes=source.groups.key_bytes, spans=source.groups.starts(), source_column=column)
 
 
 def resolve_groups(partitions: int, documents: int) -> Groups:
@@ -511,7 +516,7 @@ def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
     root = location(folder)
 
     def work() -> dict[str, Any]:
-        table = read_shuffle(groups.files(root / "cc" / "r000"), 0, config.partitions, EDGE_SCHEMA, through=config.partitions)
+        table = groups.files(root / "cc" / "r000", config.partitions).read(0, EDGE_SCHEMA, through=config.partitions)
         src, dst = table.column("src").to_numpy(), table.column("dst").to_numpy()
         keep = src < dst  # each undirected edge once
         a, b, rounds = connected_components(src[keep], dst[keep], config.max_rounds)
@@ -604,13 +609,13 @@ def clusters_task(shared: tuple[str, str, Groups, OrderRanges], _: int = 0) -> d
     time (a row group each): a step holds one range of every group's file (`OrderRanges`), so memory is the
     clusters' bytes over the ranges, not the corpus's."""
     folder, out_dir, groups, ranges = location(shared[0]), location(shared[1]), shared[2], shared[3]
-    files = groups.files(folder / "clusters")
+    clusters = groups.files(folder / "clusters", ranges.count)
     schema = CLUSTER_SCHEMA.remove(CLUSTER_SCHEMA.get_field_index("order"))
     rows = 0
     path = out_dir / "near_duplicates" / "clusters.parquet"
     with replacing(path, False) as tmp, tmp.open("wb") as sink, pq.ParquetWriter(sink, schema) as writer:
         for r in range(ranges.count):
-            step = read_shuffle(files, r, ranges.count, CLUSTER_SCHEMA)
+            step = clusters.read(r, CLUSTER_SCHEMA)
             if step.num_rows:
                 writer.write_table(step.sort_by([("order", "ascending")]).drop(["order"]).cast(schema))
                 rows += step.num_rows
@@ -647,7 +652,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     summary for the stats."""
     config = stage.config
     proposed = dataclasses.replace(resolve_groups(config.partitions, documents),
-                                   senders_per_file=key_senders_per_file(config, documents, len(senders)))
+                                   key_bytes=key_bytes(config, documents, len(senders)))
     # fixed by the first run (the task's record, `records/groups.json`): a resume keeps its grouping
     first = run_tasks(first_run_choice_task, (str(folder), proposed.record()), [()], f"{stage.name} groups",
                       record=record_in("records", "groups"))[0]

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from datapipe.curate.counters import Counters
 from datapipe.core.shards import atomic_write_table
-from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, combine, files_per_combine, read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, Combined, combine, write_shuffle
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curate.phase import record_in
@@ -93,12 +93,12 @@ def sample_task(shared: tuple[str, diversity.DiversityConfig, dict[str, int], Ro
     return {"documents": len(rows), "bytes": size}
 
 
-def fit_task(shared: tuple[str, tuple[str, ...], diversity.DiversityConfig, dict[str, int]], index: int) -> dict[str, Any]:
+def fit_task(shared: tuple[str, Combined, diversity.DiversityConfig, dict[str, int]], index: int) -> dict[str, Any]:
     """One sampled domain's k-means centroids, fit on its sample (every block's, in block order), as lists (a
     record is JSON: float32 values come back exactly); none without a sample."""
-    work, names, config, doc_counts = location(shared[0]), list(shared[1]), shared[2], shared[3]
+    combined, config, doc_counts = shared[1:]
     d = list(config.domains)[index]
-    sample = read_shuffle(shuffle_files(work / "diversity" / "sample", names), index, len(config.domains), SAMPLE_SCHEMA)
+    sample = combined.read(index, SAMPLE_SCHEMA)
     column = sample.column("tokens").combine_chunks()
     values, offsets = column.values.to_numpy(), column.offsets.to_numpy()
     toks = [values[offsets[i]:offsets[i + 1]] for i in range(len(column))]
@@ -117,9 +117,8 @@ def fit_centroids(run_tasks: Callable[..., list[Any]], work: Location, blocks: l
     parts = run_tasks(sample_task, (str(work), config, doc_counts, held_out), [(b,) for b in blocks], "diversity sample",
                       record=record_in("diversity/records", "sample"))
     combined = combine(run_tasks, work / "diversity" / "sample", blocks, len(config.domains), "diversity sample combine",
-                       per_file=files_per_combine(max((p["bytes"] for p in parts), default=1)),
-                       records=work / "diversity" / "records")
-    fits = run_tasks(fit_task, (str(work), tuple(combined), config, doc_counts), [(i,) for i in range(len(config.domains))],
+                       largest_bytes=max((p["bytes"] for p in parts), default=1), records=work / "diversity" / "records")
+    fits = run_tasks(fit_task, (str(work), combined, config, doc_counts), [(i,) for i in range(len(config.domains))],
                      "diversity fit", record=record_in("diversity/records", "fit"))
     return {f["domain"]: np.asarray(f["centroids"], dtype=np.float32) for f in fits if f["centroids"] is not None}
 

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from datapipe.core.shards import atomic_write_bytes, shard_schema
-from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, combine, files_per_combine, read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, Combined, combine, write_shuffle
 from datapipe.core.storage import Location, is_url, location
 from datapipe.core.workfiles import write_work_table
 from datapipe.curate.blocks import block_documents
@@ -53,17 +53,16 @@ def _sample_record(plan: Plan, unit: int, block: int, rate: float) -> Location:
     return plan.work / SAMPLE_DIR / "records" / f"sample-{block_name(unit, block)}.json"
 
 
-def train_task(shared: tuple[Plan, tuple[str, ...]]) -> dict[str, str]:
-    """The tokenizer trained on the (combined) sample files named in `shared`, in block order, written atomically to
-    OUT/tokenizer.json."""
-    plan, names = shared
-    sample = read_shuffle(shuffle_files(plan.work / SAMPLE_DIR / "sample", list(names)), 0, 1, SAMPLE_SCHEMA)
+def train_task(shared: tuple[Plan, Combined]) -> dict[str, str]:
+    """The tokenizer trained on the combined sample files, in block order, written atomically to OUT/tokenizer.json."""
+    plan, combined = shared
+    sample = combined.read(0, SAMPLE_SCHEMA)
     tokenizer = train_tokenizer(iter(sample.column("text").to_pylist()), plan.cfg.tokenizer)
     atomic_write_bytes(plan.out / "tokenizer.json", tokenizer.to_str().encode(), durable=True)
     return {"path": "tokenizer.json"}
 
 
-def _train_record(shared: tuple[Plan, tuple[str, ...]]) -> Location:
+def _train_record(shared: tuple[Plan, Combined]) -> Location:
     return shared[0].work / SAMPLE_DIR / "records" / "train.json"
 
 
@@ -81,9 +80,9 @@ def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int
     names = [block_name(u, b) for u, b in blocks]
     records = plan.work / SAMPLE_DIR / "records"
     combined = combine(run_tasks, plan.work / SAMPLE_DIR / "sample", names, 1, "tokenizer sample combine",
-                       per_file=files_per_combine(max((p["bytes"] for p in parts), default=1)), records=records)
+                       largest_bytes=max((p["bytes"] for p in parts), default=1), records=records)
     sample_bytes = sum(p["text_bytes"] for p in parts)  # (the texts, not their compressed files)
-    run_tasks(train_task, (plan, tuple(combined)), [()], "tokenizer train", record=_train_record,
+    run_tasks(train_task, (plan, combined), [()], "tokenizer train", record=_train_record,
               memory=task_memory(plan, "segment") + TRAIN_BYTES_PER_SAMPLE_BYTE * sample_bytes)
     saved = plan.out / "tokenizer.json"
     if tcfg.train.save_dir:

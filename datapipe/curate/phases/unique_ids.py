@@ -29,7 +29,7 @@ import xxhash
 
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.workfiles import read_work_table, write_work_table
-from datapipe.core.shuffle import SUFFIX, combine, read_shuffle, senders_per_file, shuffle_files, write_shuffle
+from datapipe.core.shuffle import SUFFIX, Combined, average_sender_bytes, combine, write_shuffle
 from datapipe.core.storage import Location
 
 KEY_SCHEMA = pa.schema([("id", pa.string()), ("order", pa.int64()), ("hash", pa.uint64())])
@@ -52,12 +52,12 @@ def write_keys(work: Location, block: str, table: pa.Table, partitions: int) -> 
     write_shuffle(work / FOLDER / "keys" / f"{block}{SUFFIX}", keys, (hashes % np.uint64(partitions)).astype(np.int64), partitions)
 
 
-def resolve(shared: tuple[Location, list[str]], partition: int, partitions: int) -> dict[str, Any]:
-    """Name the renames of one hash partition of the ids (its rows of every block's key file: `shared`
-    is the work folder and the block names): write them per input unit and return
+def resolve(shared: tuple[Location, Combined], partition: int, partitions: int) -> dict[str, Any]:
+    """Name the renames of one hash partition of the ids (its rows of every block's key file, from the combined
+    files: `shared` is the work folder and where they are): write them per input unit and return
     {"renamed": n, "examples": [[id, new_id, order], ...] (the first few by order)}."""
-    work, blocks = shared
-    keys = read_shuffle(shuffle_files(work / FOLDER / "keys", blocks), partition, partitions, KEY_SCHEMA)
+    work, combined = shared
+    keys = combined.read(partition, KEY_SCHEMA)
     renames = _renames(keys)
     units = pc.shift_right(renames.column("order"), ROW_BITS) if renames.num_rows else pa.array([], pa.int64())
     for u in pc.unique(units).to_pylist():
@@ -76,12 +76,12 @@ def resolve_ids(run_tasks: Callable[..., list[Any]], work: Location, blocks: lis
     """Part of reading: the blocks' key files combined a group at a time (requests grow as blocks + partitions, not
     blocks x partitions), then one task per hash partition of the ids names its renames (applied as segment 0 reads)."""
     combined = combine(run_tasks, work / FOLDER / "keys", blocks, partitions, "unique_ids combine",
-                       per_file=senders_per_file(documents, len(blocks), KEY_BYTES))
+                       largest_bytes=average_sender_bytes(documents, len(blocks), KEY_BYTES))
     return run_tasks(resolve, (work, combined), [(p, partitions) for p in range(partitions)], "unique_ids",
                      record=resolved_record_at)
 
 
-def resolved_record_at(shared: tuple[Location, list[str]], partition: int, partitions: int) -> Location:
+def resolved_record_at(shared: tuple[Location, Combined], partition: int, partitions: int) -> Location:
     return shared[0] / FOLDER / f"resolved-p{partition:03d}-of-{partitions:03d}.json"
 
 
