@@ -11,7 +11,8 @@ hash-partitioned keys per document inside the block tasks, and a resolve half (`
 after all blocks, with the executor's `run_tasks`, and names the losing documents. The next segment
 drops them (see `GlobalStage`).
 
-A document filter is smaller still: `check(text) -> reason | None`. `FilterStage` applies the
+A document filter is smaller still: `check(text) -> reason | None` (`drop_reason`: None or "" keeps, a
+non-empty string drops, anything else is refused). `FilterStage` applies the
 filters configured for each document's domain (or domain and language: keys `domain/lang`, `domain`,
 `*/lang`, `*`, most specific first) and turns the first failing check into a drop whose
 reason is `"<filter name>:<check>"` (e.g. `gopher_quality:word_count`).
@@ -166,11 +167,24 @@ def split_by_reasons(
 
 
 class DocumentFilter(Protocol):
-    """A heuristic check on one document: None keeps it, a short string names why it is dropped."""
+    """A heuristic check on one document: None (or "") keeps it, a non-empty string names why it is dropped.
+    Any other answer is refused (`drop_reason`)."""
 
     name: ClassVar[str]
 
     def check(self, text: str) -> str | None: ...
+
+
+def drop_reason(name: str, answer: Any) -> str | None:
+    """A document filter's answer to `check` as a drop reason: None or "" keeps the document (None), a non-empty
+    string drops it with reason `"<name>:<answer>"`. Anything else is a TypeError naming the filter, the answer and
+    the contract: a filter answering "fine" with False (or with a count) would otherwise drop every document."""
+    if answer is None:
+        return None
+    if isinstance(answer, str):
+        return f"{name}:{answer}" if answer else None
+    raise TypeError(f"check returned {answer!r} (a {type(answer).__name__}); a filter's check returns None or \"\" to "
+                    "keep a document, or a non-empty string naming why it is dropped")
 
 
 class FilterStage:

@@ -7,6 +7,8 @@ Each entry's `path` names a class (`module:attr`), called with `args`. What it b
   `"<name>:<detail>"`.
 They run after the shipped filters and before near dedup (`datapipe.curate.phases.segment.build_segments`), their
 drops counted under their own `name`. The modules they live in go to Ray's workers with the job (`worker_modules`).
+A stage that raises, or a check that answers something other than None or a string, stops the run with
+`UserStageFailed`: the entry, what went wrong, the document (or batch) and where it lies in its input, what to do.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import sysconfig
+import traceback
 from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow as pa
 
 from datapipe.core.config import ConfigError
-from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
-from stages.base import GlobalStage, StageResult, split_by_reasons
+from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, ROW_BITS
+from stages.base import GlobalStage, StageResult, drop_reason, split_by_reasons
 
 # Stage names the run itself counts under in the funnel: a user's stage must not share one (nor another's).
 SHIPPED_NAMES = frozenset({"read", "normalize", "exact_dedup", "langid", "filters", "minhash", "tokenize", "eval_split",
@@ -30,35 +34,115 @@ SHIPPED_NAMES = frozenset({"read", "normalize", "exact_dedup", "langid", "filter
 OWN_PACKAGES = frozenset({"datapipe", "stages"})
 
 
+class UserStageFailed(ConfigError):
+    """A user's stage failed on documents: `stage` names the entry, `problem` what went wrong, `ids` and `orders` the
+    document (or a batch's first and last), `where` where they lie in the inputs (added by the segment task, which
+    knows the input units: `located`), `todo` what to do. The CLI prints it as one paragraph; it pickles as itself,
+    so that it reaches the driver through Ray."""
+
+    def __init__(self, stage: str, problem: str, ids: Sequence[str], orders: Sequence[int], count: int, todo: str,
+                 where: str = "") -> None:
+        self.stage, self.problem, self.ids, self.orders = stage, problem, list(ids), list(orders)
+        self.count, self.todo, self.where = count, todo, where
+        if count == 1:
+            documents = f"document {self.ids[0]!r}" + (f" ({where})" if where else "")
+        else:
+            documents = (f"a batch of {count:,} documents ({self.ids[0]!r} to {self.ids[-1]!r}"
+                         + (f", {where})" if where else ")"))
+        super().__init__(f"{stage}, on {documents}: {problem}. {todo}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.stage, self.problem, self.ids, self.orders, self.count, self.todo, self.where)
+
+    def located(self, units: Sequence[Any]) -> UserStageFailed:
+        """The same failure, saying where its documents lie in the inputs (`units`: the plan's `InputUnit`s)."""
+        return UserStageFailed(self.stage, self.problem, self.ids, self.orders, self.count, self.todo,
+                               where_in_inputs(units, self.orders))
+
+
+def where_in_inputs(units: Sequence[Any], orders: Sequence[int]) -> str:
+    """'line 18 of corpus.jsonl' (one order), 'lines 3 to 40 of corpus.jsonl' (a first and a last of one unit):
+    a document's order is its unit's index and its position in the unit (`datapipe.curate.readers`)."""
+    places = [divmod(order, 1 << ROW_BITS) for order in orders]
+    unit = units[places[0][0]]
+    if any(index != places[0][0] for index, _ in places):  # a batch never spans units; say so rather than guess
+        return "input " + ", ".join(units[index].path for index, _ in places)
+    if unit.format == "text":
+        return " to ".join(unit.files[position] for _, position in places)
+    noun, first = ("line", 1) if unit.format == "jsonl" else ("row", unit.start)
+    numbers = " to ".join(str(first + position) for _, position in places)
+    return f"{noun}{'s' * (len(places) > 1)} {numbers} of {unit.path}"
+
+
+def _raised(exc: BaseException) -> str:
+    """'ValueError: bad text (my_filters.py, line 6, in check)': the exception and the innermost line of the user's
+    own code it came through (not of Python's library or an installed package)."""
+    library = {sysconfig.get_path(kind) for kind in ("stdlib", "platstdlib", "purelib", "platlib")}
+    frames = traceback.extract_tb(exc.__traceback__)[1:]  # [0] is the wrapper's call
+    own = [f for f in frames if not any(f.filename.startswith(path) for path in library if path)] or frames
+    line = f" ({own[-1].filename}, line {own[-1].lineno}, in {own[-1].name})" if own else ""
+    text = " ".join(str(exc).split())  # one paragraph; a KeyError of a whole document must not fill the screen
+    return f"{type(exc).__name__}: {text if len(text) <= 300 else text[:300] + ' ...'}{line}"
+
+_FIX_CHECK = ("Fix check so that it answers every text (None keeps the document, a short string drops it naming why), "
+              "then run the same command again: the blocks already done are kept.")
+_FIX_ANSWER = "Return None (or \"\") for a document the filter keeps, then run the same command again."
+_FIX_STAGE = ("Fix the stage so that it handles every batch, then run the same command again: the blocks already done "
+              "are kept.")
+
+
 class DomainFilterStage:
     """A user's `DocumentFilter` as a map stage: documents of `domains` (all when empty) that fail its check are
-    dropped with reason `"<name>:<detail>"`, under stage `name`."""
+    dropped with reason `"<name>:<detail>"`, under stage `name`. A check that raises, or answers something other
+    than None or a string (`stages.base.drop_reason`), is a `UserStageFailed` naming `entry` and the document."""
 
-    def __init__(self, document_filter: Any, domains: Sequence[str], *, keep_text: bool = False) -> None:
+    def __init__(self, document_filter: Any, domains: Sequence[str], *, key: str, path: str, keep_text: bool = False) -> None:
         self.filter = document_filter
         self.name = document_filter.name
         self.domains = frozenset(domains)
+        self.entry = f"{key}: filter {self.name!r} ({path})"  # its recipe entry, for its errors
         self.keep_text = keep_text
 
     def __call__(self, batch: pa.RecordBatch) -> StageResult:
         reasons: list[str | None] = []
-        for text, domain in zip(batch.column("text").to_pylist(), batch.column("domain").to_pylist()):
-            detail = self.filter.check(text) if not self.domains or domain in self.domains else None
-            reasons.append(None if detail is None else f"{self.name}:{detail}")
+        for i, (text, domain) in enumerate(zip(batch.column("text").to_pylist(), batch.column("domain").to_pylist())):
+            if self.domains and domain not in self.domains:
+                reasons.append(None)
+                continue
+            try:
+                answer = self.filter.check(text)
+            except Exception as exc:  # noqa: BLE001 - the user's code: name it and the document, not a worker's stack
+                raise self._failed(batch, i, f"its check raised {_raised(exc)}", _FIX_CHECK) from None
+            try:
+                reasons.append(drop_reason(self.name, answer))
+            except TypeError as exc:
+                raise self._failed(batch, i, str(exc), _FIX_ANSWER) from None
         return split_by_reasons(batch, reasons, self.name, keep_text=self.keep_text)
+
+    def _failed(self, batch: pa.RecordBatch, row: int, problem: str, todo: str) -> UserStageFailed:
+        return UserStageFailed(self.entry, problem, [batch.column("id")[row].as_py()],
+                               [batch.column("order")[row].as_py()], 1, todo)
 
 
 class CheckedStage:
     """A user's map stage, its result checked: a wrong one stops the run with a message naming the entry
-    (a ConfigError, which the CLI prints without a traceback), not a failure somewhere downstream."""
+    (a ConfigError, which the CLI prints without a traceback), not a failure somewhere downstream; one that raises
+    is a `UserStageFailed` naming the entry and the batch."""
 
-    def __init__(self, stage: Any, key: str) -> None:
+    def __init__(self, stage: Any, key: str, path: str) -> None:
         self.stage = stage
         self.name = stage.name
         self.key = key
+        self.entry = f"{key}: stage {self.name!r} ({path})"  # its recipe entry, for the error when it raises
 
     def __call__(self, batch: pa.RecordBatch) -> StageResult:
-        result = self.stage(batch)
+        try:
+            result = self.stage(batch)
+        except Exception as exc:  # noqa: BLE001 - the user's code: name it and the batch, not a worker's stack
+            ids, orders = batch.column("id"), batch.column("order")
+            last = batch.num_rows - 1
+            raise UserStageFailed(self.entry, f"it raised {_raised(exc)}", [ids[0].as_py(), ids[last].as_py()],
+                                  [orders[0].as_py(), orders[last].as_py()], batch.num_rows, _FIX_STAGE) from None
         kept, dropped = getattr(result, "kept", None), getattr(result, "dropped", None)
         if not (isinstance(kept, pa.RecordBatch) and isinstance(dropped, pa.RecordBatch)):
             raise ConfigError(f"{self.key}: stage {self.name!r} returned {type(result).__name__}; a map stage returns "
@@ -112,14 +196,14 @@ def build_user_stage(entry: Any, index: int, *, keep_text: bool = False) -> Any:
                           "a document filter: either has a non-empty string `name`, and a map stage is called on a "
                           "record batch and returns StageResult, a filter has check(text) -> str | None (stages/base.py)")
     if callable(getattr(obj, "check", None)):
-        return DomainFilterStage(obj, entry.domains, keep_text=keep_text)
+        return DomainFilterStage(obj, entry.domains, key=key, path=entry.path, keep_text=keep_text)
     if not callable(obj):
         raise ConfigError(f"{key}.path: {entry.path!r} built a {type(obj).__name__} named {name!r} that has neither "
                           "__call__(batch) -> StageResult (a map stage) nor check(text) (a document filter)")
     if entry.domains:
         raise ConfigError(f"{key}.domains: {name!r} is a map stage, which sees every document and chooses itself; "
                           "domains applies to a document filter only")
-    return CheckedStage(obj, key)
+    return CheckedStage(obj, key, entry.path)
 
 
 def build_user_stages(entries: Sequence[Any], *, keep_text: bool = False) -> list[Any]:

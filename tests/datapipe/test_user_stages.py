@@ -18,8 +18,8 @@ from datapipe.cli import main
 from datapipe.core.config import ConfigError
 from datapipe.core.shards import open_shard, read_manifest
 from datapipe.curate.config import StageConfig, config_hash, load_config, result_affecting
-from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.user_stages import worker_modules
+from datapipe.curate.executors import LocalExecutor, RayExecutor
+from datapipe.curate.user_stages import UserStageFailed, worker_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,6 +68,49 @@ class KeepsHalf:  # loses documents: neither kept nor dropped
     def __call__(self, batch):
         result = split_by_reasons(batch, [None] * batch.num_rows, self.name)
         return StageResult(result.kept.slice(0, batch.num_rows // 2), result.dropped)
+'''
+
+FAULTY = '''
+import threading
+
+
+class RaisesOn:
+    name = "raises_on"
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def check(self, text):
+        if self.marker in text:
+            raise ValueError("cannot read this one")
+        return None
+
+
+class Answers:
+    name = "answers"
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def check(self, text):
+        return self.answer
+
+
+class HoldsALock:
+    name = "holds_a_lock"
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def check(self, text):
+        return None
+
+
+class RaisingStage:
+    name = "raising_stage"
+
+    def __call__(self, batch):
+        raise KeyError("no such column")
 '''
 
 
@@ -122,6 +165,70 @@ def test_a_map_stage_that_loses_documents_stops_the_run_naming_its_entry(tmp_pat
     mod = _module(tmp_path, monkeypatch, "user_stage_broken", BROKEN)
     with pytest.raises(ConfigError, match=r"stages\[0\]: stage 'keeps_half' kept \d+ and dropped 0 of \d+ documents"):
         _run(load_config(_recipe(tmp_path, f"[{{path: '{mod}:KeepsHalf'}}]")))
+
+
+def _executor(kind: str, request, module: str):
+    """The local loop, or a Ray executor on the session's Ray, whose workers get the user's module by value (the
+    module's folder is on the driver's path only)."""
+    if kind == "local":
+        return LocalExecutor()
+    request.getfixturevalue("ray_local")
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[module])
+    return RayExecutor(progress=False, stall_timeout_s=STALL_S)
+
+
+def _only_line_with(marker: str) -> tuple[int, str]:
+    """The line number and id of the one record of the slice whose text holds `marker`."""
+    lines = [(n, json.loads(line)) for n, line in enumerate((ASSETS / "corpus_slice.jsonl").read_text().splitlines(), 1)]
+    found = [(n, record["id"]) for n, record in lines if marker in record["text"]]
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.parametrize("kind", ["local", "ray"])
+def test_a_check_that_raises_names_the_filter_the_document_and_its_line(tmp_path, monkeypatch, request, kind):
+    mod = _module(tmp_path, monkeypatch, f"user_faulty_raise_{kind}", FAULTY)
+    cfg = load_config(_recipe(tmp_path, f"[{{path: '{mod}:RaisesOn', args: {{marker: 'GROUPDEL(8)'}}}}]"))
+    line, doc_id = _only_line_with("GROUPDEL(8)")
+    with pytest.raises(UserStageFailed) as failed:  # itself, not Ray's wrapper of the worker's stack
+        _run(cfg, _executor(kind, request, mod))
+    message = str(failed.value)
+    assert message.startswith(f"stages[0]: filter 'raises_on' ({mod}:RaisesOn), on document {doc_id!r} "
+                              f"(line {line} of {ASSETS / 'corpus_slice.jsonl'}): its check raised ValueError: "
+                              f"cannot read this one ({tmp_path / 'mods' / f'{mod}.py'}, line 13, in check). Fix check")
+    assert "Traceback" not in message and "RayTaskError" not in message
+
+
+@pytest.mark.parametrize("answer, kind", [("false", "ray"), ("true", "local"), ("42", "local"), ("0.5", "local")])
+def test_a_check_answering_other_than_none_or_a_string_stops_the_run(tmp_path, monkeypatch, request, answer, kind):
+    mod = _module(tmp_path, monkeypatch, f"user_faulty_answer_{kind}_{answer.replace('.', '_')}", FAULTY)
+    cfg = load_config(_recipe(tmp_path, f"[{{path: '{mod}:Answers', args: {{answer: {answer}}}}}]"))
+    with pytest.raises(UserStageFailed, match=rf"stages\[0\]: filter 'answers' \({mod}:Answers\), on document '[^']+' "
+                       rf"\(line \d+ of .*\): check returned {answer.capitalize()} \(a \w+\); a filter's check returns "
+                       r"None or \"\" to keep a document, or a non-empty string"):
+        _run(cfg, _executor(kind, request, mod))
+
+
+def test_a_check_answering_an_empty_string_keeps_and_a_reason_drops(tmp_path, monkeypatch):
+    mod = _module(tmp_path, monkeypatch, "user_faulty_strings", FAULTY)
+    kept = _run(load_config(_recipe(tmp_path, f"[{{path: '{mod}:Answers', args: {{answer: ''}}}}]", out="kept"))).stats
+    assert "answers" not in kept["dropped"]
+    records = [json.loads(line) for line in (ASSETS / "corpus_slice.jsonl").read_text().splitlines()]
+    man_pages = len({r["text"] for r in records if r["source"] == "man"})  # exact dedup keeps one of each text
+    entry = f"[{{path: '{mod}:Answers', args: {{answer: 'meh'}}, domains: [man]}}]"
+    dropped = _run(load_config(_recipe(tmp_path, entry, out="dropped"))).stats["dropped"]["answers"]
+    assert dropped == {"man": {"answers:meh": man_pages}}
+
+
+def test_a_map_stage_that_raises_names_the_stage_and_the_batch(tmp_path, monkeypatch):
+    mod = _module(tmp_path, monkeypatch, "user_faulty_stage", FAULTY)
+    cfg = load_config(_recipe(tmp_path, f"[{{path: '{mod}:RaisingStage'}}]"))
+    with pytest.raises(UserStageFailed, match=rf"stages\[0\]: stage 'raising_stage' \({mod}:RaisingStage\), on a batch of "
+                       rf"\d+ documents \('[^']+' to '[^']+', lines \d+ to \d+ of .*corpus_slice.jsonl\): it raised KeyError: "
+                       r"'no such column' \(.*, line \d+, in __call__\)\. Fix the stage"):
+        _run(cfg)
 
 
 def test_the_example_recipe_runs(tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ from datapipe.curate.phase import Phase
 from datapipe.curate.plan import Plan, Segment, block_name, stage_title, task_memory, text_bytes
 from datapipe.curate.config import CurateConfig
 from datapipe.curate.phases.near_dedup import NearDedupStage
-from datapipe.curate.user_stages import build_user_stages
+from datapipe.curate.user_stages import UserStageFailed, build_user_stages
 from stages.base import FilterStage, GlobalStage, Stage, write_keys
 from stages.exact_dedup import ExactDedupStage
 from stages.langid import LangIdStage
@@ -73,11 +73,14 @@ def write_dropped(plan: Plan, stage_name: str, block: str, parts: list[pa.Record
 
 def run_stages(plan: Plan, stages: list[Stage], table: pa.Table, counters: Counters, dropped_parts: list[pa.RecordBatch]) -> pa.Table:
     """Map stages back to back over `table`'s batches: the documents they keep; their drops are counted
-    and added to `dropped_parts`."""
+    and added to `dropped_parts`. A user's stage that fails says where its documents lie in the inputs."""
     out_batches = []
     for batch in table.to_batches(max_chunksize=plan.cfg.read.batch_size):
         for stage in stages:
-            result = stage(batch)
+            try:
+                result = stage(batch)
+            except UserStageFailed as failed:
+                raise failed.located(plan.units) from None
             counters.count_stage(stage.name, batch, result.kept)
             dropped_parts.append(result.dropped)
             batch = result.kept
