@@ -231,6 +231,18 @@ def test_a_map_stage_that_raises_names_the_stage_and_the_batch(tmp_path, monkeyp
         _run(cfg)
 
 
+def test_a_stage_holding_a_lock_names_the_stage_and_the_attribute_on_ray(tmp_path, monkeypatch, request):
+    mod = _module(tmp_path, monkeypatch, "user_faulty_lock", FAULTY)
+    cfg = load_config(_recipe(tmp_path, f"[{{path: '{mod}:HoldsALock'}}]"))
+    with pytest.raises(ConfigError) as refused:
+        _run(cfg, _executor("ray", request, mod))
+    message = str(refused.value)
+    assert (f"its tasks cannot be sent to Ray's workers: stage 'holds_a_lock' ({mod}.HoldsALock) holds .lock, a "
+            "_thread.lock, which cannot be pickled (TypeError: cannot pickle '_thread.lock' object)") in message
+    assert len(message) < 800  # not the plan's repr
+    assert _run(cfg).stats["dropped"]  # the local loop pickles nothing: the same stage runs there
+
+
 def test_the_example_recipe_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # its input and module are named from the repository's root
     cfg = load_config(ROOT / "examples" / "user-stage.yaml", output=str(tmp_path / "out"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import re
 import reprlib
 import sys
@@ -233,6 +234,61 @@ def _task_state(url: str, ref: Any) -> str | None:
     return f"Ray: {getattr(rows[-1], 'state', '?')}" if rows else None
 
 
+def _unpicklable(shared: Any, desc: str) -> ConfigError:
+    """Why what a phase's tasks share cannot go to Ray's workers: the part that does not pickle, named from the
+    innermost object on the way down that has a string `name` (a stage), e.g. "stage 'locked' (my_filters.Locked)
+    holds .lock, a _thread.lock"."""
+    from ray import cloudpickle
+
+    way, error = _way_to_unpicklable(shared, cloudpickle.dumps)
+    named = [i for i, (_, part) in enumerate(way) if isinstance(getattr(part, "name", None), str)]
+    holder = f"stage {way[named[-1]][1].name!r} ({_type_name(way[named[-1]][1])})" if named else "what they share"
+    attribute = "".join(step for step, _ in way[named[-1] + 1 if named else 0:])
+    what = f"{holder} holds {attribute}, a {_type_name(way[-1][1])}," if attribute else holder
+    return ConfigError(
+        f"{desc}: its tasks cannot be sent to Ray's workers: {what} which cannot be pickled ({error}). Every stage "
+        "is pickled to reach the workers: make such an object where it is used (once per process, in check or "
+        "__call__), or leave it out in __getstate__ and make it again in __setstate__; --executor local runs "
+        "without pickling.")
+
+
+def _type_name(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _way_to_unpicklable(obj: Any, dumps: Callable[[Any], bytes]) -> tuple[list[tuple[str, Any]], str]:
+    """From `obj`, which does not pickle, down to its innermost part that does not: the steps ('.lock', '[2]') with
+    the part each leads to, and that part's pickling error."""
+    try:
+        dumps(obj)
+        return [], "it pickles here"
+    except Exception as exc:  # noqa: BLE001 - any pickling failure is what is looked for
+        error = f"{type(exc).__name__}: {exc}"
+    way: list[tuple[str, Any]] = []
+    seen = {id(obj)}
+    while len(way) < 32:
+        if isinstance(obj, (list, tuple)):
+            children = [(f"[{i}]", v) for i, v in enumerate(obj)]
+        elif isinstance(obj, dict):
+            children = [(f"[{k!r}]", v) for k, v in obj.items()]
+        else:
+            children = [(f".{k}", v) for k, v in getattr(obj, "__dict__", {}).items()]
+        for step, child in children:
+            if id(child) in seen:
+                continue
+            try:
+                dumps(child)
+            except Exception as exc:  # noqa: BLE001
+                error = f"{type(exc).__name__}: {exc}"
+                break
+        else:
+            break  # no part of `obj` fails alone: `obj` is the culprit
+        seen.add(id(child))
+        way.append((step, child))
+        obj = child
+    return way, error.splitlines()[0][:200]
+
+
 class RayExecutor:
     """Runs tasks on Ray: an existing cluster (`address`, else `RAY_ADDRESS`) or an embedded local instance."""
 
@@ -362,7 +418,10 @@ class RayExecutor:
         if not items:
             return []
         remote = self.ray.remote(num_cpus=1, max_retries=self.max_retries, **self._task_env, **self._memory(memory))(fn)
-        shared_ref = self.ray.put(shared)
+        try:
+            shared_ref = self.ray.put(shared)
+        except (TypeError, pickle.PicklingError):  # Ray's error quotes the whole plan's repr and names no stage
+            raise _unpicklable(shared, desc) from None
         refs = [remote.remote(shared_ref, *item) for item in items]
         return self._gather(refs, desc, getattr(fn, "__name__", "task"), items)
 
