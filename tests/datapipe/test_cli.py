@@ -57,6 +57,25 @@ def test_missing_input_exits_2_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_users_filter_that_raises_on_ray_is_one_paragraph(tmp_path):
+    """The user's path: `datapipe curate` on Ray (the default executor) with a filter of the user's own, in a file
+    of the working folder, that raises on one document: exit 2, the entry, the document and its line, no stack."""
+    (tmp_path / "picky.py").write_text(
+        "class Picky:\n    name = 'picky'\n\n    def check(self, text):\n"
+        "        if 'GROUPDEL(8)' in text:\n            raise ValueError('cannot judge this one')\n")
+    corpus = REPO / "tests" / "assets" / "corpus_slice.jsonl"
+    (tmp_path / "c.yaml").write_text(f"inputs: [{{path: '{corpus}', domain_field: source}}]\n"
+                                     "stages: [{path: 'picky:Picky'}]\ntokenizer: {train: {vocab_size: 400}}\n")
+    done = subprocess.run([sys.executable, "-m", "datapipe", "curate", "c.yaml", "--no-progress", "--output", "out"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    line = next(n for n, text in enumerate(corpus.read_text().splitlines(), 1) if "GROUPDEL(8)" in text)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith(f"datapipe: error: stages[0]: filter 'picky' (picky:Picky), on document "
+                                  f"'man/cs/man8/groupdel.8.gz' (line {line} of {corpus}): its check raised ValueError: "
+                                  "cannot judge this one ("), done.stderr[-3000:]
+    assert len(done.stderr.splitlines()) == 1  # one paragraph, nothing of Ray's
+
+
 def test_config_reference_lists_every_section(capsys):
     assert main(["config-reference"]) == 0
     out = capsys.readouterr().out
