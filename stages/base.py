@@ -29,7 +29,6 @@ import pyarrow.compute as pc
 
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
 from datapipe.core.shuffle import SUFFIX, write_shuffle
-from datapipe.core.workfiles import read_work_table
 from datapipe.core.storage import Location
 
 
@@ -104,12 +103,6 @@ class GlobalStage(ABC):
                 documents: int) -> dict[str, Any]:
         """The resolve half: write `folder/losers-tNNN.arrow` for t below `tasks(documents)`; return a
         summary for the stats."""
-
-    @staticmethod
-    def losers(folder: Location) -> pa.Table:
-        """Every loser `resolve` wrote into `folder`."""
-        tables = [read_work_table(f) for f in sorted(folder.glob("losers-t*.arrow"))]
-        return pa.concat_tables(tables) if tables else LOSER_SCHEMA.empty_table()
 
 
 def write_keys(stage: GlobalStage, table: pa.Table, folder: Location, name: str) -> dict[str, int]:

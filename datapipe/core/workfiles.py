@@ -37,6 +37,10 @@ class DamagedWorkFile(RunStopped):
         self.path = str(path)
         self.problem = problem
 
+    def __reduce__(self) -> tuple[type[DamagedWorkFile], tuple[str, str]]:
+        # rebuilt from its own arguments, not the message: a task's damage reaches the driver through Ray as itself
+        return type(self), (self.path, self.problem)
+
 
 def digest(data: bytes | memoryview | pa.Buffer) -> int:
     return xxhash.xxh3_64_intdigest(data)

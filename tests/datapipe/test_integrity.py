@@ -375,3 +375,20 @@ def test_a_damaged_work_file_is_redone_or_named_never_read_wrong(tmp_path: Path,
     assert stopped or target == "record"  # the damaged file was read (a resolve that was done would not read it)
     assert checksums(out) == checksums(ref)
     assert read_manifest(out)["total_tokens"] == read_manifest(ref)["total_tokens"]
+
+
+def test_the_errors_a_task_raises_to_the_user_pickle_as_themselves() -> None:
+    # What a Ray task raises reaches the driver pickled: one that cannot be rebuilt from its pickle arrives as Ray's
+    # UnserializableException with the worker's stack, and its paragraph is lost.
+    import pickle
+
+    from datapipe.core.workfiles import DamagedWorkFile
+    from datapipe.curate.readers.common import InputError
+    from datapipe.curate.report import NothingSurvived
+
+    for error in (DamagedWorkFile("/out/work/read/u000000-b00000.arrow", "it is missing"), NothingSurvived("none"),
+                  InputError("input"), OutputError("disk full"), RunStopped("stopped")):
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is type(error) and str(again) == str(error)
+    damaged = pickle.loads(pickle.dumps(DamagedWorkFile("/out/work/x.arrow", "cut")))
+    assert (damaged.path, damaged.problem) == ("/out/work/x.arrow", "cut")
