@@ -47,9 +47,5 @@ def order_key(unit_index: int, row: int) -> int:
     return (unit_index << ROW_BITS) | row
 
 
-def unit_of(order: int) -> int:
-    return order >> ROW_BITS
-
-
 def empty_dropped() -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=DROPPED_SCHEMA)

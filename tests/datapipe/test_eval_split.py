@@ -174,10 +174,10 @@ def test_a_huge_document_early_in_hash_order_does_not_end_the_budget():
     by_rank = [ids[i] for i in np.argsort(eval_split.eval_rank(ids, 0))]
     tokens = {i: 10 for i in ids}
     tokens[by_rank[1]] = 10**6  # the second document in hash order would take the whole budget
-    meta = {"b0": pa.table({"id": ids[:150], "domain": ["d"] * 150, "num_tokens": [tokens[i] for i in ids[:150]]}),
-            "b1": pa.table({"id": ids[150:], "domain": ["d"] * 250, "num_tokens": [tokens[i] for i in ids[150:]]})}
-    chosen = eval_split.choose(meta, eval_split.EvalSplitConfig(fraction=0.5, max_tokens_per_domain=100))
-    held = [i for b in meta for i, c in zip(meta[b].column("id").to_pylist(), chosen[b]) if c]
+    chosen = eval_split.chosen_mask(eval_split.eval_rank(ids, 0), np.array(["d"] * len(ids), dtype=object),
+                                    np.array([tokens[i] for i in ids]), np.arange(len(ids)),
+                                    eval_split.EvalSplitConfig(fraction=0.5, max_tokens_per_domain=100))
+    held = [i for i, c in zip(ids, chosen) if c]
     assert sorted(held) == sorted(by_rank[:1] + by_rank[2:11])  # the ten lowest hashes that fit: 100 tokens
 
 

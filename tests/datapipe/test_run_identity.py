@@ -19,7 +19,8 @@ from datapipe.core.config import from_dict, to_dict
 from datapipe.core.shards import read_manifest
 from datapipe.curate import config as curate_config
 from datapipe.curate.config import CurateConfig
-from datapipe.curate.executors import _RAY_AUTH_LOGGER, LocalExecutor, _DropTokenAuthNotice, ray_address
+from datapipe.curate.executors import LocalExecutor, ray_address
+from datapipe.curate.executors._embedded import _RAY_AUTH_LOGGER, _DropTokenAuthNotice
 from datapipe.curate.identity import RunConflict
 from datapipe.curate.run import curate
 

@@ -14,13 +14,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from datapipe.curate.executors._embedded import (
-    _DIE_WITH_THE_RAYLET,
-    _RAY_AUTH_LOGGER,
-    _DropTokenAuthNotice,
-    _dying_with_the_raylet,
-    _without_idle_head_processes,
-)
 from datapipe.curate.executors._local import Executor, LocalExecutor
 from datapipe.curate.executors._ray_executor import (
     PhaseStalled,
@@ -35,8 +28,7 @@ from datapipe.curate.executors._ray_executor import (
 
 __all__ = [
     "Executor", "LocalExecutor", "PhaseStalled", "RayExecutor", "WorkerDeathFilter", "make_executor", "ray_address",
-    "ray_is_running", "state_api_url", "task_label", "worker_env", "_DIE_WITH_THE_RAYLET", "_RAY_AUTH_LOGGER",
-    "_DropTokenAuthNotice", "_dying_with_the_raylet", "_without_idle_head_processes",
+    "ray_is_running", "state_api_url", "task_label", "worker_env",
 ]
 
 

@@ -102,23 +102,6 @@ def eval_rank(ids: list[str], seed: int) -> np.ndarray:
                        dtype=np.uint64, count=len(ids))
 
 
-def choose(meta: dict[str, pa.Table], config: EvalSplitConfig) -> dict[str, np.ndarray]:
-    """Per block (columns id, domain, num_tokens; in input order): a bool mask of the rows held out."""
-    names = list(meta)
-    sizes = [meta[b].num_rows for b in names]
-    if sum(sizes) == 0:
-        return {b: np.zeros(0, dtype=bool) for b in names}
-    rank = np.concatenate([eval_rank(meta[b].column("id").to_pylist(), config.seed) for b in names])
-    domain = np.concatenate([np.array(meta[b].column("domain").to_pylist(), dtype=object) for b in names])
-    tokens = np.concatenate([meta[b].column("num_tokens").to_numpy() for b in names])
-    candidate = rank < _rank_below(config)
-    chosen = np.zeros(len(rank), dtype=bool)
-    # global input order breaks ties between equal ids
-    chosen[candidate] = chosen_mask(rank[candidate], domain[candidate], tokens[candidate],
-                                    np.flatnonzero(candidate), config)
-    return dict(zip(names, np.split(chosen, np.cumsum(sizes)[:-1])))
-
-
 def _rank_below(config: EvalSplitConfig) -> np.uint64:
     """A document is a candidate when its seeded hash falls below this: `fraction` of the hash space."""
     return np.uint64(min(int(config.fraction * 2**64), 2**64 - 1))
@@ -448,7 +431,7 @@ def source_held_task(shared: tuple[str, str]) -> dict[str, Any]:
 
 def _chosen(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], segment: str,
             config: EvalSplitConfig) -> dict[str, dict[str, int]]:
-    """The documents chosen by the seeded hash of their id (see `choose`): each block's candidates sent by domain
+    """The documents chosen by the seeded hash of their id (see `chosen_mask`): each block's candidates sent by domain
     (`candidate_task`), the blocks' files combined, one task per domain partition choosing (`choose_task`), one
     gathering the chosen into work/eval/held.arrow (`held_task`). Per domain, the chosen documents and tokens."""
     partitions = max(1, min(CHOOSE_TASKS, len(names)))
