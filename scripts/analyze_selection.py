@@ -93,7 +93,10 @@ def pool_result(folder: Path, seed: int) -> dict[str, Any]:
                     "log_read_ratio": math.log(tokens * read_per_trained / base_tokens),
                     "final_loss": curve[-1][1], "selection_cpu_seconds": selection.get("cpu_seconds", 0.0),
                     "selection_flops": float(selection.get("flops") or 0.0),
-                    "junk_share": domains.get("junk", {}).get("tokens", 0) / max(manifest["total_tokens"], 1)}
+                    "junk_share": domains.get("junk", {}).get("tokens", 0) / max(manifest["total_tokens"], 1),
+                    # what the arm holds and how often training reads it: an arm short of its budget repeats data
+                    "kept_tokens": int(manifest["total_tokens"]),
+                    "epochs": (compute["tokens_trained"] or 0) / max(int(manifest["total_tokens"]), 1)}
     return out
 
 
@@ -112,7 +115,8 @@ def analyze(out: Path, pools: list[int]) -> dict[str, Any]:
                      "censored_pools": sum(r["censored"] for r in rows), "verdict": verdict,
                      "per_pool_flops_ratio": {s: round(math.exp(per_pool[s][arm]["log_flops_ratio"]), 4) for s in pools},
                      "selection_cpu_seconds_mean": float(np.mean([r["selection_cpu_seconds"] for r in rows])),
-                     "selection_flops_mean": float(np.mean([r["selection_flops"] for r in rows]))}
+                     "selection_flops_mean": float(np.mean([r["selection_flops"] for r in rows])),
+                     "kept_tokens_min": min(r["kept_tokens"] for r in rows), "epochs_max": max(r["epochs"] for r in rows)}
     junk = [per_pool[s]["junk"]["junk_share"] for s in pools]
     arms["junk"]["expected_ratio"] = 1.0 / (1.0 - float(np.mean(junk)))
     return {"pools": pools, "baseline": BASELINE, "arms": arms, "per_pool": per_pool}
@@ -121,13 +125,13 @@ def analyze(out: Path, pools: list[int]) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     fmt = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
     lines = ["| arm | FLOPs to target vs random [95% t-interval] | tokens trained | tokens read | censored pools | "
-             "selection CPU s / pool | verdict |", "|---|---|---|---|---|---|---|"]
+             "selection CPU s / pool | kept tokens (fewest) | epochs (most) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for arm, r in result["arms"].items():
         f, t, rd = r["flops_ratio"], r["tokens_ratio"], r["tokens_read_ratio"]
         extra = f" (expected {r['expected_ratio']:.2f})" if "expected_ratio" in r else ""
         lines.append(f"| {arm} | {fmt(f['ratio'])} [{fmt(f['low'])}, {fmt(f['high'])}]{extra} | {fmt(t['ratio'])} "
                      f"[{fmt(t['low'])}, {fmt(t['high'])}] | {fmt(rd['ratio'])} | {r['censored_pools']} / {f['n']} | "
-                     f"{r['selection_cpu_seconds_mean']:.1f} | {r['verdict']} |")
+                     f"{r['selection_cpu_seconds_mean']:.1f} | {r['kept_tokens_min']:,} | {r['epochs_max']:.2f} | {r['verdict']} |")
     pools = result["pools"]
     lines += ["", "| pool | target loss | " + " | ".join(result["arms"]) + " |", "|---|---|" + "---|" * len(result["arms"])]
     for pool in pools:

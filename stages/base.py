@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Protocol, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -200,14 +201,47 @@ class FilterStage:
         return self.default
 
     def __call__(self, batch: pa.RecordBatch) -> StageResult:
-        reasons: list[str | None] = []
-        columns = (batch.column(c).to_pylist() for c in ("text", "domain", "lang"))
-        for text, domain, lang in zip(*columns):
-            reason = None
-            for f in self.filters_for(domain, lang):
-                detail = f.check(text)
-                if detail is not None:
-                    reason = f"{f.name}:{detail}"
-                    break
-            reasons.append(reason)
+        reasons: list[str | None] = [None] * batch.num_rows
+        rows_by_filters: dict[int, tuple[list[DocumentFilter], list[int]]] = {}
+        columns = (batch.column(c).to_pylist() for c in ("domain", "lang"))
+        for row, (domain, lang) in enumerate(zip(*columns)):
+            filters = self.filters_for(domain, lang)
+            rows_by_filters.setdefault(id(filters), (filters, []))[1].append(row)
+        texts = batch.column("text")
+        for filters, rows in rows_by_filters.values():
+            if filters:
+                for row, reason in zip(rows, first_failures(filters, texts.take(rows))):
+                    reasons[row] = reason
         return split_by_reasons(batch, reasons, self.name, keep_text=self.keep_text)
+
+
+class BatchDocumentFilter(DocumentFilter, Protocol):
+    """A document filter that also checks many texts at once (compiled filters: one call per batch, not per text)."""
+
+    def check_batch(self, texts: pa.Array, undecided: np.ndarray, shared: dict[str, Any]) -> list[str | None]:
+        """What `check` answers for each of `texts` where `undecided` is set (None elsewhere). `shared` lives for
+        one batch and is passed to every filter of a chain: a filter keeps there what the next can reuse (the
+        texts' splits into words and lines)."""
+        ...
+
+
+def first_failures(filters: Sequence[DocumentFilter], texts: pa.Array) -> list[str | None]:
+    """Each text's drop reason from the first of `filters` it fails, or None: a `BatchDocumentFilter` checks the
+    texts still undecided in one call, any other filter one text at a time."""
+    reasons: list[str | None] = [None] * len(texts)
+    undecided = np.ones(len(texts), dtype=np.bool_)
+    shared: dict[str, Any] = {}
+    plain: list[str] | None = None
+    for f in filters:
+        if not undecided.any():
+            break
+        if (check_batch := getattr(f, "check_batch", None)) is not None:
+            answers = check_batch(texts, undecided, shared)
+        else:
+            plain = texts.to_pylist() if plain is None else plain
+            answers = [f.check(text) if u else None for text, u in zip(plain, undecided)]
+        for i in np.flatnonzero(undecided).tolist():
+            if answers[i] is not None:
+                reasons[i] = f"{f.name}:{answers[i]}"
+                undecided[i] = False
+    return reasons

@@ -51,14 +51,16 @@ def finished(tmp_path_factory) -> Path:
     return out
 
 
-def test_the_budget_keeps_the_best_scored_documents_and_no_more(finished: Path) -> None:
+def test_the_budget_keeps_the_best_scored_documents_until_it_is_full(finished: Path) -> None:
     scores = _scores(finished).to_pandas().sort_values("score", ascending=False)
     cumulative = scores["num_tokens"].cumsum().to_numpy()
     kept = scores["kept"].to_numpy()
     n = int(kept.sum())
     assert kept[:n].all() and not kept[n:].any()  # a prefix by score
-    assert cumulative[n - 1] <= BUDGET < cumulative[n]  # the next document would overflow the budget
+    assert cumulative[n - 2] < BUDGET <= cumulative[n - 1]  # full: the last kept document crosses the budget
     assert sorted(_trained_ids(finished)) == sorted(scores["id"][kept])  # the shards hold exactly the kept ones
+    report = json.loads((finished / "stats.json").read_text())["model_selection"]["groups"]["*"]
+    assert report["tokens_kept"] == cumulative[n - 1] and report["budget_tokens"] == BUDGET
 
 
 def test_the_shards_carry_each_document_s_score_and_the_loader_reads_them(finished: Path) -> None:
@@ -125,8 +127,10 @@ def test_a_run_killed_in_selection_resumes_to_the_same_shards(finished: Path, tm
 def test_per_domain_fraction_and_threshold(tmp_path: Path) -> None:
     _run(_config(tmp_path / "a", method="classifier", keep_tokens=None, keep_fraction=0.5, per_domain=True))
     scores = _scores(tmp_path / "a").to_pandas()
-    for _, rows in scores.groupby("domain"):
-        assert rows["num_tokens"][rows["kept"]].sum() <= 0.5 * rows["num_tokens"].sum()
+    for _, rows in scores.groupby("domain"):  # each domain full: its kept documents but the last fall short of half
+        rows = rows.sort_values("score", ascending=False)
+        kept = rows["num_tokens"][rows["kept"]].to_numpy()
+        assert kept[:-1].sum() < 0.5 * rows["num_tokens"].sum() <= kept.sum()
     threshold = float(np.median(scores["score"]))
     _run(_config(tmp_path / "b", method="classifier", keep_tokens=None, threshold=threshold))
     again = _scores(tmp_path / "b").to_pandas()

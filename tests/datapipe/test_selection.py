@@ -127,3 +127,25 @@ def test_diversity_cut_by_block_equals_the_choice_over_the_whole_domain(tmp_path
         assert got.tolist() == expected.tolist()
         assert report[d] == {"docs_in": table.num_rows, "docs_kept": int(expected.sum()),
                              "clusters": int(table.column("cluster").to_numpy().max()) + 1}
+
+
+def test_a_filled_token_budget_keeps_the_long_document_that_crosses_it(tmp_path):
+    """Ranked 100, 100, 5000, 100 tokens over two blocks, a budget of 1,000 tokens: stopping before the crossing
+    document keeps 200 tokens; filling keeps it too (5,200 tokens) and nothing after it."""
+    import numpy as np
+
+    from datapipe.core.workfiles import write_work_table
+    from datapipe.curate.phases import cuts as cut_module
+
+    work = tmp_path / "work"
+    tokens, rank = [100, 100, 5000, 100], np.array([1, 2, 3, 4], np.uint64) << np.uint64(40)
+    for block, rows in (("b0", [0, 2]), ("b1", [1, 3])):
+        write_work_table(work / "select" / f"{block}.arrow", pa.table(
+            {"row": np.array(rows, np.int64), "domain": ["*"] * 2, "cluster": np.zeros(2, np.int32),
+             "rank": rank[rows], "num_tokens": np.array(tokens)[rows]}, schema=cut_module.ASSIGN_SCHEMA))
+    for fill, kept_rows, kept_tokens in ((False, [0, 1], 200), (True, [0, 1, 2], 5200)):
+        budget = {"*": cut_module.Budget(1000.0, by_tokens=True, fill=fill)}
+        cuts, report, held = cut_module.cuts(run_tasks_in_process(), work, "select", ["b0", "b1"], budget, None)
+        keep = cuts["*"].keep(np.zeros(4, np.int64), rank[[0, 2, 1, 3]], np.array([0, 0, 1, 1]), np.array([0, 2, 1, 3]))
+        assert sorted(np.array([0, 2, 1, 3])[keep].tolist()) == kept_rows
+        assert held["*"] == kept_tokens and report["*"]["docs_kept"] == len(kept_rows)

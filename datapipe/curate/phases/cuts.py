@@ -59,11 +59,14 @@ def held_rows(held_out: RowCopies | None, block: str, rows: int) -> np.ndarray:
 @dataclass(frozen=True)
 class Budget:
     """What a group (a domain's name in the assignment files) keeps: `value` tokens (`by_tokens`) or a fraction
-    `value` of its documents, spread evenly over its `clusters` clusters by water-filling."""
+    `value` of its documents, spread evenly over its `clusters` clusters by water-filling. `fill`: a cluster also
+    keeps the document that crosses its quota, so it holds at least the quota (never short of it by one long
+    document); without it, a cluster stops before that document."""
 
     value: float
     by_tokens: bool
     clusters: int = 1
+    fill: bool = False
 
 
 def assigned(work: Location, folder: str, block: str, held_out: RowCopies | None) -> pa.Table:
@@ -183,28 +186,32 @@ def cuts(run_tasks: Callable[..., list[Any]], work: Location, folder: str, names
     result, report, kept_tokens = {}, {}, {}
     for d, p in plans.items():
         rows = np.concatenate([f[d] for f in found] + [np.empty((0, 5), np.int64)])
-        cut, kept_docs, kept_tok = _last_kept(p, rows, budgets[d].by_tokens, docs[d], tokens[d])
+        cut, kept_docs, kept_tok = _last_kept(p, rows, budgets[d], docs[d], tokens[d])
         result[d] = cut
         kept_tokens[d] = kept_tok
         report[d] = {"docs_in": p["n"], "docs_kept": kept_docs, "clusters": p["k"]}
     return result, report, kept_tokens
 
 
-def _last_kept(p: dict[str, Any], rows: np.ndarray, by_tokens: bool, docs: np.ndarray, tokens: np.ndarray) -> tuple[Cut, int, int]:
+def _last_kept(p: dict[str, Any], rows: np.ndarray, budget: Budget, docs: np.ndarray, tokens: np.ndarray) -> tuple[Cut, int, int]:
     """One group's cut from its boundary rows: in each cluster, the prefix (by rank, then block and row) of its
-    boundary bucket that stays within the quota. Also the documents and tokens the group keeps."""
+    boundary bucket that stays within the quota (with `budget.fill`, that starts below it: the crossing document
+    too). Also the documents and tokens the group keeps."""
     k, edge = p["k"], p["edge"]
     cut = Cut(edge, np.zeros(k, np.uint64), np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, bool))
     per_doc, per_tok = docs.reshape(-1, BUCKETS)[:k], tokens.reshape(-1, BUCKETS)[:k]
     full = np.arange(BUCKETS)[None, :] < edge[:, None]
     kept_docs, kept_tok = int(per_doc[full].sum()), int(per_tok[full].sum())
-    weights = rows[:, 4] if by_tokens else np.ones(len(rows), np.int64)  # tokens, or documents
+    weights = rows[:, 4] if budget.by_tokens else np.ones(len(rows), np.int64)  # tokens, or documents
     for c in np.unique(rows[:, 0]):
         mine = rows[rows[:, 0] == c]
         w = weights[rows[:, 0] == c]
         order = np.lexsort((mine[:, 3], mine[:, 2], mine[:, 1].view(np.uint64)))  # by rank, then block and row
         within = p["before"][c] + np.cumsum(w[order])
-        chosen = order[within <= p["limit"][c] + 1e-9]  # a prefix: the running total only grows
+        if budget.fill:  # the documents that start below the quota: the crossing one is in this bucket (`edge`)
+            chosen = order[within - w[order] < p["limit"][c] - 1e-9]
+        else:
+            chosen = order[within <= p["limit"][c] + 1e-9]  # a prefix: the running total only grows
         if len(chosen):
             last = mine[chosen[-1]]
             cut.last_rank[c], cut.last_block[c], cut.last_row[c], cut.has_last[c] = np.uint64(last[1].view(np.uint64)), last[2], last[3], True

@@ -6,7 +6,9 @@
             (a resumed run reuses it) and as OUT/selection/model.npz for later runs;
 2. score    one task per block scores its training documents (their text, the last segment's) and writes the
             assignment file of the exact cut (`phases/cuts.py`: one group, or one per domain; rank from score);
-3. cut      `keep_fraction` / `keep_tokens`: the exact cut to the token budget; `threshold`: none needed;
+3. cut      `keep_fraction` / `keep_tokens`: the exact cut to the token budget, filled: the documents in score order
+            up to and including the one that crosses it (a long document at the cut does not leave the budget
+            short); `threshold`: none needed;
 4. apply    one task per block: which rows stay (work/model_select/excluded/<block>.arrow, 1 = not for training
             any more, with the rows held out before), the dropped documents' records (stage = the method's
             name, e.g. `dsir`), the scores (OUT/selection/scores/<block>.parquet: id, domain, num_tokens, score, kept) and a
@@ -197,9 +199,12 @@ def select_by_model(run_tasks: Callable[..., list[Any]], work: Location, out_dir
     group_cuts, report = None, {}
     if cfg.threshold is None:
         group_tokens = {d: k for d, (_, k) in totals.items()} if cfg.per_domain else {ALL: sum(k for _, k in totals.values())}
-        budgets = {g: Budget(float(cfg.keep_tokens if cfg.keep_tokens is not None else cfg.keep_fraction * k), by_tokens=True)
+        # fill: every arm of a comparison holds its whole budget, however long the document at the cut
+        budgets = {g: Budget(float(cfg.keep_tokens if cfg.keep_tokens is not None else cfg.keep_fraction * k), by_tokens=True, fill=True)
                    for g, k in group_tokens.items() if k > 0}
-        group_cuts, report, _ = cuts(run_tasks, work, FOLDER, names, budgets, held_out)
+        group_cuts, report, kept_tokens = cuts(run_tasks, work, FOLDER, names, budgets, held_out)
+        for g, entry in report.items():
+            entry.update(budget_tokens=budgets[g].value, tokens_in=group_tokens[g], tokens_kept=kept_tokens[g])
     edges = np.linspace(model.knots[40], model.knots[-41], HIST_BINS + 1)
     edges[0], edges[-1] = -np.inf, np.inf  # the outer bins take the tails
     items = [(b, i, input_index) for i, (b, input_index) in enumerate(blocks)]
