@@ -175,10 +175,11 @@ def remove_files(paths: list[Union[Path, "RemotePath"]]) -> None:
 S3_CONNECTIONS = 64
 
 
-def cat_ranges(fs: Any, paths: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
+def cat_ranges(fs: Any, paths: list[str], starts: list[int], ends: list[int], *, on_error: str = "raise") -> list[Any]:
     """fsspec's concurrent range reads, at most S3_CONNECTIONS in flight: as many as the client's pool holds
-    (fsspec would start up to 1,280 at once, which then wait in the pool)."""
-    return fs.cat_ranges(paths, starts, ends, on_error="raise", batch_size=S3_CONNECTIONS)
+    (fsspec would start up to 1,280 at once, which then wait in the pool), a new one as each ends.
+    `on_error="return"`: a range that fails is its exception in the list (which file is gone), not raised."""
+    return fs.cat_ranges(paths, starts, ends, on_error=on_error, batch_size=S3_CONNECTIONS)
 
 
 class RemotePath:

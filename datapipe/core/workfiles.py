@@ -14,9 +14,11 @@ partition (`datapipe.core.shuffle`). xxh3 hashes at memory speed: the check cost
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 from pathlib import Path
+from typing import Sequence
 
 import pyarrow as pa
 import xxhash
@@ -85,23 +87,31 @@ def read_work_bytes(path: str | Path | Location) -> pa.Buffer:
     return verified(path, data)
 
 
-def read_work_ranges(path: str | Path | Location, starts: list[int], ends: list[int]) -> list[bytes]:
-    """Byte ranges of a work file, unchecked (the caller checks what it reads: a frame's own checksum), all
-    requested at once on an object store; a missing file, or one shorter than a range, is a DamagedWorkFile."""
-    path = location(path)
-    try:
-        if isinstance(path, RemotePath):
-            out = cat_ranges(path.fs, [path.path] * len(starts), starts, ends) if starts else []
-        else:
-            out = []
-            with open(path, "rb") as f:
-                for a, b in zip(starts, ends):
-                    f.seek(a)
-                    out.append(f.read(b - a))
-    except FileNotFoundError:
-        raise DamagedWorkFile(path, "it is missing (deleted after its task finished)") from None
-    if any(len(piece) != b - a for piece, a, b in zip(out, starts, ends)):
-        raise DamagedWorkFile(path, "it is shorter than its task wrote")
+def read_work_ranges(paths: Sequence[str | Path | Location], starts: list[int], ends: list[int]) -> list[bytes]:
+    """Byte ranges of work files (`starts[i]` to `ends[i]` of `paths[i]`), unchecked (the caller checks what it reads:
+    a frame's own checksum): on an object store all requested at once (`cat_ranges`), on a disk read in turn, a file
+    opened once for its run of ranges; a missing file, or one shorter than a range, is a DamagedWorkFile naming it."""
+    paths = [location(p) for p in paths]
+    if paths and isinstance(paths[0], RemotePath):  # one work folder: every path on one file system
+        out = cat_ranges(paths[0].fs, [p.path for p in paths], starts, ends, on_error="return")
+        for path, piece in zip(paths, out):
+            if isinstance(piece, FileNotFoundError):
+                raise DamagedWorkFile(path, "it is missing (deleted after its task finished)")
+            if isinstance(piece, BaseException):
+                raise piece
+    else:
+        out = []
+        for path, ranges in itertools.groupby(zip(paths, starts, ends), key=lambda r: r[0]):
+            try:
+                with open(path, "rb") as f:
+                    for _, a, b in ranges:
+                        f.seek(a)
+                        out.append(f.read(b - a))
+            except FileNotFoundError:
+                raise DamagedWorkFile(path, "it is missing (deleted after its task finished)") from None
+    for path, piece, a, b in zip(paths, out, starts, ends):
+        if len(piece) != b - a:
+            raise DamagedWorkFile(path, "it is shorter than its task wrote")
     return out
 
 

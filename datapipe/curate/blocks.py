@@ -16,6 +16,7 @@ document instead of the document (datatrove's filter step likewise re-reads its 
 from __future__ import annotations
 
 import struct
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -102,11 +103,35 @@ def frame_ranges(at: np.ndarray, nbytes: np.ndarray, gap: int = FRAME_GAP) -> tu
 
 
 def read_texts(work: Location, block: str, at: np.ndarray, nbytes: np.ndarray) -> list[str]:
-    """The texts whose frames are at `at` (`nbytes` long) in `block`'s read block: one range read per run of
-    neighbouring frames (`frame_ranges`), all concurrent on an object store, each frame checked by its own checksum."""
-    path = read_block_path(work, block)
-    group, starts, ends = frame_ranges(at, nbytes)
-    ranges = read_work_ranges(path, starts.tolist(), ends.tolist())
+    """The texts whose frames are at `at` (`nbytes` long) in `block`'s read block (`read_blocks_texts` of one block)."""
+    return read_blocks_texts(work, [(block, at, nbytes)])[0]
+
+
+def read_blocks_texts(work: Location, frames: Sequence[tuple[str, np.ndarray, np.ndarray]]) -> list[list[str]]:
+    """For each (block, at, nbytes) of `frames`, the texts whose frames are at `at` (`nbytes` long) in that block's
+    read block: one range per run of neighbouring frames of a block (`frame_ranges`), and the ranges of all the
+    blocks in one batched read (`read_work_ranges`: on an object store all in flight at once, as many as the
+    connection pool holds), so a task that wants a few documents of each of many blocks waits for one round of
+    requests, not one per block. Each frame is checked by its own checksum."""
+    paths: list[Location] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    plans = []
+    for block, at, nbytes in frames:
+        group, block_starts, block_ends = frame_ranges(at, nbytes)
+        plans.append((len(starts), group, block_starts))
+        paths += [read_block_path(work, block)] * len(block_starts)
+        starts += block_starts.tolist()
+        ends += block_ends.tolist()
+    ranges = read_work_ranges(paths, starts, ends)
+    return [_decompress_frames(read_block_path(work, block), ranges[first : first + len(block_starts)], group,
+                               block_starts, at, nbytes)
+            for (block, at, nbytes), (first, group, block_starts) in zip(frames, plans)]
+
+
+def _decompress_frames(path: Location, ranges: list[bytes], group: np.ndarray, starts: np.ndarray, at: np.ndarray,
+                       nbytes: np.ndarray) -> list[str]:
+    """The texts of the frames at `at` (`nbytes` long) of one read block, from its `ranges` (`frame_ranges`)."""
     decompressor = zstandard.ZstdDecompressor()
     try:
         return [decompressor.decompress(memoryview(ranges[g])[a - starts[g] : a - starts[g] + n]).decode("utf-8")

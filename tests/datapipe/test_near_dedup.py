@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datapipe.core.workfiles import read_work_table
+from datapipe.core.workfiles import read_record, read_work_table
 
 from helpers import ASSETS, STALL_S, small_config
 from datapipe.curate.phases import near_dedup
@@ -315,8 +315,10 @@ def test_recomputed_shingles_are_cached_per_run_only(tmp_path):
         return located.column("text_at").to_numpy()[1:], located.column("text_bytes").to_numpy()[1:]
 
     def sets(run, at, nbytes):
-        return text_shingle_sets(KeySource(str(tmp_path), str(tmp_path), ("seg/b0",), run=run), np.array([1]), np.array([0]),
-                                 at, nbytes, config)
+        got, read = text_shingle_sets(KeySource(str(tmp_path), str(tmp_path), ("seg/b0",), run=run), np.array([1]),
+                                      np.array([0]), at, nbytes, config)
+        assert read.pop("read_seconds") >= 0  # the reads' wall, not a count
+        return got, read
 
     first, second = "one two three four five six seven", "eight nine ten eleven twelve thirteen fourteen"
     at, nbytes = block(first)
@@ -393,6 +395,48 @@ def test_neighbouring_frames_are_read_in_one_request_and_costed_as_read(tmp_path
     # two small frames 9.5 KB apart: within FRAME_GAP, but one range would hold 20x their bytes; 100 bytes apart, one
     assert len(frame_ranges(np.array([0, 10_000]), np.array([500, 500]))[1]) == 2
     assert frame_ranges(np.array([0, 600]), np.array([500, 500]))[2].tolist() == [1100]
+
+
+def test_a_verify_task_reads_the_frames_of_all_its_blocks_in_one_batched_read(tmp_path, monkeypatch):
+    """The exact check asks for every block's ranges at once (one `read_work_ranges` call over all the blocks:
+    concurrent on an object store), not block after block; the texts, counts and costs are each block's own."""
+    from datapipe.curate import blocks
+    from datapipe.curate.phases.near_dedup import KeySource, _read_costs, text_shingle_sets
+    from datapipe.testing.read_blocks import write_read_blocks
+    from stages.minhash import shingle_sets
+
+    config = MinHashConfig()
+    rng = np.random.default_rng(1)
+    texts = [[" ".join(f"w{x}" for x in rng.integers(0, 10**6, 30)) for _ in range(3)] for _ in range(4)]
+    at, nbytes = write_read_blocks(tmp_path / "work", texts)
+    calls = []
+    real = blocks.read_work_ranges
+    monkeypatch.setattr(blocks, "read_work_ranges", lambda paths, starts, ends: (calls.append(list(paths)), real(paths, starts, ends))[1])
+    orders = np.array([0, 2, 4, 9, 11, 7])  # two of block 0, one of 1, three of 2 and 3, out of order
+    senders = orders // 3
+    source = KeySource(str(tmp_path), str(tmp_path / "work"), tuple(f"read/b{b}" for b in range(4)), run="batched")
+    got, read = text_shingle_sets(source, orders, senders, at[orders], nbytes[orders], config)
+    assert len(calls) == 1 and sorted({p.name for p in calls[0]}) == ["b0.arrow", "b1.arrow", "b2.arrow", "b3.arrow"]
+    flat = [t for block in texts for t in block]
+    assert {o: s.tolist() for o, s in got.items()} == {o: shingle_sets([flat[o]], config)[0].tolist() for o in orders.tolist()}
+    costs = [_read_costs(at[orders[senders == b]], nbytes[orders[senders == b]]) for b in range(4)]
+    assert read["ranges_read"] == len(calls[0]) == sum(int(r.sum()) for _, r in costs)
+    assert read["bytes_read"] == sum(int(c.sum()) for c, _ in costs) and read["documents_read"] == len(orders)
+    assert read["text_bytes"] == sum(len(flat[o]) for o in orders.tolist()) and read["read_seconds"] >= 0
+
+
+def test_a_verify_task_records_its_wall_and_its_reads(tmp_path):
+    """Each verify task's record holds its wall (`seconds`) beside its reads' wall and requests; the summary sums
+    the requests, and holds no wall (it is what every run of the same input repeats)."""
+    path, _ = _corpus(tmp_path)
+    cfg = small_config(tmp_path / "out", [{"path": str(path), "domain": "web"}], filters={}, output={"keep_work": True},
+                       dedup={"exact": {"enabled": False}, "minhash": {"enabled": True, "partitions": 3}})
+    result = curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
+    records = [read_record(p) for p in sorted((tmp_path / "out" / "work").rglob("verify-*.json"))]
+    assert records and all(r["seconds"] >= r["read_seconds"] >= 0 for r in records)
+    summary = result.stats["global_stages"]["minhash"]
+    assert summary["exact_ranges_read"] == sum(r["ranges_read"] for r in records) > 0
+    assert not any("seconds" in key for key in summary)
 
 
 def test_without_verification_every_candidate_pair_joins_a_cluster(tmp_path):

@@ -13,6 +13,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from datapipe.core.workfiles import read_record, write_record
@@ -152,6 +153,39 @@ def test_the_cli_curates_s3_to_s3_and_reads_it_back(tmp_path, s3_input):
                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert (run / "metrics.jsonl").read_text().count("\n") >= 2
+
+
+def test_the_exact_check_keeps_its_range_requests_in_flight_at_once(s3_server, monkeypatch):
+    """On the S3 server, through a proxy that holds each request LATENCY seconds and counts those in flight: a
+    verify task that wants one document of each of S3_CONNECTIONS + 6 blocks has as many range reads in flight at
+    once as the connection pool holds (S3_CONNECTIONS, then the rest as those end): two rounds of latency, not one
+    per block. Read block after block, one request would be in flight at a time."""
+    import s3fs
+
+    from datapipe.core.storage import S3_CONNECTIONS
+    from datapipe.curate.phases.near_dedup import KeySource, text_shingle_sets
+    from datapipe.testing.latency_proxy import LatencyProxy
+    from datapipe.testing.read_blocks import write_read_blocks
+    from stages.minhash import MinHashConfig, shingle_sets
+
+    latency, blocks = 0.3, S3_CONNECTIONS + 6
+    work = location(f"s3://{s3_server[1]}/{uuid.uuid4().hex[:12]}/work")
+    texts = [[f"block {b} document {i} " + " ".join(f"w{(b * 7 + i * 13 + k) % 997}" for k in range(40)) for i in range(2)]
+             for b in range(blocks)]
+    at, nbytes = write_read_blocks(work, texts)
+    orders = np.arange(blocks) * 2 + 1  # the second document of each block: one range each
+    config = MinHashConfig()
+    with LatencyProxy(s3_server[0], latency) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        s3fs.S3FileSystem.clear_instance_cache()  # the reads below open the file system anew, at the proxy
+        source = KeySource(str(work), str(work), tuple(f"read/b{b}" for b in range(blocks)), run=uuid.uuid4().hex)
+        got, read = text_shingle_sets(source, orders, orders // 2, at[orders], nbytes[orders], config)
+    s3fs.S3FileSystem.clear_instance_cache()
+    assert {o: s.tolist() for o, s in got.items()} == {
+        o: shingle_sets([texts[o // 2][1]], config)[0].tolist() for o in orders.tolist()}
+    assert proxy.ranges == read["ranges_read"] == blocks
+    assert proxy.most_in_flight == S3_CONNECTIONS  # the pool full, and no more (the rest wait for a connection)
+    assert read["read_seconds"] < blocks * latency / 4  # about two rounds of latency, not one a block (load aside)
 
 
 # ---------------------------------------------------------------- a two-node cluster without a shared folder

@@ -19,7 +19,8 @@ each writing one shuffle file:
                its second document (`pairs-v/`);
 3. verify      joined with the second's: decided by the estimated Jaccard (`estimate_masks`); the pairs too
                near the threshold to tell by the exact Jaccard of shingle sets recomputed from the two
-               documents' text, each read by range from its block (`exact_edges`); edges to `cc/r000/`;
+               documents' text (`exact_edges`), read by range from their blocks, every block's ranges in one
+               batched read (`text_shingle_sets`; each task's record holds its wall); edges to `cc/r000/`;
 4. components  in one task when there are at most `one_task_edges` edges (a choice the first run records:
                `first_run_choice_task`) (large-star and small-star
                steps in memory until nothing changes), else in rounds of one task per group,
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -62,7 +64,7 @@ from datapipe.core.shards import replacing
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.shuffle import (Combined, SenderFiles, average_sender_bytes, combine, combine_layout, write_shuffle)
 from datapipe.core.storage import Location, location, remove_tree
-from datapipe.curate.blocks import block_documents, frame_ranges, read_texts
+from datapipe.curate.blocks import block_documents, frame_ranges, read_blocks_texts
 from datapipe.curate.phase import record_in
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 from stages.minhash import (
@@ -302,17 +304,18 @@ _SHINGLES = _ShingleCache()
 
 
 def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray, at: np.ndarray,
-                      nbytes: np.ndarray, config: MinHashConfig) -> tuple[dict[int, np.ndarray], dict[str, int]]:
+                      nbytes: np.ndarray, config: MinHashConfig) -> tuple[dict[int, np.ndarray], dict[str, Any]]:
     """The shingle sets of `orders`, recomputed from their text (`senders[i]`: index into `source.senders`),
-    none for the documents this process already computed in this run (`_ShingleCache`). A document whose
-    place in its read block is known (`at`, `nbytes`; -1 where not) is read by its own range; the others
+    none for the documents this process already computed in this run (`_ShingleCache`). The documents whose
+    place in their read block is known (`at`, `nbytes`; -1 where not) are read by their own ranges, the ranges of
+    every block in one batched read (`read_blocks_texts`: all in flight at once on an object store); the others
     (a block that holds its text itself: an `eval.source` block) by one read of their block file. Also the
     bytes each distinct document's read takes (its frame and the gap before it in its range, `_read_costs`; its
     block's text where it has no frame), the bytes of the texts, the documents and the requests (ranges), for the
-    resolve's summary: counted whether or not the cache spared the read."""
+    resolve's summary: counted whether or not the cache spared the read; and `read_seconds`, the reads' wall."""
     out: dict[int, np.ndarray] = {}
-    read = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0, "ranges_read": 0}
-    work = location(source.work)
+    read: dict[str, Any] = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0, "ranges_read": 0}
+    located, whole = [], []  # per block: (sender, rows to read, their costs, their requests)
     for s in np.unique(senders).tolist():
         mine = np.flatnonzero(senders == s)
         mine = mine[np.unique(orders[mine], return_index=True)[1]]
@@ -325,24 +328,43 @@ def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray
             else:
                 out[int(orders[i])] = cached[0]
                 _count(read, int(costs[k]) if costs[k] >= 0 else cached[2], cached[1], int(requests[k]))
-        if not wanted:
-            continue
-        wanted = np.array(wanted, np.int64)
-        rows = mine[wanted]
-        folder, name = source.senders[s].rsplit("/", 1)
-        if (at[rows] >= 0).all():
-            texts = pa.array(read_texts(work, name, at[rows], nbytes[rows]), pa.large_string())
-        else:
-            block = block_documents(work, folder, name, ["order", "text"])
-            texts = block.column("text").take(pc.index_in(pa.array(orders[rows], pa.int64()), value_set=block.column("order")))
-            costs = np.where(costs >= 0, costs, int(pc.sum(pc.binary_length(block.column("text"))).as_py() or 0))
-        sizes = pc.binary_length(texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts)
-        for order, shingles, k, size in zip(orders[rows].tolist(), shingle_sets(texts, config), wanted.tolist(),
-                                            sizes.to_numpy(zero_copy_only=False).tolist()):
-            out[order] = shingles
-            _SHINGLES.put((source.run, order), (shingles, int(size), int(costs[k])))
-            _count(read, int(costs[k]), int(size), int(requests[k]))
+        if wanted:
+            rows = mine[wanted]
+            (located if (at[rows] >= 0).all() else whole).append((s, rows, costs[wanted], requests[wanted]))
+    started = time.perf_counter()
+    texts = _located_texts(source, located, at, nbytes) + [_block_texts(source, block, orders) for block in whole]
+    read["read_seconds"] = round(time.perf_counter() - started, 6)
+    if not texts:
+        return out, read
+    rows = np.concatenate([rows for _, rows, _, _ in located + whole])
+    costs = np.concatenate([costs for _, _, costs, _ in located + whole])
+    requests = np.concatenate([requests for _, _, _, requests in located + whole])
+    texts = pa.concat_arrays(texts)
+    sizes = pc.binary_length(texts).to_numpy(zero_copy_only=False).tolist()
+    for order, shingles, cost, size, request in zip(orders[rows].tolist(), shingle_sets(texts, config), costs.tolist(),
+                                                    sizes, requests.tolist()):
+        out[order] = shingles
+        _SHINGLES.put((source.run, order), (shingles, int(size), int(cost)))
+        _count(read, int(cost), int(size), int(request))
     return out, read
+
+
+def _located_texts(source: KeySource, located: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]], at: np.ndarray,
+                   nbytes: np.ndarray) -> list[pa.Array]:
+    """The texts of each block's `rows`, read by their frames' ranges: every block's in one batched read."""
+    frames = [(source.senders[s].rsplit("/", 1)[1], at[rows], nbytes[rows]) for s, rows, _, _ in located]
+    return [pa.array(texts, pa.large_string()) for texts in read_blocks_texts(location(source.work), frames)]
+
+
+def _block_texts(source: KeySource, block: tuple[int, np.ndarray, np.ndarray, np.ndarray], orders: np.ndarray) -> pa.Array:
+    """The texts of `rows` of a block that holds its text itself, by one read of its file; their costs (-1, unknown
+    until now) become the block's text bytes (in place)."""
+    s, rows, costs, _ = block
+    folder, name = source.senders[s].rsplit("/", 1)
+    table = block_documents(location(source.work), folder, name, ["order", "text"])
+    texts = table.column("text").take(pc.index_in(pa.array(orders[rows], pa.int64()), value_set=table.column("order")))
+    costs[costs < 0] = int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)
+    return (texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts).cast(pa.large_string())
 
 
 def _read_costs(at: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -454,7 +476,7 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         if pairs is None or pairs.num_rows == 0:
             size = send_edges(edges_root, np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, f"g{g:03d}")
             return {"edges": 0, "checked": 0, "near": 0, "bytes_read": 0, "text_bytes": 0, "documents_read": 0,
-                    "ranges_read": 0, "bytes": size}
+                    "ranges_read": 0, "read_seconds": 0.0, "bytes": size}
         u, v = pairs.column("u").to_numpy(), pairs.column("v").to_numpy()
         found = _lookup(source.nodes(g), v, ["signature", "sender", "text_at", "text_bytes"])
         edge, near = estimate_masks(signature_values(pairs.column("sig_u"), config.num_perm),
@@ -464,7 +486,7 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         rows = np.flatnonzero(near)
         rows = rows[_not_yet_connected(u[edge], v[edge], u[rows], v[rows])]
         near_u, near_v = u[rows], v[rows]
-        read = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0, "ranges_read": 0}
+        read = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0, "ranges_read": 0, "read_seconds": 0.0}
         if len(rows):
             orders = np.r_[near_u, near_v]
             senders = np.r_[pairs.column("sender_u").to_numpy()[rows], found.column("sender").to_numpy()[rows]]
@@ -478,7 +500,11 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         return {"edges": int(len(a)), "checked": int(len(rows)), "near": int(len(near_u)),
                 "near_connected": int(near.sum() - len(rows)), **read, "bytes": size}
 
-    return work()
+    started = time.perf_counter()
+    result = work()
+    # the task's wall beside its reads' (`read_seconds`) and requests (`ranges_read`), in its record only: the
+    # resolve's summary holds what every run of the same input repeats
+    return {**result, "seconds": round(time.perf_counter() - started, 6)}
 
 
 def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, source: KeySource, config: MinHashConfig,
