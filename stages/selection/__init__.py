@@ -2,7 +2,8 @@
 
 One score per document, from a model fit once in the driver and shipped to the workers. Methods (`selection.method` in a recipe):
 - `classifier`  `_classifier`: the logit of a linear n-gram classifier of the target against the corpus;
-- `dsir`        `_importance`: the log importance weight toward the target plus seeded Gumbel noise, so that
+- `dsir`        `_importance`: the log importance weight toward the target (of a fixed-length chunk with the
+                document's mean n-gram ratio, as the paper weighs chunks) plus seeded Gumbel noise, so that
                 keeping the top documents draws them in proportion to their weight (Gumbel top-k);
 - `perplexity`  `_perplexity`: nearness of the log perplexity under a bigram model of the target to the
                 target's own median (a band around it);

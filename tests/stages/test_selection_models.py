@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -10,7 +11,7 @@ import pytest
 
 from helpers import ASSETS
 from stages.selection import KNOTS, SelectionModel, fit
-from stages.selection._importance import ImportanceModel, gumbel
+from stages.selection._importance import CHUNK_WORDS, ImportanceModel, gumbel
 from stages.selection._ngrams import count_matrix, word_hashes
 from stages.selection._perplexity import CONTEXT_PRIOR, BigramModel
 
@@ -47,13 +48,42 @@ def test_gumbel_top_one_picks_in_proportion_to_the_weights():
     assert abs(wins / 4000 - 0.75) < 4 * math.sqrt(0.75 * 0.25 / 4000)
 
 
-def test_importance_weight_is_the_likelihood_ratio_of_the_ngrams():
+def test_importance_weight_is_the_likelihood_ratio_of_a_chunk_of_the_document_s_ngrams():
+    """Smoothed counts: target x, y, (x y) = 1 each over 3 + buckets; raw z = 2, (z z) = 1 over 3 + buckets. 'x y x'
+    holds x twice, y, (x y) and (y x), the last unseen in both; its weight is a CHUNK_WORDS-word chunk's at its
+    3 words' mean ratio, so a document of the same words repeated weighs the same whatever its length."""
     buckets = 1 << 12
     model = ImportanceModel.fit(["x y"], ["z z"], buckets=buckets)
-    # smoothed: target counts x, y, (x y) = 1 each over 3 + buckets; raw z = 2, (z z) = 1 over 3 + buckets
-    grams = count_matrix(["x y"], buckets).indices
-    expected = sum(math.log(2 / (3 + buckets)) - math.log(1 / (3 + buckets)) for _ in grams)
-    assert model.log_weights(["x y"])[0] == pytest.approx(expected)
+    ratio_seen = math.log(2 / (3 + buckets)) - math.log(1 / (3 + buckets))  # x, y, (x y): 2 counts in target, 1 in raw
+    ratio_unseen = 0.0  # (y x): 1 over 3 + buckets in both
+    expected = CHUNK_WORDS / 3 * (4 * ratio_seen + ratio_unseen)
+    assert model.log_weights(["x y x"])[0] == pytest.approx(expected)
+    assert model.log_weights(["x y " * 200, "x y", ""]).tolist() == pytest.approx(
+        [CHUNK_WORDS / 400 * (400 * ratio_seen + 200 * ratio_seen), CHUNK_WORDS / 2 * 3 * ratio_seen, 0.0])
+
+
+def test_gumbel_top_k_includes_each_document_as_sampling_without_replacement_would():
+    """DSIR's scores, kept two of four: the top-2 of log w + Gumbel noise is a draw of two without replacement in
+    proportion to w, so document i is kept with probability P(i first) + sum_j P(j first) P(i next | j gone),
+    computed exactly here. Over 4,000 seeds each frequency is within 4 standard errors. Without the noise the
+    same two are kept every time."""
+    words = ["alpha", "beta", "gamma", "delta"]
+    weights = np.array([4.0, 2.0, 1.0, 1.0])
+    log_ratio = np.zeros(1 << 10)
+    for word, w in zip(words, weights):  # one word a document: its weight is CHUNK_WORDS times its unigram's ratio
+        log_ratio[count_matrix([word], 1 << 10).indices[0]] = math.log(w) / CHUNK_WORDS
+    model = SelectionModel("dsir", 0, ImportanceModel(log_ratio), np.zeros(KNOTS))
+    total = weights.sum()
+    exact = [weights[i] / total + sum(weights[j] / total * weights[i] / (total - weights[j]) for j in range(4) if j != i)
+             for i in range(4)]
+    ids = [f"doc-{w}" for w in words]
+    seeds = 4000
+    kept = np.zeros(4)
+    for seed in range(seeds):
+        scores = dataclasses.replace(model, seed=seed).scores(words, ids)
+        kept[np.argsort(-scores)[:2]] += 1
+    for frequency, p in zip(kept / seeds, exact):
+        assert abs(frequency - p) < 4 * math.sqrt(p * (1 - p) / seeds)
 
 
 def test_bigram_perplexity_of_a_seen_pair_by_hand():
