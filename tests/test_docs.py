@@ -105,3 +105,12 @@ def _repository_files() -> list[str]:
 def test_no_file_is_named_after_an_issue():
     named = [f for f in _repository_files() if any(ISSUE.search(part) for part in Path(f).parts)]
     assert not named, named
+
+
+def test_the_readme_is_a_way_in_of_at_most_250_lines():
+    """README.md is the way in and docs/ the reference: it stays within 250 lines (its layout section grows with every
+    module), and its Test paragraph gives the suite one time, with its date."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250, f"README.md has {len(text.splitlines())} lines: move detail into docs/"
+    test = text.split("\n## Test\n")[1].split("\n## ")[0]
+    assert len(re.findall(r"\d+ min(?:utes)?(?: \d+ s\b)?|\b\d+ s\b", test)) == 1, test
