@@ -49,7 +49,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs, unquote
 
 REPO = Path(__file__).resolve().parents[1]
@@ -305,12 +305,37 @@ def main() -> None:
     if args.count_log:
         print(json.dumps(report(count_requests(Path(args.count_log)), None), indent=1))
         return
+    from scripts.bench_driver_memory import write_corpus
+
+    recipe = {
+        "dedup": {"exact": {"enabled": True, "partitions": args.partitions or "auto"},
+                  "minhash": {"enabled": True, "partitions": args.partitions or "auto"}},
+        "read": {"block_bytes": args.block_bytes or "auto"},
+        "filters": {},
+        "tokenizer": {"train": {"vocab_size": 2048, "sample_bytes": 2_000_000}},
+    }
+    command = (f"python -m scripts.bench_s3_requests --docs {args.docs} --workers {args.workers}"
+               + (" --keep-work" if args.keep_work else "")
+               + "".join(f" --{k.replace('_', '-')} {v}" for k, v in
+                         (("block_bytes", args.block_bytes), ("partitions", args.partitions), ("group_docs", args.group_docs)) if v))
+    result = run_on_server(recipe, lambda folder: write_corpus(folder, args.docs), args.docs, workers=args.workers,
+                           keep_work=args.keep_work, group_docs=args.group_docs, save_log=args.save_log)
+    for private in ("stats", "step_seconds"):
+        result.pop(private, None)
+    print(json.dumps({"command": command, **result}, indent=1))
+
+
+def run_on_server(recipe: dict[str, Any], write: Callable[[Path], dict[str, Any]], docs: int, *, workers: int,
+                  keep_work: bool = False, group_docs: int | None = None, save_log: str | None = None,
+                  input_options: dict[str, Any] | None = None, folder_tallies: bool = False) -> dict[str, Any]:
+    """Start a moto server, write the corpus (`write(folder)`: its counts) and upload it, run `datapipe curate` on
+    `recipe` (inputs and output set here: on the server; `input_options` beside the input's path, default the
+    domain `web`) as a fresh process, and count what the server answered. The driver's resident memory is sampled
+    while it runs (`driver_peak_rss_mb`). With `folder_tallies`, each folder's `Tally` too (`folder_tallies`)."""
     server = shutil.which("moto_server")
     if server is None:
         sys.exit("moto_server is not installed: pip install 'moto[server]'")
     import s3fs
-
-    from scripts.bench_driver_memory import write_corpus
 
     root = Path(tempfile.mkdtemp(prefix="bench-s3-"))
     port = _free_port()
@@ -330,62 +355,71 @@ def main() -> None:
         os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
         fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
         fs.mkdir(BUCKET)
-        corpus = write_corpus(root / "corpus", args.docs)
+        corpus = write(root / "corpus")
         for f in sorted((root / "corpus").glob("*.jsonl")):
             fs.put_file(str(f), f"{BUCKET}/in/{f.name}")
-        config = {
-            "inputs": [{"path": f"s3://{BUCKET}/in/*.jsonl", "domain": "web"}],
-            "dedup": {"exact": {"enabled": True, "partitions": args.partitions or "auto"},
-                      "minhash": {"enabled": True, "partitions": args.partitions or "auto"}},
-            "read": {"block_bytes": args.block_bytes or "auto"},
-            "filters": {},
-            "tokenizer": {"train": {"vocab_size": 2048, "sample_bytes": 2_000_000}},
-            "ray": {"num_cpus": args.workers},
-            "output": {"dir": f"s3://{BUCKET}/{RUN}", "keep_work": args.keep_work},
-        }
-        recipe = root / "recipe.json"
-        recipe.write_text(json.dumps(config))
+        config = {**recipe, "inputs": [{"path": f"s3://{BUCKET}/in/*.jsonl", **(input_options or {"domain": "web"})}],
+                  "ray": {**recipe.get("ray", {}), "num_cpus": workers},
+                  "output": {**recipe.get("output", {}), "dir": f"s3://{BUCKET}/{RUN}", "keep_work": keep_work}}
+        recipe_path = root / "recipe.json"
+        recipe_path.write_text(json.dumps(config))
         time.sleep(0.5)  # the uploads' lines are in the log before the run's first
         log.flush()
         start = log_path.stat().st_size
         t0 = time.perf_counter()
-        cli = [sys.executable, "-m", "datapipe.cli", "curate", str(recipe), "--no-progress"]
-        if args.group_docs:  # the resolve's tasks are sized in the driver and in every worker from this module
-            cli = [sys.executable, "-c", _WITH_GROUP_DOCS, str(args.group_docs), str(recipe)]
-        run = subprocess.run(cli, cwd=REPO, env=env, capture_output=True, text=True)
+        cli = [sys.executable, "-m", "datapipe.cli", "curate", str(recipe_path), "--no-progress"]
+        if group_docs:  # the resolve's tasks are sized in the driver and in every worker from this module
+            cli = [sys.executable, "-c", _WITH_GROUP_DOCS, str(group_docs), str(recipe_path)]
+        returncode, stderr, peak_rss = _run_watching_memory(cli, env)
         wall = time.perf_counter() - t0
-        if run.returncode != 0:
-            raise SystemExit(f"curate failed:\n{run.stderr[-4000:]}")
+        if returncode != 0:
+            raise SystemExit(f"curate failed:\n{stderr[-4000:]}")
         time.sleep(0.5)
         log.flush()
         count = count_requests(log_path, start)
-        if args.save_log:
-            with open(log_path, "rb") as src, open(args.save_log, "wb") as dst:
+        if save_log:
+            with open(log_path, "rb") as src, open(save_log, "wb") as dst:
                 src.seek(start)
                 shutil.copyfileobj(src, dst)
         stats = json.loads(fs.cat_file(f"{BUCKET}/{RUN}/stats.json"))
         objects = Counter()
-        if args.keep_work:
+        if keep_work:
             for key in fs.find(f"{BUCKET}/{RUN}/work"):
                 objects[classify(Request("GET", "/" + key, "", 200))[1]] += 1
-        result = {
-            "command": f"python -m scripts.bench_s3_requests --docs {args.docs} --workers {args.workers}"
-                       + (" --keep-work" if args.keep_work else "")
-                       + "".join(f" --{k.replace('_', '-')} {v}" for k, v in
-                                 (("block_bytes", args.block_bytes), ("partitions", args.partitions), ("group_docs", args.group_docs)) if v),
+        return {
             "server": "moto_server (localhost)",
             "corpus": corpus,
             "wall_seconds": round(wall, 1),
+            "driver_peak_rss_mb": round(peak_rss / 2**20, 1),
             "phase_seconds": stats["phase_seconds"],
-            **report(count, args.docs, corpus, stats, args.workers),
+            "step_seconds": stats.get("step_seconds", {}),
+            "stats": stats,
+            **report(count, docs, corpus, stats, workers),
             **({"work_objects_by_folder": dict(sorted(objects.items()))} if objects else {}),
+            **({"folder_tallies": count.folders} if folder_tallies else {}),
         }
-        print(json.dumps(result, indent=1))
     finally:
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_watching_memory(cli: list[str], env: dict[str, str]) -> tuple[int, str, int]:
+    """Run `cli` in REPO; its exit code, its stderr and the most resident memory its own process held (the kernel's
+    high-water mark, VmHWM, read every 0.2 s while it runs: the driver, not the Ray processes it starts)."""
+    with tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(cli, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        peak = 0
+        while child.poll() is None:
+            try:
+                status = Path(f"/proc/{child.pid}/status").read_text()
+                peak = max(peak, int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024)
+            except (OSError, AttributeError):
+                pass
+            time.sleep(0.2)
+        err.seek(0)
+        return child.returncode, err.read().decode("utf-8", "replace"), peak
 
 
 if __name__ == "__main__":

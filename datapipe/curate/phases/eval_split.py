@@ -55,7 +55,7 @@ from datapipe.core.shards import atomic_write_table
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.curate.config import EvalSplitConfig
 from datapipe.curate.counters import Counters
-from datapipe.core.shuffle import Combined, combine, read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.shuffle import Combined, SenderFiles, combine, write_shuffle
 from datapipe.curate.phases import near_dedup
 from datapipe.curate.blocks import block_documents
 from datapipe.curate.phase import record_in
@@ -173,31 +173,35 @@ def match_task(shared: tuple[str, MinHashConfig, KeySource], g: int) -> dict[str
             u, v = unique_pairs(joined.column("order").to_numpy(), joined.column("eval_order").to_numpy())
     table = pa.table({"u": u, "v": v}, schema=near_dedup.PAIR_SCHEMA)
     if config.verify:
-        write_shuffle(work / EVAL_DIR / "pairs-u" / f"g{g:03d}.shuffle", table, partition_of(u, config.partitions), config.partitions)
+        size = write_shuffle(work / EVAL_DIR / "pairs-u" / f"g{g:03d}.shuffle", table, partition_of(u, config.partitions),
+                             config.partitions)
     else:
-        near_dedup.send_edges(work / EVAL_DIR / "edges", u, v, config.partitions, f"g{g:03d}")
-    return {"candidates": int(len(u))}
+        size = near_dedup.send_edges(work / EVAL_DIR / "edges", u, v, config.partitions, f"g{g:03d}")
+    return {"candidates": int(len(u)), "bytes": size}
 
 
 def near_copies(run_tasks: Callable[..., list[Any]], work: Location, config: MinHashConfig, source: KeySource) -> int:
     """The training documents that are near-duplicates of an eval document (work/eval/held.arrow) by near dedup's
     own rule (the signature estimate, then the exact Jaccard near the threshold): `match_task`'s candidates, decided
     by `near_dedup.verify_pairs`, named by `near_task` in work/eval/near.arrow; how many."""
-    run_tasks(match_task, (str(work), config, source), source.groups.items(), "eval_split near",
-              record=record_in(RECORDS, "match"))
-    if config.verify:
-        near_dedup.verify_pairs(run_tasks, work / EVAL_DIR, work / EVAL_DIR, source, config, work / EVAL_DIR / "edges",
-                                "eval_split near")
-    return run_tasks(near_task, (str(work), config.partitions, tuple(source.groups.names())), [()],
+    found = run_tasks(match_task, (str(work), config, source), source.groups.items(), "eval_split near",
+                      record=record_in(RECORDS, "match"))
+    sizes = found
+    if config.verify:  # the candidates exchanged as near dedup's are (combined past a few groups)
+        sizes = [{"bytes": near_dedup.verify_pairs(run_tasks, work / EVAL_DIR, work / EVAL_DIR, source, config,
+                                                   work / EVAL_DIR / "edges", "eval_split near", found)["largest_bytes"]}]
+    # one task reads every group's edges: combined first, so that it reads a few files, not one per group
+    edges = near_dedup.exchange_groups(run_tasks, work / EVAL_DIR / "edges", source.groups, sizes, "eval_split near edges",
+                                       records=work / RECORDS)
+    return run_tasks(near_task, (str(work), config.partitions, edges.files(work / EVAL_DIR / "edges")), [()],
                      "eval_split near copies", record=record_in(RECORDS, "near"))[0]["copies"]
 
 
-def near_task(shared: tuple[str, int, tuple[str, ...]]) -> dict[str, int]:
+def near_task(shared: tuple[str, int, Combined | SenderFiles]) -> dict[str, int]:
     """work/eval/near.arrow: (order, eval_order, eval_id) of each training document near an eval document, from
     the edges, with the first eval document in input order named."""
-    work, partitions, names = location(shared[0]), shared[1], list(shared[2])
-    edges = read_shuffle(shuffle_files(work / EVAL_DIR / "edges", names), 0, partitions, near_dedup.EDGE_SCHEMA,
-                         through=partitions)
+    work, partitions, files = location(shared[0]), shared[1], shared[2]
+    edges = files.read(0, near_dedup.EDGE_SCHEMA, through=partitions)
     held = read_work_table(work / HELD)
     eval_orders = held.column("order").to_numpy()
     is_eval = np.isin(edges.column("dst").to_numpy(), eval_orders) & ~np.isin(edges.column("src").to_numpy(), eval_orders)
