@@ -40,7 +40,7 @@ class SelectionModel:
     seed: int
     model: Any  # QualityClassifier | ImportanceModel | BigramModel | None (random)
     knots: np.ndarray  # (KNOTS,) ascending
-    fit_flops: float = 0.0  # an upper estimate of what fitting it cost (`fit`)
+    fit_flops: float = 0.0  # what fitting it cost: the model's fit (`model_flops`) and scoring the corpus sample for the knots
     fit_cpu_seconds: float = 0.0  # CPU seconds its fit took, its corpus sample's reading included (set by the caller)
 
     def scoring_flops(self, tokens: int) -> float:
@@ -104,6 +104,18 @@ def fit(method: Method, target: list[str], corpus: list[str], corpus_ids: list[s
     unfit = SelectionModel(method, seed, model, np.zeros(KNOTS))
     scores = np.sort(unfit.scores(corpus, corpus_ids)) if corpus else np.zeros(1)
     knots = np.quantile(scores, (np.arange(KNOTS) + 1) / (KNOTS + 1))
-    words = float(sum(len(word_hashes(t)) for t in [*target, *corpus]))
-    per_word = {"classifier": 4.0 * 2 * FIT_ITERATIONS, "dsir": 2.0, "perplexity": 4.0, "random": 0.0}[method]
-    return SelectionModel(method, seed, model, knots, per_word * words + unfit.scoring_flops(int(words)))
+    corpus_words = sum(len(word_hashes(t)) for t in corpus)
+    return SelectionModel(method, seed, model, knots, model_flops(method, model, target, corpus) + unfit.scoring_flops(corpus_words))
+
+
+def model_flops(method: Method, model: Any, target: list[str], corpus: list[str]) -> float:
+    """FLOPs of fitting the model itself: the classifier's as its fit counted them (its optimizer's own work
+    included); for the count models an addition per n-gram counted (a unigram and a bigram per word: DSIR counts
+    the target and the corpus sample, the bigram model its half of the target twice, unigrams and pairs)."""
+    if method == "classifier":
+        return model.fit_flops
+    if method == "dsir":
+        return 2.0 * sum(len(word_hashes(t)) for t in [*target, *corpus])
+    if method == "perplexity":
+        return 4.0 * sum(len(word_hashes(t)) for i, t in enumerate(target) if i % 2 == 0)
+    return 0.0

@@ -28,10 +28,30 @@ def _features(texts: list[str], buckets: int) -> "scipy.sparse.csr_matrix":  # n
     return sp.diags(1.0 / np.maximum(norms, 1e-12)) @ m
 
 
+LBFGS_MEMORY = 10  # correction pairs L-BFGS-B keeps (scipy's default `maxcor`)
+FEATURE_FLOPS_PER_NONZERO = 4  # building the features once: the count, its log1p, its square for the norm, the scaling
+ROW_FLOPS = 30  # one evaluation's elementwise work per document: the logit's bias, a sigmoid, a logaddexp (an
+                # exponential or logarithm counted as 8) and the weighted residual
+PARAMETER_FLOPS = 6  # one evaluation's work per parameter: the penalty, its gradient and the gradient's assembly
+# One L-BFGS-B iteration per parameter: the two-loop product of the compact form (2 m inner products and 2 m
+# vector updates, a multiply-add each), the step and the new correction pair's two differences.
+OPTIMIZER_FLOPS_PER_PARAMETER = 2 * 4 * LBFGS_MEMORY + 6
+
+
+def fit_flops(nonzeros: int, documents: int, parameters: int, evaluations: int, iterations: int) -> float:
+    """The FLOPs of a fit: the features once; per evaluation of the loss and its gradient, the two sparse products
+    (a multiply-add per nonzero each) and the per-document and per-parameter work; per iteration, the optimizer's
+    own work. From the counts the fit reports (scipy's nfev and nit), not a bound."""
+    evaluation = 2 * 2 * nonzeros + ROW_FLOPS * documents + PARAMETER_FLOPS * parameters
+    return float(FEATURE_FLOPS_PER_NONZERO * nonzeros + evaluations * evaluation
+                 + iterations * OPTIMIZER_FLOPS_PER_PARAMETER * parameters)
+
+
 @dataclass(frozen=True)
 class QualityClassifier:
     weights: np.ndarray  # (buckets,)
     bias: float
+    fit_flops: float = 0.0  # what its fit cost (`fit_flops`); not saved: the selection model keeps the total
 
     @property
     def buckets(self) -> int:
@@ -54,9 +74,11 @@ class QualityClassifier:
             g = w * (p - y)
             return value, np.concatenate([x.T @ g + l2 * theta[:-1], [g.sum()]])
 
-        theta = scipy.optimize.minimize(loss, np.zeros(buckets + 1), jac=True, method="L-BFGS-B",
-                                        options={"maxiter": iterations}).x
-        return cls(theta[:-1].astype(np.float32), float(theta[-1]))
+        result = scipy.optimize.minimize(loss, np.zeros(buckets + 1), jac=True, method="L-BFGS-B",
+                                         options={"maxiter": iterations, "maxcor": LBFGS_MEMORY})
+        theta = result.x
+        flops = fit_flops(x.nnz, x.shape[0], buckets + 1, int(result.nfev), int(result.nit))
+        return cls(theta[:-1].astype(np.float32), float(theta[-1]), flops)
 
     def scores(self, texts: list[str]) -> np.ndarray:
         """The logit of each document: > 0 looks more like the positives than like the corpus."""
