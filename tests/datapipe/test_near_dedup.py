@@ -425,6 +425,21 @@ def test_a_verify_task_reads_the_frames_of_all_its_blocks_in_one_batched_read(tm
     assert read["text_bytes"] == sum(len(flat[o]) for o in orders.tolist()) and read["read_seconds"] >= 0
 
 
+def test_a_block_gone_from_a_batched_read_is_named(tmp_path):
+    """One read over several blocks' ranges: a missing block is a DamagedWorkFile naming that block."""
+    from datapipe.core.workfiles import DamagedWorkFile
+    from datapipe.curate.blocks import READ, read_blocks_texts
+    from datapipe.testing.read_blocks import write_read_blocks
+
+    texts = [["alpha beta gamma", "delta epsilon"], ["zeta eta theta"], ["iota kappa", "lambda mu nu"]]
+    at, nbytes = write_read_blocks(tmp_path, texts)
+    frames = [("b0", at[[1, 0]], nbytes[[1, 0]]), ("b1", at[2:3], nbytes[2:3]), ("b2", at[4:5], nbytes[4:5])]
+    assert read_blocks_texts(tmp_path, frames) == [["delta epsilon", "alpha beta gamma"], ["zeta eta theta"], ["lambda mu nu"]]
+    (tmp_path / READ / "b1.arrow").unlink()
+    with pytest.raises(DamagedWorkFile, match=r"b1\.arrow is damaged: it is missing"):
+        read_blocks_texts(tmp_path, frames)
+
+
 def test_a_verify_task_records_its_wall_and_its_reads(tmp_path):
     """Each verify task's record holds its wall (`seconds`) beside its reads' wall and requests; the summary sums
     the requests, and holds no wall (it is what every run of the same input repeats)."""

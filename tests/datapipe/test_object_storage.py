@@ -4,6 +4,7 @@ CLI as a user runs it, and a two-node Ray cluster whose nodes share no folder wi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -163,6 +164,8 @@ def test_the_exact_check_keeps_its_range_requests_in_flight_at_once(s3_server, m
     import s3fs
 
     from datapipe.core.storage import S3_CONNECTIONS
+    from datapipe.core.workfiles import DamagedWorkFile
+    from datapipe.curate.blocks import read_block_path
     from datapipe.curate.phases.near_dedup import KeySource, text_shingle_sets
     from datapipe.testing.latency_proxy import LatencyProxy
     from datapipe.testing.read_blocks import write_read_blocks
@@ -180,11 +183,15 @@ def test_the_exact_check_keeps_its_range_requests_in_flight_at_once(s3_server, m
         s3fs.S3FileSystem.clear_instance_cache()  # the reads below open the file system anew, at the proxy
         source = KeySource(str(work), str(work), tuple(f"read/b{b}" for b in range(blocks)), run=uuid.uuid4().hex)
         got, read = text_shingle_sets(source, orders, orders // 2, at[orders], nbytes[orders], config)
+        in_flight, ranges = proxy.most_in_flight, proxy.ranges
+        read_block_path(work, "b7").unlink()  # a block gone: named, among 70 reads
+        with pytest.raises(DamagedWorkFile, match=r"b7\.arrow is damaged: it is missing"):
+            text_shingle_sets(dataclasses.replace(source, run="another"), orders, orders // 2, at[orders], nbytes[orders], config)
     s3fs.S3FileSystem.clear_instance_cache()
     assert {o: s.tolist() for o, s in got.items()} == {
         o: shingle_sets([texts[o // 2][1]], config)[0].tolist() for o in orders.tolist()}
-    assert proxy.ranges == read["ranges_read"] == blocks
-    assert proxy.most_in_flight == S3_CONNECTIONS  # the pool full, and no more (the rest wait for a connection)
+    assert ranges == read["ranges_read"] == blocks
+    assert in_flight == S3_CONNECTIONS  # the pool full, and no more (the rest wait for a connection)
     assert read["read_seconds"] < blocks * latency / 4  # about two rounds of latency, not one a block (load aside)
 
 
