@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from helpers import ASSETS, run_tasks_in_process, small_config
 from datapipe.core.shards import open_shard, read_manifest, split_source
 from datapipe.curate.phases import eval_split, near_dedup
-from datapipe.curate import run as run_module
+from datapipe.curate import steps as run_module  # the run's steps: the tasks each phase launches
 from datapipe.curate.executors import LocalExecutor
 from datapipe.curate.run import curate
 from datapipe.inspect import stats

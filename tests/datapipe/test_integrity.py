@@ -22,7 +22,7 @@ from datapipe.core import shards
 from datapipe.core.config import RunStopped
 from datapipe.core.shards import OutputError, open_shard, read_manifest
 from datapipe.curate.executors import LocalExecutor
-from datapipe.curate import run as run_module
+from datapipe.curate import steps as run_module  # the run's steps: the tasks each phase launches
 from datapipe.curate.run import curate
 from datapipe.inspect import stats as inspect_stats
 

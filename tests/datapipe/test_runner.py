@@ -321,7 +321,7 @@ def test_the_driver_reads_no_document_table(tmp_path, slice_input, monkeypatch):
 
 
 def test_ray_stall_timeout_is_a_checked_key_that_reaches_the_executor(tmp_path, slice_input, monkeypatch):
-    from datapipe.curate import run as runner
+    from datapipe.curate import start as runner  # where the run starts its executor
 
     assert small_config(tmp_path / "o", [slice_input]).ray.stall_timeout_s == 600
     with pytest.raises(ConfigError, match=r"stall_timeout_s must be >= 0 \(0 = no limit\), got -1"):
@@ -410,7 +410,7 @@ def test_the_driver_reads_while_ray_starts_and_the_output_is_the_same(tmp_path, 
     outlives the run."""
     import threading
 
-    from datapipe.curate import run as runner
+    from datapipe.curate import start as runner  # where the run starts its executor
 
     lines = (ASSETS / "corpus_slice.jsonl").read_text().splitlines(keepends=True)
     folder = tmp_path / "in"
@@ -446,7 +446,7 @@ def test_the_driver_reads_while_ray_starts_and_the_output_is_the_same(tmp_path, 
 
 
 def test_a_read_error_in_the_driver_is_the_runs_error(tmp_path, slice_input, monkeypatch):
-    from datapipe.curate import run as runner
+    from datapipe.curate import start as runner  # where the run starts its executor
 
     def read_task(plan, unit):
         raise ConfigError("inputs[0].path: cannot be read now")
@@ -480,7 +480,7 @@ def test_a_block_write_that_fails_on_the_writer_thread_fails_the_read(tmp_path, 
 def test_an_interrupt_while_ray_starts_does_not_wait_for_the_drivers_read(tmp_path, slice_input, monkeypatch):
     import threading
 
-    from datapipe.curate import run as runner
+    from datapipe.curate import start as runner  # where the run starts its executor
 
     release = threading.Event()
     monkeypatch.setattr(runner, "read_task", lambda plan, unit: release.wait(60))  # the driver's early read: a minute

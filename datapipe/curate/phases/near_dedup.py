@@ -405,21 +405,17 @@ def pairs_task(shared: tuple[str, KeySource, MinHashConfig], g: int) -> dict[str
     folder, source, config = shared
     root, groups = location(folder), source.groups
     lo, hi = groups.range(g)
-
-    def work() -> dict[str, Any]:
-        buckets = source.read("buckets", lo, config.partitions, through=hi)
-        if buckets is None:
-            buckets = pa.table({"bucket": pa.array([], pa.uint64()), "order": pa.array([], pa.int64())})
-        if not config.verify:
-            a, b = star_edges(buckets)
-            size = send_edges(root / "cc" / "r000", a, b, config.partitions, f"g{g:03d}")
-            return {"edges": int(len(a)), "candidates": int(len(a)), "bytes": size}
-        u, v = bucket_pairs(buckets, config.bucket_window)  # a bucket lives in one partition: as if one by one
-        size = write_shuffle(root / "pairs-u" / f"g{g:03d}.shuffle", pa.table({"u": u, "v": v}, schema=PAIR_SCHEMA),
-                             partition_of(u, config.partitions), config.partitions)
-        return {"edges": 0, "candidates": int(len(u)), "bytes": size}
-
-    return work()
+    buckets = source.read("buckets", lo, config.partitions, through=hi)
+    if buckets is None:
+        buckets = pa.table({"bucket": pa.array([], pa.uint64()), "order": pa.array([], pa.int64())})
+    if not config.verify:
+        a, b = star_edges(buckets)
+        size = send_edges(root / "cc" / "r000", a, b, config.partitions, f"g{g:03d}")
+        return {"edges": int(len(a)), "candidates": int(len(a)), "bytes": size}
+    u, v = bucket_pairs(buckets, config.bucket_window)  # a bucket lives in one partition: as if one by one
+    size = write_shuffle(root / "pairs-u" / f"g{g:03d}.shuffle", pa.table({"u": u, "v": v}, schema=PAIR_SCHEMA),
+                         partition_of(u, config.partitions), config.partitions)
+    return {"edges": 0, "candidates": int(len(u)), "bytes": size}
 
 
 def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) -> dict[str, Any]:
@@ -427,20 +423,16 @@ def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
     document's signature and sender -> `pairs-v/gNNN` by their second document."""
     _, pairs_folder, source, config, _ = shared
     pairs_root, groups = location(pairs_folder), source.groups
-
-    def work() -> dict[str, Any]:
-        pairs = groups.read(pairs_root / "pairs-u", g, PAIR_SCHEMA)
-        # a pair that shares buckets of several partitions, once
-        u, v = unique_pairs(pairs.column("u").to_numpy(), pairs.column("v").to_numpy())
-        found = _lookup(source.nodes(g), u, ["signature", "sender", "text_at", "text_bytes"])
-        at, nbytes = _locators(found)
-        table = pa.table({"u": pa.array(u, pa.int64()), "v": pa.array(v, pa.int64()), "sig_u": found.column("signature"),
-                          "sender_u": found.column("sender"), "text_at_u": at, "text_bytes_u": nbytes})
-        size = write_shuffle(pairs_root / "pairs-v" / f"g{g:03d}.shuffle", table, partition_of(v, config.partitions),
-                             config.partitions)
-        return {"pairs": len(u), "bytes": size}
-
-    return work()
+    pairs = groups.read(pairs_root / "pairs-u", g, PAIR_SCHEMA)
+    # a pair that shares buckets of several partitions, once
+    u, v = unique_pairs(pairs.column("u").to_numpy(), pairs.column("v").to_numpy())
+    found = _lookup(source.nodes(g), u, ["signature", "sender", "text_at", "text_bytes"])
+    at, nbytes = _locators(found)
+    table = pa.table({"u": pa.array(u, pa.int64()), "v": pa.array(v, pa.int64()), "sig_u": found.column("signature"),
+                      "sender_u": found.column("sender"), "text_at_u": at, "text_bytes_u": nbytes})
+    size = write_shuffle(pairs_root / "pairs-v" / f"g{g:03d}.shuffle", table, partition_of(v, config.partitions),
+                         config.partitions)
+    return {"pairs": len(u), "bytes": size}
 
 
 def _not_yet_connected(edge_u: np.ndarray, edge_v: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -540,33 +532,25 @@ def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
     """All edges in one task: components in memory, written as the converged rounds would be."""
     folder, config, groups = shared
     root = location(folder)
-
-    def work() -> dict[str, Any]:
-        table = groups.files(root / "cc" / "r000", config.partitions).read(0, EDGE_SCHEMA, through=config.partitions)
-        src, dst = table.column("src").to_numpy(), table.column("dst").to_numpy()
-        keep = src < dst  # each undirected edge once
-        a, b, rounds = connected_components(src[keep], dst[keep], config.max_rounds)
-        names = groups.names()
-        size = send_edges(root / "cc" / "one-task", a, b, config.partitions, names[0])
-        for name in names[1:]:  # every sender of the folder exists, as after the rounds
-            send_edges(root / "cc" / "one-task", np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, name)
-        return {"rounds": rounds, "bytes": size}
-
-    return work()
+    table = groups.files(root / "cc" / "r000", config.partitions).read(0, EDGE_SCHEMA, through=config.partitions)
+    src, dst = table.column("src").to_numpy(), table.column("dst").to_numpy()
+    keep = src < dst  # each undirected edge once
+    a, b, rounds = connected_components(src[keep], dst[keep], config.max_rounds)
+    names = groups.names()
+    size = send_edges(root / "cc" / "one-task", a, b, config.partitions, names[0])
+    for name in names[1:]:  # every sender of the folder exists, as after the rounds
+        send_edges(root / "cc" / "one-task", np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, name)
+    return {"rounds": rounds, "bytes": size}
 
 
 def round_task(shared: tuple[str, Any, Groups], r: int, g: int) -> dict[str, Any]:
     folder, config, groups = shared
     root = location(folder)
-
-    def work() -> dict[str, Any]:
-        src, dst = _directed(root / "cc" / f"r{r:03d}", groups, g)
-        step = large_star if r % 2 == 0 else small_star
-        a, b = step(src, dst)  # a node's edges live in its partition: the group's partitions at once, as one by one
-        size = send_edges(root / "cc" / f"r{r + 1:03d}", a, b, config.partitions, f"g{g:03d}")
-        return {"input_edges": int(len(src)), "checksum": _checksum(src, dst), "bytes": size}
-
-    return work()
+    src, dst = _directed(root / "cc" / f"r{r:03d}", groups, g)
+    step = large_star if r % 2 == 0 else small_star
+    a, b = step(src, dst)  # a node's edges live in its partition: the group's partitions at once, as one by one
+    size = send_edges(root / "cc" / f"r{r + 1:03d}", a, b, config.partitions, f"g{g:03d}")
+    return {"input_edges": int(len(src)), "checksum": _checksum(src, dst), "bytes": size}
 
 
 MEMBER_SCHEMA = pa.schema([("order", pa.int64()), ("label", pa.int64()), ("id", pa.string()), ("length", pa.int64())])
@@ -576,21 +560,17 @@ def members_task(shared: tuple[str, Any, KeySource], converged: str, g: int) -> 
     """Labels from the converged edges in `cc/<converged>/`, joined with the nodes' ids and lengths."""
     folder, config, source = shared
     root = location(folder)
-
-    def work() -> dict[str, Any]:
-        node, label = labels(*_directed(root / "cc" / converged, source.groups, g))
-        members = MEMBER_SCHEMA.empty_table()
-        if len(node):
-            longest = config.keep == "longest"
-            found = _lookup(source.nodes(g), node, ["id"] + (["length"] if longest else []))
-            ids = found.column("id").cast(pa.string())
-            length = found.column("length") if longest else pa.array(np.zeros(len(node), np.int64))
-            members = pa.table({"order": node, "label": label, "id": ids, "length": length}, schema=MEMBER_SCHEMA)
-        size = write_shuffle(root / "members" / f"g{g:03d}.shuffle", members,
-                             partition_of(members.column("label").to_numpy(), config.partitions), config.partitions)
-        return {"members": members.num_rows, "bytes": size}
-
-    return work()
+    node, label = labels(*_directed(root / "cc" / converged, source.groups, g))
+    members = MEMBER_SCHEMA.empty_table()
+    if len(node):
+        longest = config.keep == "longest"
+        found = _lookup(source.nodes(g), node, ["id"] + (["length"] if longest else []))
+        ids = found.column("id").cast(pa.string())
+        length = found.column("length") if longest else pa.array(np.zeros(len(node), np.int64))
+        members = pa.table({"order": node, "label": label, "id": ids, "length": length}, schema=MEMBER_SCHEMA)
+    size = write_shuffle(root / "members" / f"g{g:03d}.shuffle", members,
+                         partition_of(members.column("label").to_numpy(), config.partitions), config.partitions)
+    return {"members": members.num_rows, "bytes": size}
 
 
 @dataclass(frozen=True)
@@ -611,23 +591,19 @@ MERGE_RANGES = 256  # order ranges of the clusters merge, at most (one per input
 def winners_task(shared: tuple[str, Any, Groups, OrderRanges], g: int) -> dict[str, Any]:
     folder, config, groups, ranges = shared
     root = location(folder)
-
-    def work() -> dict[str, Any]:
-        members = groups.read(root / "members", g, MEMBER_SCHEMA)
-        if members.num_rows == 0:
-            losers, clusters = LOSER_SCHEMA.empty_table(), CLUSTER_SCHEMA.empty_table()
-        else:
-            losers, clusters = choose_kept(members, config.keep)
-        # By order within each range, so that `clusters_task` merges a range without sorting more than it.
-        clusters = clusters.sort_by([("order", "ascending")])
-        size = write_shuffle(root / "clusters" / f"g{g:03d}.shuffle", clusters,
-                             ranges.of(clusters.column("order").to_numpy()), ranges.count)
-        write_work_table(root / f"losers-t{g:03d}.arrow", losers)
-        # A cluster lives in one partition (members go to the partition of their label): counts add up.
-        n_clusters = len(pc.unique(clusters.column("cluster_id"))) if clusters.num_rows else 0
-        return {"losers": losers.num_rows, "clusters": n_clusters, "bytes": size}
-
-    return work()
+    members = groups.read(root / "members", g, MEMBER_SCHEMA)
+    if members.num_rows == 0:
+        losers, clusters = LOSER_SCHEMA.empty_table(), CLUSTER_SCHEMA.empty_table()
+    else:
+        losers, clusters = choose_kept(members, config.keep)
+    # By order within each range, so that `clusters_task` merges a range without sorting more than it.
+    clusters = clusters.sort_by([("order", "ascending")])
+    size = write_shuffle(root / "clusters" / f"g{g:03d}.shuffle", clusters,
+                         ranges.of(clusters.column("order").to_numpy()), ranges.count)
+    write_work_table(root / f"losers-t{g:03d}.arrow", losers)
+    # A cluster lives in one partition (members go to the partition of their label): counts add up.
+    n_clusters = len(pc.unique(clusters.column("cluster_id"))) if clusters.num_rows else 0
+    return {"losers": losers.num_rows, "clusters": n_clusters, "bytes": size}
 
 
 def clusters_task(shared: tuple[str, str, Groups, OrderRanges], _: int = 0) -> dict[str, Any]:
