@@ -16,6 +16,8 @@ buckets of the exact cut (`datapipe.curate.phases.cuts`) whatever the scores' sc
 from __future__ import annotations
 
 import io
+import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,6 +32,10 @@ Method = Literal["classifier", "dsir", "perplexity", "random"]
 STAGE_NAMES = {"classifier": "quality_classifier", "dsir": "dsir", "perplexity": "perplexity", "random": "random_selection"}
 SCORING_FLOPS_PER_TOKEN = {"classifier": 4.0, "dsir": 4.0, "perplexity": 8.0, "random": 0.0}
 FIT_ITERATIONS = 200  # the classifier's L-BFGS iterations at most
+# The kind of model each method's file holds (the `kind` its `to_bytes` writes) and its class; random holds none.
+INNER_KINDS: dict[str, tuple[str | None, Any]] = {
+    "classifier": ("quality_classifier", QualityClassifier), "dsir": ("importance", ImportanceModel),
+    "perplexity": ("perplexity", BigramModel), "random": (None, None)}
 KNOTS = 4095  # score quantiles: one rank bucket between two of them (cuts.BUCKETS = 4096)
 _LOW_BITS = 52  # the rank's bits below its bucket: the score's own order within a bucket
 
@@ -78,14 +84,26 @@ class SelectionModel:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "SelectionModel":
-        with np.load(io.BytesIO(data)) as f:
-            method, seed, knots, inner = str(f["method"]), int(f["seed"]), f["knots"], f["model"].tobytes()
-            fit_flops, fit_cpu = float(f["fit_flops"]), float(f["fit_cpu_seconds"])
-        model = None
-        if inner:
-            with np.load(io.BytesIO(inner)) as g:
-                arrays = {k: g[k] for k in g.files}
-            model = {"classifier": QualityClassifier, "dsir": ImportanceModel, "perplexity": BigramModel}[method].from_arrays(arrays)
+        """The model `to_bytes` wrote; a ValueError saying what is wrong with anything else (a damaged file, another
+        kind of file, a model whose inner arrays are not its method's)."""
+        try:
+            with np.load(io.BytesIO(data)) as f:
+                method, seed, knots, inner = str(f["method"]), int(f["seed"]), f["knots"], f["model"].tobytes()
+                fit_flops, fit_cpu = float(f["fit_flops"]), float(f["fit_cpu_seconds"])
+            arrays = {}
+            if inner:
+                with np.load(io.BytesIO(inner)) as g:
+                    arrays = {k: g[k] for k in g.files}
+        except KeyError as exc:
+            raise ValueError(f"it holds no {exc.args[0]!r} entry: not a selection model's file") from None
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:  # cut, a flipped bit, not an .npz
+            raise ValueError(f"not a readable .npz file, damaged or of another kind ({type(exc).__name__}: {exc})") from None
+        if method not in INNER_KINDS:
+            raise ValueError(f"its method {method!r} is none of {sorted(INNER_KINDS)}")
+        kind = str(arrays["kind"]) if "kind" in arrays else None
+        if kind != INNER_KINDS[method][0]:
+            raise ValueError(f"its method is {method!r} but it holds {'a ' + repr(kind) if kind else 'no'} model")
+        model = INNER_KINDS[method][1].from_arrays(arrays) if kind else None
         return cls(method, seed, model, knots, fit_flops, fit_cpu)
 
 

@@ -148,3 +148,87 @@ def test_an_edited_target_refuses_the_folder_and_a_missing_one_is_named(finished
     with pytest.raises(ConfigError, match=r"selection.target \('.*nope.jsonl'\)"):
         _run(_config(tmp_path / "other", target=tmp_path / "nope.jsonl"))
 
+
+
+def _ray():
+    from helpers import STALL_S
+    from datapipe.curate.executors import RayExecutor
+
+    return RayExecutor(progress=False, stall_timeout_s=STALL_S)
+
+
+def test_a_kill_between_the_model_s_two_writes_still_leaves_the_model_for_later_runs(
+        finished: Path, tmp_path: Path, monkeypatch, ray_local) -> None:
+    """On Ray: the run is stopped right after the first of the model's two files is written; the resumed run
+    finishes with OUT/selection/model.npz, the model the uninterrupted run saved."""
+    from datapipe.curate.phases import model_selection
+
+    written, write = [], model_selection.atomic_write_bytes
+
+    def stop_after_the_first(path, data):
+        if written:
+            raise KeyboardInterrupt
+        written.append(path)
+        write(path, data)
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(model_selection, "atomic_write_bytes", stop_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        _run(_config(out), executor=_ray())
+    monkeypatch.setattr(model_selection, "atomic_write_bytes", write)
+    _run(_config(out), executor=_ray())
+    again = SelectionModel.from_bytes((out / "selection" / "model.npz").read_bytes())
+    before = SelectionModel.from_bytes((finished / "selection" / "model.npz").read_bytes())
+    assert again.method == before.method and np.array_equal(again.knots, before.knots)
+
+
+def _saved_model(finished: Path, tmp_path: Path, damage) -> Path:
+    path = tmp_path / "model.npz"
+    path.write_bytes(damage((finished / "selection" / "model.npz").read_bytes()))
+    return path
+
+
+def _flip_a_bit(data: bytes) -> bytes:
+    damaged = bytearray(data)
+    damaged[len(damaged) // 2] ^= 0x10
+    return bytes(damaged)
+
+
+def test_a_damaged_or_foreign_model_file_is_refused_before_any_work_naming_it(finished: Path, tmp_path: Path) -> None:
+    """selection.model: one flipped bit, a cut, a model whose inner arrays are another method's, a model of another
+    method: each a ConfigError naming the file and what to do, at planning (no output folder claimed)."""
+    import io
+
+    from stages.selection import INNER_KINDS
+
+    def other_inner(data: bytes) -> bytes:  # a DSIR file holding a classifier's arrays
+        with np.load(io.BytesIO(data)) as f:
+            arrays = {k: f[k] for k in f.files}
+        arrays["model"] = np.frombuffer(INNER_KINDS["classifier"][1](np.zeros(4, np.float32), 0.0).to_bytes(), np.uint8)
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        return buffer.getvalue()
+
+    cases = {"bit": (_flip_a_bit, "dsir", "not a readable .npz file"), "cut": (lambda d: d[: len(d) // 2], "dsir", "not a readable"),
+             "inner": (other_inner, "dsir", "its method is 'dsir' but it holds a 'quality_classifier' model"),
+             "method": (lambda d: d, "classifier", "is a 'dsir' model, not 'classifier'; set selection.method=dsir")}
+    for name, (damage, method, reason) in cases.items():
+        model = _saved_model(finished, tmp_path / name, damage) if (tmp_path / name).mkdir() is None else None
+        out = tmp_path / name / "out"
+        with pytest.raises(ConfigError, match=rf"selection.model: '{model}' .*{reason}.*(earlier run saved|to use it)"):
+            _run(_config(out, target=None, method=method, model=str(model)))
+        assert not (out / "run.json").exists()
+
+
+def test_a_target_without_text_is_refused_at_planning_and_the_fixed_target_then_runs(tmp_path: Path, ray_local) -> None:
+    """On Ray: an empty target, then one whose documents have blank text, are refused before the run claims its
+    folder; after the user writes documents into it, the same command runs."""
+    target, out = tmp_path / "target.jsonl", tmp_path / "out"
+    for content in ("", json.dumps({"id": "a", "text": " \n"}) + "\n"):
+        target.write_text(content)
+        with pytest.raises(ConfigError, match=r"selection.target: '.*target.jsonl' holds no document"):
+            _run(_config(out, target=target), executor=_ray())
+        assert not (out / "run.json").exists()
+    shutil.copy(ASSETS / "target_code.jsonl", target)
+    _run(_config(out, target=target), executor=_ray())
+    assert (out / "selection" / "model.npz").exists()

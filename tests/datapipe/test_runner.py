@@ -266,7 +266,6 @@ class _DriverReads(LocalExecutor):
         from datapipe.curate import exchange
         from datapipe.curate.phases import eval_split, near_dedup, selection, unique_ids
         from datapipe.curate.phases import shards
-        import stages.base
 
         real = workfiles.read_work_table
 
@@ -275,7 +274,7 @@ class _DriverReads(LocalExecutor):
                 self.driver_reads.append(str(path))
             return real(path)
 
-        for module in (exchange, shards, selection, eval_split, near_dedup, unique_ids, stages.base):
+        for module in (exchange, shards, selection, eval_split, near_dedup, unique_ids):
             monkeypatch.setattr(module, "read_work_table", spy)
         import datapipe.core.shuffle as shuffle
         from datapipe.curate.phases import tokenize

@@ -80,30 +80,53 @@ def read_target(cfg: SelectionConfig) -> list[str]:
 
 
 def check_selection_files(cfg: SelectionConfig) -> None:
-    """Before any work: the target documents can be planned (InputError naming `selection.target`) and the model file
-    exists (ConfigError naming `selection.model`)."""
+    """Before any work (and before the run claims its folder, so that a fixed file makes the same command run): the
+    target documents can be planned (InputError naming `selection.target`) and hold text, the model file can be
+    read and is a model of this method (ConfigError naming `selection.model`)."""
     if not cfg.enabled:
         return
     if cfg.target is not None:
         plan_units([cfg.target], "selection.target")
-    if cfg.model is not None and not location(cfg.model).exists():
-        raise ConfigError(f"selection.model: {cfg.model!r} does not exist; give the model.npz an earlier run saved in "
-                          "its OUT/selection/, or set selection.target to fit one")
+        if not _holds_text(cfg):
+            raise ConfigError(f"selection.target: {cfg.target.path!r} holds no document with text; give documents of "
+                              "what you train for (their text in the input's text field)")
+    if cfg.model is not None:
+        read_model_file(cfg)
+
+
+def _holds_text(cfg: SelectionConfig) -> bool:
+    """Whether a target document has text that is not blank: reads up to the first one."""
+    for unit_index, unit in enumerate(plan_units([cfg.target], "selection.target")):
+        for batch, _ in read_unit(unit, unit_index, cfg.target, ReadConfig()):
+            if any(t and not t.isspace() for t in batch.column("text").to_pylist()):
+                return True
+    return False
+
+
+def read_model_file(cfg: SelectionConfig) -> SelectionModel:
+    """`selection.model`'s model, or a ConfigError naming the file, what is wrong and what to do."""
+    fix = "give the model.npz an earlier run saved in its OUT/selection/ (copy it again if it was damaged), or set selection.target to fit one"
+    if not location(cfg.model).exists():
+        raise ConfigError(f"selection.model: {cfg.model!r} does not exist; {fix}")
+    try:
+        model = SelectionModel.from_bytes(location(cfg.model).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"selection.model: {cfg.model!r} is not a selection model datapipe can read: {exc}; {fix}") from None
+    if model.method != cfg.method:
+        raise ConfigError(f"selection.model: {cfg.model!r} is a {model.method!r} model, not {cfg.method!r}; set "
+                          f"selection.method={model.method} to use it, or give a {cfg.method!r} model")
+    return model
 
 
 def fit_model(run_tasks: Callable[..., list[Any]], work: Location, out_dir: Location, names: list[str], segment: str,
               cfg: SelectionConfig, training_docs: int, held_out: RowCopies | None) -> SelectionModel:
-    saved = work / FOLDER / "model.npz"
+    saved, published = work / FOLDER / "model.npz", out_dir / "selection" / "model.npz"
     if saved.exists():  # fit by this run before it was stopped
-        return SelectionModel.from_bytes(read_work_bytes(saved).to_pybytes())
+        data = read_work_bytes(saved).to_pybytes()
+        atomic_write_bytes(published, data)  # its copy for later runs again: the same bytes, whatever became of it
+        return SelectionModel.from_bytes(data)
     if cfg.model is not None:
-        try:
-            model = SelectionModel.from_bytes(location(cfg.model).read_bytes())
-        except (OSError, ValueError, KeyError) as exc:
-            raise ConfigError(f"selection.model: cannot read a selection model from {cfg.model!r} ({exc}); give a "
-                              "model.npz that a run saved in its OUT/selection/") from None
-        if model.method != cfg.method:
-            raise ConfigError(f"selection.model: {cfg.model!r} is a {model.method!r} model, not {cfg.method!r}")
+        model = read_model_file(cfg)
     else:
         target = read_target(cfg) if cfg.method != "random" else []
         rate = cfg.sample_docs / max(training_docs, 1)
@@ -113,8 +136,10 @@ def fit_model(run_tasks: Callable[..., list[Any]], work: Location, out_dir: Loca
         model = fit(cfg.method, target, [t for p in parts for t in p["texts"]], ids, cfg.seed)
         cpu = time.process_time() - started + sum(p["cpu_seconds"] for p in parts)
         model = dataclasses.replace(model, fit_cpu_seconds=cpu)
-    atomic_write_bytes(saved, checked(model.to_bytes()))
-    atomic_write_bytes(out_dir / "selection" / "model.npz", model.to_bytes())
+    data = model.to_bytes()
+    # the copy for later runs first: a run killed between the two writes fits again and writes both
+    atomic_write_bytes(published, data)
+    atomic_write_bytes(saved, checked(data))
     return model
 
 
@@ -139,7 +164,7 @@ def score_task(shared: tuple[str, str, RowCopies | None, bool], block: str) -> d
     out = work / FOLDER / f"{block}.arrow"
     write_work_table(out, table.append_column("score", pa.array(scores, pa.float64())))
     flops = model.scoring_flops(int(pc.sum(sub.column("num_tokens")).as_py() or 0))
-    return {"path": str(out), "flops": flops, "cpu_seconds": time.process_time() - started}
+    return {"path": f"{FOLDER}/{block}.arrow", "flops": flops, "cpu_seconds": time.process_time() - started}
 
 
 def _histogram(scores: np.ndarray, edges: np.ndarray) -> list[int]:
