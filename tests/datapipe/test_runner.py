@@ -277,8 +277,6 @@ class _DriverReads(LocalExecutor):
         for module in (exchange, shards, selection, eval_split, near_dedup, unique_ids):
             monkeypatch.setattr(module, "read_work_table", spy)
         import datapipe.core.shuffle as shuffle
-        from datapipe.curate.phases import tokenize
-        import stages.exact_dedup
         real_shuffle = shuffle.read_shuffle
 
         def spy_shuffle(paths, *args, **kwargs):
@@ -286,7 +284,7 @@ class _DriverReads(LocalExecutor):
                 self.driver_reads.extend(str(p) for p in paths)
             return real_shuffle(paths, *args, **kwargs)
 
-        for module in (shuffle, exchange, eval_split, near_dedup, unique_ids, tokenize, stages.exact_dedup):
+        for module in (shuffle, exchange):  # the rest read through shuffle.Combined and shuffle.SenderFiles
             monkeypatch.setattr(module, "read_shuffle", spy_shuffle)
 
     def run_tasks(self, fn, shared, items, desc, **kwargs):
