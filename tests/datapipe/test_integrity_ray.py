@@ -1,73 +1,177 @@
-"""Damaged work files on the Ray executor: a task that finds one stops the run with the one paragraph (the file,
-what is wrong, the recovery command), never a worker's traceback, and the recovery gives the same shards.
+"""Damaged work files on the Ray executor: whatever file of a killed run is damaged (cut, emptied, one flipped bit,
+deleted), the resume on Ray gives the same shards or stops with the one paragraph (the file, what is wrong, the
+command that recovers), never a worker's traceback, and that recovery gives the same shards.
 
-One reference run and one killed run for the module (killed in the filters' segment, where a resume reads every
-kind of file the read phase left); each case damages a copy of the killed folder and resumes it on Ray."""
+Built for cost: the module has one reference run and one killed run (every switch on, duplicate ids, killed in the
+shards phase: every kind of work file is there), both on the local executor (they write the same files Ray's tasks
+do). A case damages one file of a copy of the killed folder and removes the task records written after that file's
+own task's record, as if the run had been killed right after that task: the resume then reads the file."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
-import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 import helpers
-from helpers import STALL_S, CrashAfter, Interrupted, PassThrough, small_config
-from datapipe.core.config import RunStopped
+from helpers import STALL_S, Interrupted, small_config
+from datapipe.core.config import ConfigError, RunStopped
 from datapipe.core.shards import read_manifest
+from datapipe.curate import steps as run_module  # the run's steps: the tasks each phase launches
 from datapipe.curate.executors import LocalExecutor, RayExecutor
 from datapipe.curate.run import curate
 
 
-def _run(cfg, executor, stage):
-    return curate(cfg, executor=executor, progress=False, log=lambda _: None, extra_stages=[stage])
+def _config(out: Path, inputs: list[dict]):
+    return small_config(out, inputs, read={"block_bytes": 16384},
+                        dedup={"exact": {"enabled": True, "partitions": 2},
+                               "minhash": {"enabled": True, "partitions": 2}},
+                        eval={"enabled": True, "fraction": 0.2, "max_tokens_per_domain": 3000},
+                        diversity={"enabled": True, "domains": {"man": 0.5}, "clusters": 2},
+                        mixture={"enabled": True}, selection={"method": "random", "keep_fraction": 0.8})
+
+
+def _run(cfg, executor):
+    return curate(cfg, executor=executor, progress=False, log=lambda _: None)
 
 
 def _checksums(out: Path) -> list[str]:
     return [s["sha256"] for s in read_manifest(out)["shards"]]
 
 
+class Snapshots(LocalExecutor):
+    """The local executor, keeping a copy of the output folder as each phase starts: the folder a run killed
+    right before that phase leaves."""
+
+    def __init__(self, out: Path, into: Path) -> None:
+        super().__init__()
+        self.out, self.into, self.taken = out, into, []
+
+    def run_tasks(self, fn, shared, items, desc, *, memory=None):
+        if self.out.exists():
+            self.taken.append(self.into / f"{len(self.taken):03d}")
+            shutil.copytree(self.out, self.taken[-1])
+        return super().run_tasks(fn, shared, items, desc, memory=memory)
+
+
+class Killed:
+    """The module's runs: `ref` finished; another killed as its shards phase started, with `snapshots` of its output
+    folder as each phase started; `inputs` of both."""
+
+    def __init__(self, base: Path) -> None:
+        rows = [json.loads(line) for line in (helpers.ASSETS / "corpus_slice.jsonl").read_text().splitlines()]
+        # ids the slice already has, on other texts: the run renames them (work/ids/renames/)
+        twins = [{**r, "text": " ".join(reversed(r["text"].split()))} for r in rows[:8]]
+        (base / "twins.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in twins))
+        self.inputs = [{"path": str(helpers.ASSETS / "corpus_slice.jsonl"), "domain_field": "source"},
+                       {"path": str(base / "twins.jsonl"), "domain_field": "source"}]
+        self.ref = base / "ref"
+        self.renamed = _run(_config(self.ref, self.inputs), LocalExecutor()).stats["duplicate_ids"]["renamed"]
+        executor = Snapshots(base / "killed", base / "snapshots")
+        shard_task = run_module.shard_task
+        run_module.shard_task = _killed
+        try:
+            with pytest.raises(Interrupted):
+                _run(_config(base / "killed", self.inputs), executor)
+        finally:
+            run_module.shard_task = shard_task
+        self.snapshots = executor.taken
+        self.moved_from = base / "killed"
+        shutil.rmtree(self.moved_from)  # every resume is of a copy: a folder moved from where its run wrote it
+
+    def first_with(self, relative: str) -> Path:
+        """The first snapshot that holds `relative`: the folder of a run killed right after the task that wrote it."""
+        return next(s for s in self.snapshots if (s / relative).exists())
+
+    def resume_on_ray(self, out: Path) -> None:
+        _run(_config(out, self.inputs), RayExecutor(progress=False, stall_timeout_s=STALL_S))
+
+
+def _killed(*_):
+    raise Interrupted("killed")
+
+
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory, ray_local):
-    """(reference output, killed output): the reference finished, the other killed in the filters' segment (its
-    work files written by the local executor: the same files Ray's tasks write)."""
+def killed(tmp_path_factory, ray_local) -> Killed:
     import ray.cloudpickle
 
-    ray.cloudpickle.register_pickle_by_value(helpers)  # the test stages go to Ray's workers by value
-    base = tmp_path_factory.mktemp("integrity-ray")
-    slice_input = {"path": str(helpers.ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}
-    ref, out = base / "ref", base / "killed"
-    _run(small_config(ref, [slice_input]), LocalExecutor(), PassThrough())
-    with pytest.raises(Interrupted):
-        _run(small_config(out, [slice_input]), LocalExecutor(), CrashAfter(0))
-    return ref, out
+    ray.cloudpickle.register_pickle_by_value(helpers)  # in case a test stage goes to Ray's workers
+    return Killed(tmp_path_factory.mktemp("integrity-ray"))
 
 
-def _copy(killed_out: Path, to: Path) -> Path:
-    """A copy of the killed output folder: its config written for the copy's own path."""
-    shutil.copytree(killed_out, to)
-    return to
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "cut":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "emptied":  # what an unsynced rename can leave after a power loss
+        path.write_bytes(b"")
+    elif how == "bit":  # near the end: the last partition's rows of a shuffle, a table's footer side, a record's end
+        flipped = bytearray(data)
+        flipped[max(0, len(data) - 40)] ^= 0x01
+        path.write_bytes(bytes(flipped))
+    else:
+        path.unlink()
 
 
-def _resume_on_ray(out: Path, slice_input: dict) -> None:
-    _run(small_config(out, [slice_input]), RayExecutor(progress=False, stall_timeout_s=STALL_S), PassThrough())
+def _kind(relative: str) -> str:
+    """A file's kind: its path with every number as N (work/read/uN-bN.arrow)."""
+    return re.sub(r"\d+", "N", relative)
 
 
-def _assert_paragraph(message: str, damaged: Path, work: Path) -> None:
-    assert f"work file {damaged} is damaged" in message and f"rm -r {work}" in message
-    assert "Traceback" not in message and "RayTaskError" not in message and "\n" not in message
+def _assert_paragraph(message: str, damaged: Path, out: Path) -> None:
+    assert str(damaged) in message and (f"rm -r {out / 'work'}" in message or "run the same command" in message), message
+    assert "Traceback" not in message and "RayTaskError" not in message and "\n" not in message, message
 
 
-def test_a_damaged_read_block_found_in_a_ray_task_is_the_paragraph(killed, tmp_path, slice_input) -> None:
-    ref, killed_out = killed
-    out = _copy(killed_out, tmp_path / "out")
-    damaged = out / "work" / "read" / "u000000-b00001.arrow"
-    damaged.write_bytes(damaged.read_bytes()[:100])  # cut: the segment task that reads it finds it
-    with pytest.raises(RunStopped) as info:
-        _resume_on_ray(out, slice_input)
-    assert type(info.value) is RunStopped  # the run's paragraph, not the task's exception nor Ray's wrapper
-    _assert_paragraph(str(info.value), damaged, out / "work")
-    shutil.rmtree(out / "work")  # the recovery it names
-    _resume_on_ray(out, slice_input)
-    assert _checksums(out) == _checksums(ref)
+def _resume_damaged(killed: Killed, relative: str, how: str, to: Path) -> RunStopped | None:
+    """Resume on Ray the first snapshot that holds `relative`, with that file damaged `how`: the paragraph it stopped
+    with (checked), or None when it gave the reference's shards."""
+    out = to / "out"
+    shutil.copytree(killed.first_with(relative), out)
+    damaged = out / relative
+    _damage(damaged, how)
+    try:
+        killed.resume_on_ray(out)
+    except (RunStopped, ConfigError) as exc:  # the CLI prints either as one paragraph
+        _assert_paragraph(str(exc), damaged, out)
+        return exc
+    assert _checksums(out) == _checksums(killed.ref)
+    return None
+
+
+def test_a_damaged_read_block_found_in_a_ray_task_is_the_paragraph_and_its_recovery_the_same_shards(killed, tmp_path) -> None:
+    stopped = _resume_damaged(killed, "work/read/u000000-b00001.arrow", "cut", tmp_path)  # a segment task reads it
+    assert type(stopped) is RunStopped  # the run's paragraph, not the task's exception nor Ray's wrapper
+    shutil.rmtree(tmp_path / "out" / "work")  # the recovery it names
+    killed.resume_on_ray(tmp_path / "out")
+    assert _checksums(tmp_path / "out") == _checksums(killed.ref)
+
+
+def test_a_deleted_renames_file_is_never_read_as_no_renames(killed, tmp_path) -> None:
+    assert killed.renamed > 0
+    renames = min((killed.snapshots[-1] / "work" / "ids" / "renames").glob("u*/p*.arrow"))
+    # the run renamed ids of that unit in that partition: the unit's folder alone does not say that the file is gone
+    stopped = _resume_damaged(killed, str(renames.relative_to(killed.snapshots[-1])), "deleted", tmp_path)
+    assert stopped is not None and "missing" in str(stopped)
+
+
+def test_no_record_names_a_path_of_the_output_folder(killed) -> None:
+    records = list((killed.snapshots[-1] / "work").rglob("*.json"))
+    assert len(records) > 100
+    naming = [str(r.relative_to(killed.snapshots[-1])) for r in records if str(killed.moved_from).encode() in r.read_bytes()]
+    assert naming == []
+
+
+def test_a_moved_killed_folder_resumes_from_its_own_files(killed, tmp_path) -> None:
+    # killed right before the histograms are summed: the sums read the files that the histogram tasks' records name
+    hist = max((killed.snapshots[-1] / "work" / "diversity" / "hist").glob("*.json"))
+    snapshot = killed.first_with(str(hist.relative_to(killed.snapshots[-1])))
+    assert not (snapshot / "work" / "records" / "select").exists()
+    out = tmp_path / "moved"
+    shutil.copytree(snapshot, out)
+    killed.resume_on_ray(out)
+    assert _checksums(out) == _checksums(killed.ref)

@@ -83,15 +83,17 @@ def rank_bucket(rank: np.ndarray) -> np.ndarray:
 
 def hist_task(shared: tuple[str, str, RowCopies | None], block: str) -> dict[str, str]:
     """Documents and tokens of the block's training rows per (domain, cluster, rank bucket) ->
-    work/<folder>/hist/<block>.arrow (`key` = cluster * BUCKETS + bucket)."""
+    work/<folder>/hist/<block>.arrow (`key` = cluster * BUCKETS + bucket); its path in work/ (a record names no
+    absolute path: a moved output folder resumes from its own files)."""
     work, folder, held_out = location(shared[0]), shared[1], shared[2]
-    out = work / folder / "hist" / f"{block}.arrow"
+    relative = f"{folder}/hist/{block}.arrow"
+    out = work / relative
     part = assigned(work, folder, block, held_out)
     key = part.column("cluster").to_numpy().astype(np.int64) * BUCKETS + rank_bucket(part.column("rank").to_numpy())
     table = pa.table({"domain": part.column("domain"), "key": key, "docs": np.ones(len(key), np.int64),
                       "tokens": part.column("num_tokens").to_numpy().astype(np.int64)})
     write_work_table(out, _summed(table))
-    return {"path": str(out)}
+    return {"path": relative}
 
 
 def _summed(table: pa.Table) -> pa.Table:
@@ -99,10 +101,11 @@ def _summed(table: pa.Table) -> pa.Table:
     return table.select(["domain", "key", "docs_sum", "tokens_sum"]).rename_columns(HIST_SCHEMA.names).cast(HIST_SCHEMA)
 
 
-def hist_merge_task(_: None, files: list[str]) -> pa.Table:
-    """The sum of some blocks' histograms (`hist_task`'s files), per (domain, key): at most one row per
+def hist_merge_task(work: str, files: list[str]) -> pa.Table:
+    """The sum of some blocks' histograms (`hist_task`'s files, in `work`), per (domain, key): at most one row per
     rank bucket of each cluster, whatever the number of blocks."""
-    return _summed(pa.concat_tables([read_work_table(f) for f in files]) if files else HIST_SCHEMA.empty_table())
+    tables = [read_work_table(location(work) / f) for f in files]
+    return _summed(pa.concat_tables(tables) if tables else HIST_SCHEMA.empty_table())
 
 
 @dataclass
@@ -147,7 +150,7 @@ def _histograms(run_tasks: Callable[..., list[Any]], work: Location, folder: str
                                           record=record_in(f"{folder}/hist", first_item_only=True))]
     # the blocks' histograms summed by tasks, a group of files each: the driver opens no file
     groups = [(files[i : i + MERGE_GROUP],) for i in range(0, len(files), MERGE_GROUP)]
-    merged = run_tasks(hist_merge_task, None, groups, f"{folder} histogram merge")
+    merged = run_tasks(hist_merge_task, str(work), groups, f"{folder} histogram merge")
     docs = {d: np.zeros(b.clusters * BUCKETS, np.int64) for d, b in budgets.items()}
     tokens = {d: np.zeros(b.clusters * BUCKETS, np.int64) for d, b in budgets.items()}
     for table in merged:  # one group's sums at a time

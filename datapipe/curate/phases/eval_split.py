@@ -137,7 +137,7 @@ def hash_task(work: str, block: str) -> dict[str, str]:
     values, offsets = tokens.values.to_numpy(), tokens.offsets.to_numpy()
     digests = [xxhash.xxh3_128_digest(values[offsets[i] : offsets[i + 1]].tobytes()) for i in range(len(tokens))]
     write_work_table(out, pa.table({"hash": pa.array(digests, pa.binary(16))}))
-    return {"path": str(out)}
+    return {"path": f"{EVAL_DIR}/hashes/{block}.arrow"}  # in work/: a record names no absolute path
 
 
 def bucket_task(shared: tuple[str, str, MinHashConfig], block: str) -> dict[str, int]:

@@ -143,7 +143,7 @@ def assign_task(shared: tuple[str, diversity.DiversityConfig, dict[str, np.ndarr
             "num_tokens": sub.column("num_tokens"),
         }, schema=ASSIGN_SCHEMA))
     write_work_table(out, pa.concat_tables(parts) if parts else ASSIGN_SCHEMA.empty_table())
-    return {"path": str(out)}
+    return {"path": f"diversity/{block}.arrow"}  # in work/: a record names no absolute path
 
 
 def _diversity_cuts(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], div_config: diversity.DiversityConfig,

@@ -15,6 +15,10 @@ How, without holding every id in one place: the read task writes each block's (i
 keys as one shuffle file (`datapipe.core.shuffle`), the hash being of the id's base (the id without trailing `#N` suffixes, so `x`, `x#2` and
 `x#2#3` meet in one partition); one task per hash partition names the renames of its ids; the
 first segment task of each block applies its unit's renames before any stage runs.
+
+A partition writes a renames file only for the units it renames in, so a unit's folder alone cannot say that a
+file of it is missing (deleted, or lost with a power cut): the driver keeps the list of every file the tasks
+wrote (`RENAME_FILES`, from their records), and a file on that list that is gone is a `DamagedWorkFile`.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ from datapipe.core.storage import Location
 KEY_SCHEMA = pa.schema([("id", pa.string()), ("order", pa.int64()), ("hash", pa.uint64())])
 RENAME_SCHEMA = pa.schema([("order", pa.int64()), ("id", pa.string()), ("new_id", pa.string())])
 FOLDER = "ids"
+# The renames files the partitions wrote, (unit, file name in the unit's folder): one row per file, so at most
+# units x partitions rows, and as few as there are units with duplicate ids.
+RENAME_FILES = "rename-files.arrow"
+RENAME_FILES_SCHEMA = pa.schema([("unit", pa.int64()), ("file", pa.string())])
 _SUFFIXES = re.compile(r"(#\d+)+$")
 
 
@@ -55,17 +63,21 @@ def write_keys(work: Location, block: str, table: pa.Table, partitions: int) -> 
 def resolve(shared: tuple[Location, Combined], partition: int, partitions: int) -> dict[str, Any]:
     """Name the renames of one hash partition of the ids (its rows of every block's key file, from the combined
     files: `shared` is the work folder and where they are): write them per input unit and return
-    {"renamed": n, "examples": [[id, new_id, order], ...] (the first few by order)}."""
+    {"renamed": n, "examples": [[id, new_id, order], ...] (the first few by order), "units": [the units renamed in]}."""
     work, combined = shared
     keys = combined.read(partition, KEY_SCHEMA)
     renames = _renames(keys)
     units = pc.shift_right(renames.column("order"), ROW_BITS) if renames.num_rows else pa.array([], pa.int64())
-    for u in pc.unique(units).to_pylist():
-        # Any partition count names the same renames, so files of an earlier count may stay beside these.
+    renamed_units = sorted(pc.unique(units).to_pylist())
+    for u in renamed_units:
         part = renames.filter(pc.equal(units, u))
-        write_work_table(work / FOLDER / "renames" / f"u{u:06d}" / f"p{partition:03d}-of-{partitions:03d}.arrow", part)
+        write_work_table(work / FOLDER / "renames" / f"u{u:06d}" / _renames_file(partition, partitions), part)
     examples = [[r["id"], r["new_id"], r["order"]] for r in renames.slice(0, 10).to_pylist()]
-    return {"renamed": renames.num_rows, "examples": examples}
+    return {"renamed": renames.num_rows, "examples": examples, "units": renamed_units}
+
+
+def _renames_file(partition: int, partitions: int) -> str:
+    return f"p{partition:03d}-of-{partitions:03d}.arrow"
 
 
 KEY_BYTES = 64  # a document's id key, about (its id, order and hash): what sizes a combine task's share
@@ -77,8 +89,13 @@ def resolve_ids(run_tasks: Callable[..., list[Any]], work: Location, blocks: lis
     blocks x partitions), then one task per hash partition of the ids names its renames (applied as segment 0 reads)."""
     combined = combine(run_tasks, work / FOLDER / "keys", blocks, partitions, "unique_ids combine",
                        largest_bytes=average_sender_bytes(documents, len(blocks), KEY_BYTES))
-    return run_tasks(resolve, (work, combined), [(p, partitions) for p in range(partitions)], "unique_ids",
-                     record=resolved_record_at)
+    results = run_tasks(resolve, (work, combined), [(p, partitions) for p in range(partitions)], "unique_ids",
+                        record=resolved_record_at)
+    # Written on every run from the records (a resumed run's too): a lost or damaged list is made again.
+    files = sorted((u, _renames_file(p, partitions)) for p, r in enumerate(results) for u in r["units"])
+    write_work_table(work / FOLDER / RENAME_FILES,
+                     pa.table([[u for u, _ in files], [f for _, f in files]], schema=RENAME_FILES_SCHEMA))
+    return results
 
 
 def resolved_record_at(shared: tuple[Location, Combined], partition: int, partitions: int) -> Location:
@@ -120,12 +137,16 @@ def _renames(keys: pa.Table) -> pa.Table:
 
 
 def apply(work: Location, unit_index: int, table: pa.Table) -> pa.Table:
-    """`table` (documents of one block of input unit `unit_index`) with its renamed ids replaced."""
-    folder = work / FOLDER / "renames" / f"u{unit_index:06d}"
-    files = sorted(folder.glob("*.arrow")) if folder.is_dir() else []
-    if not files or table.num_rows == 0:
+    """`table` (documents of one block of input unit `unit_index`) with its renamed ids replaced: the unit's renames
+    files that `RENAME_FILES` lists, each of them (one that is gone is a DamagedWorkFile, never no renames)."""
+    if table.num_rows == 0:
         return table
-    renames = pa.concat_tables([read_work_table(f) for f in files])
+    listed = read_work_table(work / FOLDER / RENAME_FILES)
+    files = listed.filter(pc.equal(listed.column("unit"), unit_index)).column("file").to_pylist()
+    if not files:
+        return table
+    folder = work / FOLDER / "renames" / f"u{unit_index:06d}"
+    renames = pa.concat_tables([read_work_table(folder / f) for f in files])
     where = pc.index_in(table.column("order"), value_set=renames.column("order"))
     if pc.all(pc.is_null(where)).as_py():
         return table
