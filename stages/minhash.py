@@ -56,6 +56,10 @@ from datapipe.core.config import check, note
 from stages.base import LOSER_SCHEMA
 
 MIN_PARTITIONS = 16  # `partitions: auto` never goes below this (tasks enough for a few dozen workers)
+# The smallest margin whose decisions on the shared corpus equal deciding every candidate by its exact Jaccard, at
+# the default threshold and permutations; a narrower one loses true pairs and keeps false ones, a wider one only
+# reads more text (scripts/bench_exact_margin, BENCHMARKS.md "The exact check's margin")
+EXACT_MARGIN = 0.12
 _POLY = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier for combining unit hashes into a shingle hash
 _U64 = np.uint64
 
@@ -134,10 +138,12 @@ class MinHashConfig:
         True, help="keep a candidate pair only if its Jaccard reaches the threshold (estimated, or exact near the threshold)"
     )
     exact_margin: float = note(
-        0.12,
+        EXACT_MARGIN,
         help="a candidate whose estimated Jaccard is within this of the threshold is decided by the exact Jaccard "
         "of the two documents' shingle sets (0 = by the estimate alone; the estimate's standard error at 0.8 with "
-        "128 permutations is 0.035)",
+        "128 permutations is 0.035). The default is measured against brute force at threshold 0.8 with 128 "
+        "permutations (BENCHMARKS.md); a lower threshold wants a wider margin, a higher one or more permutations "
+        "a narrower one: measure yours with scripts/bench_exact_margin --threshold --num-perm",
     )
     bucket_window: int = note(
         32,
