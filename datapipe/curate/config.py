@@ -172,18 +172,22 @@ class EvalSplitConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SelectionConfig:
-    method: Literal["none", "classifier", "dsir", "perplexity", "random"] = note(
+    method: Literal["none", "classifier", "dsir", "perplexity", "fasttext", "random"] = note(
         "none", help="select documents by a model of what you train for (docs/curation.md, 'Selection by a model'): "
         "'classifier' (a linear n-gram classifier of target vs corpus), 'dsir' (importance resampling toward the "
-        "target), 'perplexity' (a band of perplexity under a bigram model of the target), 'random' (a seeded random "
+        "target), 'perplexity' (a band of perplexity under a bigram model of the target), 'fasttext' (the probability "
+        "an existing fastText classifier, `model`, gives `fasttext_label`), 'random' (a seeded random "
         "subset of the same size: the baseline); 'none' = off")
     target: InputConfig | None = note(None, help="documents of what you train for (an input: path, glob or HF dataset): "
                                       "the classifier's positives, DSIR's target, the perplexity model's text")
     model: str | None = note(None, help="a model file an earlier run saved (its OUT/selection/model.npz), used instead of "
-                             "fitting one on `target`; its method must be this method")
+                             "fitting one on `target`; its method must be this method. For 'fasttext': a fastText "
+                             "classifier's .bin file (a local file every worker can read)")
+    fasttext_label: str = note("__label__hq", help="'fasttext': the label whose probability is the score (DCLM's classifiers: __label__hq)")
     keep_fraction: float | None = note(None, help="keep the best-scored documents holding this fraction of the tokens "
                                        "(of each domain with per_domain, else of the whole corpus)")
-    keep_tokens: int | None = note(None, help="keep the best-scored documents up to this many tokens (per domain with per_domain)")
+    keep_tokens: int | None = note(None, help="keep the best-scored documents until they hold this many tokens, the last one "
+                                   "kept crossing it (per domain with per_domain)")
     threshold: float | None = note(None, help="keep the documents scoring at least this (the classifier's logit, DSIR's "
                                    "log weight plus Gumbel noise, the perplexity band's -|log ppl - center|)")
     per_domain: bool = note(False, help="apply keep_fraction / keep_tokens to each domain separately")
@@ -205,7 +209,9 @@ class SelectionConfig:
         if self.keep_tokens is not None:
             check(self.keep_tokens > 0, f"keep_tokens must be > 0, got {self.keep_tokens!r}")
         check(self.method != "random" or self.threshold is None, "method 'random' keeps a budget: set keep_fraction or keep_tokens")
-        check(self.method == "random" or (self.target is None) != (self.model is None),
+        check(self.method != "fasttext" or (self.model is not None and self.target is None),
+              "method 'fasttext' scores with an existing fastText model: set model (its .bin file), not target")
+        check(self.method in ("random", "fasttext") or (self.target is None) != (self.model is None),
               f"method {self.method!r} needs exactly one of target (documents to fit on) and model (a saved model file)")
         check(self.target_docs >= 2 and self.sample_docs >= 2, "target_docs and sample_docs must be >= 2")
 

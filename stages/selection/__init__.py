@@ -7,6 +7,8 @@ One score per document, from a model fit once in the driver and shipped to the w
                 keeping the top documents draws them in proportion to their weight (Gumbel top-k);
 - `perplexity`  `_perplexity`: nearness of the log perplexity under a bigram model of the target to the
                 target's own median (a band around it);
+- `fasttext`    `_fasttext`: the probability an existing fastText classifier (a published model file, e.g. DCLM's)
+                gives a label, the model applied as it is;
 - `random`      seeded Gumbel noise alone: a uniform random subset of the same size (the baseline).
 Higher scores are kept first. A `SelectionModel` also carries `knots`, quantiles of the scores of the corpus
 sample it was fit against: `rank` maps scores through them, so that ranks spread evenly over the histogram
@@ -27,15 +29,17 @@ from stages.selection._importance import ImportanceModel, gumbel
 from stages.selection._ngrams import word_hashes
 from stages.selection._perplexity import BigramModel
 from stages.selection._classifier import QualityClassifier
+from stages.selection._fasttext import FastTextScorer
 
-Method = Literal["classifier", "dsir", "perplexity", "random"]
-STAGE_NAMES = {"classifier": "quality_classifier", "dsir": "dsir", "perplexity": "perplexity", "random": "random_selection"}
-SCORING_FLOPS_PER_TOKEN = {"classifier": 4.0, "dsir": 4.0, "perplexity": 8.0, "random": 0.0}
+Method = Literal["classifier", "dsir", "perplexity", "fasttext", "random"]
+STAGE_NAMES = {"classifier": "quality_classifier", "dsir": "dsir", "perplexity": "perplexity", "fasttext": "fasttext",
+               "random": "random_selection"}
+SCORING_FLOPS_PER_TOKEN = {"classifier": 4.0, "dsir": 4.0, "perplexity": 8.0, "random": 0.0}  # fasttext: its model's
 FIT_ITERATIONS = 200  # the classifier's L-BFGS iterations at most
 # The kind of model each method's file holds (the `kind` its `to_bytes` writes) and its class; random holds none.
 INNER_KINDS: dict[str, tuple[str | None, Any]] = {
     "classifier": ("quality_classifier", QualityClassifier), "dsir": ("importance", ImportanceModel),
-    "perplexity": ("perplexity", BigramModel), "random": (None, None)}
+    "perplexity": ("perplexity", BigramModel), "fasttext": ("fasttext", FastTextScorer), "random": (None, None)}
 KNOTS = 4095  # score quantiles: one rank bucket between two of them (cuts.BUCKETS = 4096)
 _LOW_BITS = 52  # the rank's bits below its bucket: the score's own order within a bucket
 
@@ -44,14 +48,17 @@ _LOW_BITS = 52  # the rank's bits below its bucket: the score's own order within
 class SelectionModel:
     method: str
     seed: int
-    model: Any  # QualityClassifier | ImportanceModel | BigramModel | None (random)
+    model: Any  # QualityClassifier | ImportanceModel | BigramModel | FastTextScorer | None (random)
     knots: np.ndarray  # (KNOTS,) ascending
     fit_flops: float = 0.0  # what fitting it cost: the model's fit (`model_flops`) and scoring the corpus sample for the knots
     fit_cpu_seconds: float = 0.0  # CPU seconds its fit took, its corpus sample's reading included (set by the caller)
 
     def scoring_flops(self, tokens: int) -> float:
         """An upper estimate of the FLOPs of scoring documents of `tokens` tokens: a multiply-add per n-gram (a unigram
-        and a bigram per word, and a word is at least one token), twice that for the bigram model's mixture."""
+        and a bigram per word, and a word is at least one token), twice that for the bigram model's mixture; for a
+        fastText model, its vectors' multiply-adds per word."""
+        if self.method == "fasttext":
+            return self.model.flops_per_word() * float(tokens)
         return SCORING_FLOPS_PER_TOKEN[self.method] * float(tokens)
 
     def scores(self, texts: list[str], ids: list[str]) -> np.ndarray:
@@ -62,6 +69,8 @@ class SelectionModel:
             values = self.model.log_weights(texts) + gumbel(ids, self.seed)
         elif self.method == "perplexity":
             values = self.model.band_scores(texts)
+        elif self.method == "fasttext":
+            values = self.model.scores(texts)
         else:
             values = gumbel(ids, self.seed)
         return np.nan_to_num(np.asarray(values, np.float64), nan=-1e300, neginf=-1e300, posinf=1e300)
@@ -107,11 +116,14 @@ class SelectionModel:
         return cls(method, seed, model, knots, fit_flops, fit_cpu)
 
 
-def fit(method: Method, target: list[str], corpus: list[str], corpus_ids: list[str], seed: int) -> SelectionModel:
+def fit(method: Method, target: list[str], corpus: list[str], corpus_ids: list[str], seed: int,
+        scorer: FastTextScorer | None = None) -> SelectionModel:
     """Fit `method`'s model on the `target` documents against a sample of the `corpus` (texts and ids); the knots
-    come from that sample's scores."""
-    if method == "classifier":
-        model: Any = QualityClassifier.fit(target, corpus, iterations=FIT_ITERATIONS)
+    come from that sample's scores. `fasttext` fits nothing: it takes its `scorer` (an existing model) as it is."""
+    if method == "fasttext":
+        model: Any = scorer
+    elif method == "classifier":
+        model = QualityClassifier.fit(target, corpus, iterations=FIT_ITERATIONS)
     elif method == "dsir":
         model = ImportanceModel.fit(target, corpus)
     elif method == "perplexity":  # counts from half the target, the band's center from the other half
@@ -127,7 +139,7 @@ def fit(method: Method, target: list[str], corpus: list[str], corpus_ids: list[s
 
 
 def model_flops(method: Method, model: Any, target: list[str], corpus: list[str]) -> float:
-    """FLOPs of fitting the model itself: the classifier's as its fit counted them (its optimizer's own work
+    """FLOPs of fitting the model itself (none for an existing fastText model: its training is not this run's): the classifier's as its fit counted them (its optimizer's own work
     included); for the count models an addition per n-gram counted (a unigram and a bigram per word: DSIR counts
     the target and the corpus sample, the bigram model its half of the target twice, unigrams and pairs)."""
     if method == "classifier":

@@ -232,3 +232,31 @@ def test_a_target_without_text_is_refused_at_planning_and_the_fixed_target_then_
     shutil.copy(ASSETS / "target_code.jsonl", target)
     _run(_config(out, target=target), executor=_ray())
     assert (out / "selection" / "model.npz").exists()
+
+
+def test_datapipe_curate_with_a_fasttext_model_on_ray_keeps_by_the_model_s_own_scores(tmp_path: Path) -> None:
+    """The user's path: `datapipe curate ... --set selection.method=fasttext --set selection.model=model.bin` on Ray
+    (the default executor), the model file named relative to the working folder: every published score is the
+    binding's own probability of `__label__hq` for that document, and the kept ones are the best scored."""
+    import subprocess
+    import sys
+
+    import fasttext
+
+    from tiny_fasttext import train
+
+    train(tmp_path / "ft")
+    (tmp_path / "c.yaml").write_text(f"inputs: [{{path: '{ASSETS / 'corpus_slice.jsonl'}', domain_field: source}}]\n"
+                                     "normalize: {enabled: false}\ntokenizer: {train: {vocab_size: 400}}\n")
+    done = subprocess.run([sys.executable, "-m", "datapipe", "curate", "c.yaml", "--no-progress", "--output", "out",
+                           "--set", "selection.method=fasttext", "--set", "selection.model=ft/model.bin",
+                           "--set", f"selection.keep_tokens={BUDGET}"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    model = fasttext.load_model(str(tmp_path / "ft" / "model.bin"))
+    texts = {d["id"]: d["text"] for d in map(json.loads, (ASSETS / "corpus_slice.jsonl").read_text().splitlines())}
+    scores = _scores(tmp_path / "out").to_pandas()
+    for doc_id, score in zip(scores["id"], scores["score"]):
+        labels, probabilities = model.predict(texts[doc_id].replace("\n", " "), k=2)
+        assert score == pytest.approx(float(probabilities[list(labels).index("__label__hq")]), abs=1e-6)
+    ordered = scores.sort_values("score", ascending=False)
+    assert ordered["kept"].to_numpy()[: int(ordered["kept"].sum())].all() and 0 < ordered["kept"].sum() < len(ordered)

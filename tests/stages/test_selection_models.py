@@ -178,3 +178,37 @@ def test_random_selection_includes_every_document_equally_often():
         model = SelectionModel("random", seed, None, np.zeros(KNOTS))
         kept[np.argsort(model.rank(model.scores([""] * 10, ids)), kind="stable")[:3]] += 1
     assert np.abs(kept / seeds - 0.3).max() < 4 * math.sqrt(0.3 * 0.7 / seeds)
+
+
+def test_fasttext_scores_are_the_binding_s_own_probabilities_of_the_label(tmp_path):
+    """A fastText classifier trained here with the binding: datapipe's score of each document is the probability
+    the binding's own predict gives `__label__hq` for it as one line."""
+    import fasttext
+
+    from stages.selection import FastTextScorer
+    from tiny_fasttext import texts, train
+
+    path = train(tmp_path)
+    documents = texts("target_code.jsonl")[:5] + [d["text"] for d in _slice()[:20]]
+    model = fasttext.load_model(str(path))
+    expected = []
+    for text in documents:
+        labels, probabilities = model.predict(text.replace("\n", " "), k=2)
+        expected.append(float(probabilities[list(labels).index("__label__hq")]))
+    got = FastTextScorer(str(path), "__label__hq").scores(documents)
+    assert got == pytest.approx(expected, abs=1e-6) and max(expected) - min(expected) > 0.1
+    saved = fit("fasttext", [], documents, [str(i) for i in range(len(documents))], seed=0,
+                scorer=FastTextScorer(str(path), "__label__hq"))
+    assert SelectionModel.from_bytes(saved.to_bytes()).scores(documents, ["x"] * len(documents)) == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_fasttext_file_without_the_label_or_not_a_model_is_refused_by_name(tmp_path):
+    from stages.selection import FastTextScorer
+    from tiny_fasttext import train
+
+    path = train(tmp_path)
+    with pytest.raises(ValueError, match=r"no label '__label__good' \(its labels: __label__"):
+        FastTextScorer(str(path), "__label__good").check()
+    (tmp_path / "junk.bin").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="fastText cannot load it"):
+        FastTextScorer(str(tmp_path / "junk.bin"), "__label__hq").check()

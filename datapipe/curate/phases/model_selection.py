@@ -2,7 +2,8 @@
 
 1. model    fit once in the driver (`stages.selection.fit`) on the target documents (`selection.target`, at
             most `target_docs`) against a seeded sample of the training documents (about `sample_docs`, taken by
-            one task per block), or loaded from `selection.model`; saved checked as work/model_select/model.npz
+            one task per block), or loaded from `selection.model` (for `fasttext`, an existing fastText classifier
+            whose scores of the sample give the knots); saved checked as work/model_select/model.npz
             (a resumed run reuses it) and as OUT/selection/model.npz for later runs;
 2. score    one task per block scores its training documents (their text, the last segment's) and writes the
             assignment file of the exact cut (`phases/cuts.py`: one group, or one per domain; rank from score);
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 from typing import Any, Callable
 
@@ -38,7 +40,7 @@ from datapipe.curate.phase import record_in
 from datapipe.curate.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, cuts, held_rows
 from datapipe.curate.readers import plan_units, read_unit
 from stages import diversity
-from stages.selection import STAGE_NAMES, SelectionModel, fit
+from stages.selection import STAGE_NAMES, FastTextScorer, SelectionModel, fit
 
 FOLDER = "model_select"
 ALL = "*"  # the one group of a corpus-wide budget
@@ -90,8 +92,21 @@ def check_selection_files(cfg: SelectionConfig) -> None:
         if not _holds_text(cfg):
             raise ConfigError(f"selection.target: {cfg.target.path!r} holds no document with text; give documents of "
                               "what you train for (their text in the input's text field)")
-    if cfg.model is not None:
+    if cfg.model is not None and cfg.method == "fasttext":
+        fasttext_scorer(cfg)
+    elif cfg.model is not None:
         read_model_file(cfg)
+
+
+def fasttext_scorer(cfg: SelectionConfig) -> FastTextScorer:
+    """`selection.model`'s fastText classifier, checked (it loads, it has the label), or a ConfigError naming it."""
+    scorer = FastTextScorer(os.path.abspath(cfg.model), cfg.fasttext_label)  # workers may run elsewhere than here
+    try:
+        scorer.check()
+    except ValueError as exc:
+        raise ConfigError(f"selection.model: {cfg.model!r} is not a fastText classifier datapipe can use: {exc}; give "
+                          "the .bin file of a fastText classifier (fasttext.train_supervised's save_model)") from None
+    return scorer
 
 
 def _holds_text(cfg: SelectionConfig) -> bool:
@@ -125,15 +140,16 @@ def fit_model(run_tasks: Callable[..., list[Any]], work: Location, out_dir: Loca
         data = read_work_bytes(saved).to_pybytes()
         atomic_write_bytes(published, data)  # its copy for later runs again: the same bytes, whatever became of it
         return SelectionModel.from_bytes(data)
-    if cfg.model is not None:
+    if cfg.model is not None and cfg.method != "fasttext":
         model = read_model_file(cfg)
     else:
-        target = read_target(cfg) if cfg.method != "random" else []
+        target = read_target(cfg) if cfg.target is not None else []
         rate = cfg.sample_docs / max(training_docs, 1)
         parts = run_tasks(sample_task, (str(work), segment, held_out, rate, cfg.seed), [(b,) for b in names], "selection sample")
         started = time.process_time()
         ids = [i for p in parts for i in p["ids"]]
-        model = fit(cfg.method, target, [t for p in parts for t in p["texts"]], ids, cfg.seed)
+        scorer = fasttext_scorer(cfg) if cfg.method == "fasttext" else None
+        model = fit(cfg.method, target, [t for p in parts for t in p["texts"]], ids, cfg.seed, scorer)
         cpu = time.process_time() - started + sum(p["cpu_seconds"] for p in parts)
         model = dataclasses.replace(model, fit_cpu_seconds=cpu)
     data = model.to_bytes()
