@@ -2,6 +2,12 @@
 
 usage: python -m scripts.bench_layout [--fraction 1] [--docs-per-block 4] [--near-share 0.05] [--workers 2]
                                       [--source ../shared/data/corpus.jsonl.gz] [--save-log PATH]
+       python -m scripts.bench_layout --cpu 100000 [--workers 2]     # CPU per byte of web.yaml, local disk
+
+With `--cpu N`: N documents of the same kind (real sentences web.yaml's filters keep, the same planted copies) on
+a local disk, web.yaml as shipped with its own `auto` layout, on an embedded Ray with `--workers` CPUs: the whole
+process tree's CPU seconds (`scripts.bench_curate`'s sampling of /proc), each phase's seconds, and each phase's
+CPU per MB of input text (its seconds x workers): what `scripts.cost_model --cpu-run` scales to 1 TB.
 
 A layout test, not a data-volume test: the run has the task and object counts of a 1 TB run and little text.
 `scripts.cost_model.layout(1e9, 1e12)` gives what the runner's `auto` rules choose for 1 TB (16,384 blocks, 233
@@ -33,6 +39,7 @@ import argparse
 import gzip
 import json
 import math
+import os
 import re
 import shutil
 import tempfile
@@ -144,7 +151,7 @@ def write_pieces(folder: Path, docs: int, source: Path, near_share: float, seed:
                 doc["id"] = f"d{i}"
                 text_bytes += len(doc["text"].encode())
                 out.write(json.dumps(doc) + "\n")
-    return {"documents": docs, "bytes": text_bytes, "files": FILES, "planted": dict(planted),
+    return {"docs": docs, "bytes": text_bytes, "files": FILES, "planted": dict(planted),
             "near_jaccard_range": [round(min(jaccards), 3), round(max(jaccards), 3)] if jaccards else None}
 
 
@@ -186,6 +193,56 @@ def _written_by_folder(folders: dict[str, Any]) -> dict[str, set[str]]:
     return {name: set(tally.written) for name, tally in folders.items()}
 
 
+def cpu_run(docs: int, workers: int, source: Path, near_share: float) -> dict[str, Any]:
+    """web.yaml on `docs` documents of real sentences on a local disk (see the module docstring)."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from scripts.bench_curate import _tree_cpu_seconds
+
+    root = Path(tempfile.mkdtemp(prefix="bench-web-cpu-"))
+    try:
+        recipe = web_recipe(target_layout(1.0), 1)
+        corpus = write_pieces(root / "corpus", docs, source, near_share, keep=recipe_keeps(recipe))
+        recipe.pop("read")  # web.yaml's own `auto` layout for this input
+        recipe["dedup"]["exact"]["partitions"] = recipe["dedup"]["minhash"]["partitions"] = "auto"
+        recipe.update(inputs=[{"path": str(root / "corpus" / "*.jsonl"), "domain_field": "source"}],
+                      output={"dir": str(root / "out")}, ray={"num_cpus": workers})
+        (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+        cmd = [sys.executable, "-m", "datapipe.cli", "curate", str(root / "recipe.yaml"), "--no-progress"]
+        seen: dict[int, float] = {}
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        done = threading.Event()
+
+        def sample() -> None:  # the whole process tree's CPU, every 0.1 s
+            while not done.is_set():
+                _tree_cpu_seconds(proc.pid, seen)
+                done.wait(0.1)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        _, err = proc.communicate()
+        wall = time.perf_counter() - t0
+        done.set()
+        sampler.join()
+        if proc.returncode != 0:
+            raise SystemExit(f"curate failed:\n{err.decode()[-4000:]}")
+        stats = json.loads((root / "out" / "stats.json").read_text())
+        mb = corpus["bytes"] / 1e6
+        return {"corpus": corpus, "workers": workers, "wall_seconds": round(wall, 1),
+                "process_tree_cpu_seconds": round(sum(seen.values()), 1),
+                "process_tree_cpu_s_per_mb": round(sum(seen.values()) / mb, 4),
+                "phase_seconds": stats["phase_seconds"], "step_seconds": stats.get("step_seconds", {}),
+                "phase_cpu_s_per_mb": {k: round(v * workers / mb, 5) for k, v in stats["phase_seconds"].items()},
+                "funnel": stats.get("funnel")}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fraction", type=float, default=1.0, help="scale every count of the 1 TB layout by this")
@@ -194,7 +251,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--source", default=str(REPO.parent / "shared" / "data" / "corpus.jsonl.gz"))
     parser.add_argument("--save-log", default=None)
+    parser.add_argument("--cpu", type=int, default=None, help="measure web.yaml's CPU per byte on this many documents")
     args = parser.parse_args()
+    if args.cpu:
+        result = cpu_run(args.cpu, args.workers, Path(args.source), args.near_share)
+        print(json.dumps({"command": f"python -m scripts.bench_layout --cpu {args.cpu} --workers {args.workers}", **result},
+                         indent=1))
+        return
     lay = target_layout(args.fraction)
     docs = lay["blocks"] * args.docs_per_block
     corpus_box: dict[str, Any] = {}

@@ -48,6 +48,7 @@ from datapipe.curate.blocks import FRAME_GAP, RANGE_WASTE
 from datapipe.core.storage import PREFIXES
 from datapipe.curate.config import auto_block_bytes, auto_partitions
 from datapipe.curate.exchange import LOSER_BYTES
+from datapipe.curate.phases.eval_split import CANDIDATE_BYTES, CHOOSE_TASKS as EVAL_CHOOSE_TASKS
 from datapipe.curate.phases.near_dedup import GROUP_DOCS, SMALL_EXCHANGE, key_bytes
 from stages.exact_dedup import KEY_BYTES
 from stages.minhash import MinHashConfig
@@ -59,6 +60,7 @@ PAIR_BYTES = {"pairs-u": 16, "pairs-v": 16 + 256 + 8 + 16, "edges": 32}  # a can
 MEMBER_BYTES = 48  # a cluster member's row (order, label, id, length)
 TOKENIZER_SAMPLE_BYTES = 200e6  # configs/web.yaml's tokenizer.train.sample_bytes: what sizes the sample's combine
 LOSER_SHARE = 0.1  # documents a global stage drops, about (the scale corpus: 5% exact, 10% near copies)
+EVAL_FRACTION = 0.001  # configs/web.yaml's eval.fraction
 
 
 def layout(docs: float, text_bytes: float, units: int | None = None, blocks: int | None = None,
@@ -116,7 +118,7 @@ def ranges_per_read(lay: dict[str, int], docs: float, near_share: float, frame_r
 
 
 def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_share: float,
-             ranges_a_read: float = 1.0) -> dict[str, dict[str, int]]:
+             ranges_a_read: float = 1.0, eval_split: bool = False) -> dict[str, dict[str, int]]:
     """Requests per phase of a run with exact and near dedup (verification on). A task reads its inputs and
     writes its outputs and its record, after an existence check of the record (HEAD). `near`: measured per
     document: candidate pairs, edges; and rounds of connected components. `ranges_a_read`: the exact check's
@@ -132,7 +134,7 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
     k_m = _step_bytes(near["edges"] * docs * MEMBER_BYTES, g)
     step = lambda largest: _add(_exchange(g, g, largest), {"spread": g, "plain": 2 * g})  # + each task's nodes, records
     rounds = max(1, int(near.get("rounds", 1)))
-    return {
+    phases = {
         "read": _add({"spread": m, "plain": m * (math.ceil(lay["block_bytes"] / INPUT_RANGE) + 1)}, {"plain": 2 * m}),
         "unique ids": _add(_exchange(m, pe, lay["exact_keys_bytes"]), {"plain": 3 * pe}),
         "exact_dedup": _add({"spread": 2 * m, "plain": 2 * m}, {"plain": 2 * m}),  # read block; view; keys; record
@@ -152,6 +154,26 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
                          {"plain": 2 * m + 2}, {"spread": m, "plain": 3 * m}, {"plain": 2 * m}),
         "shards": _add({"plain": 2 * m + 3 * lay["shards"]}),
     }
+    if eval_split:
+        phases["eval split"] = eval_requests(lay, docs, near_share, ranges_a_read, step)
+    return phases
+
+
+def eval_requests(lay: dict[str, int], docs: float, near_share: float, ranges_a_read: float, step: Any,
+                  fraction: float = EVAL_FRACTION) -> dict[str, int]:
+    """The eval split's requests (`phases/eval_split.py`, decontamination `near` with verification): three tasks a
+    block (candidates, token hashes, the rows it keeps), each a record (its check and write), its output and its
+    block's inputs (the view, the tokens, the lengths, the hashes: about seven reads); the candidates exchanged to
+    the choose tasks; one match task a near-dedup group reading its range of the buckets' combined files; the
+    candidate pairs attached and verified as near dedup's (two steps, the exact check's reads at the near share of
+    the eval documents' partners); the edges combined for the one task that names the copies."""
+    m, g = lay["blocks"], lay["groups"]
+    choose = min(m, EVAL_CHOOSE_TASKS)
+    candidates = max(1, int(fraction * docs / m)) * CANDIDATE_BYTES
+    buckets = 2 * g * min(g, combine_layout("x", m, lay["partitions_near"], lay["near_keys_bytes"]).groups)
+    return _add({"plain": 3 * 3 * m + 7 * m}, {"spread": m}, _exchange(m, choose, candidates), {"plain": 3 * choose + 3},
+                {"spread": buckets + g, "plain": 2 * g}, step(_step_bytes(1e3 * g, g)), step(_step_bytes(1e3 * g, g)),
+                {"spread": int(2 * near_share * fraction * docs * ranges_a_read)}, _exchange(g, 1, 1000), {"plain": 3})
 
 
 def measured_phases(run: dict[str, Any]) -> dict[str, float]:
@@ -164,6 +186,10 @@ def measured_phases(run: dict[str, Any]) -> dict[str, float]:
             continue
         if step.startswith("unique_ids"):
             phase = "unique ids"
+        elif step.startswith("eval_split"):
+            phase = "eval split"
+        elif step.startswith("select"):
+            phase = "selection"
         elif step.startswith("exact_dedup "):
             phase = "exact_dedup resolve"
         elif step in ("minhash clusters", "minhash drop") or not step.startswith("minhash "):
@@ -184,21 +210,28 @@ def _tasks(lay: dict[str, int], phase: str) -> int:
 
 
 def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argparse.Namespace,
-            calibration: float = 1.0) -> dict[str, Any]:
+            calibration: float = 1.0, cpu_run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run's phases, each bound by CPU, requests, prefixes or bytes. CPU from `cpu_run` (web.yaml on real text,
+    `scripts.bench_layout --cpu`: per byte of input) where given, else from the scale run (per document or byte)."""
     largest = list(scale["scales"].values())[-1]
     growth = max(docs / largest["corpus"]["docs"], text_bytes / largest["corpus"]["bytes"])
+    cpu_from, workers, cpu_growth = largest, scale["workers"], growth
+    if cpu_run is not None:
+        cpu_from, workers, cpu_growth = cpu_run, cpu_run["workers"], text_bytes / cpu_run["corpus"]["bytes"]
     lay = layout(docs, text_bytes)
     ranges = args.ranges_per_read if args.ranges_per_read is not None else ranges_per_read(lay, docs, args.near_share, args.frame_ratio)
-    counted = requests(lay, docs, near_per_doc(largest), args.near_share, ranges)
+    counted = requests(lay, docs, near_per_doc(largest), args.near_share, ranges, eval_split=not args.no_eval)
     in_flight = args.cores * min(args.concurrency, args.connections)
     phases: dict[str, dict[str, Any]] = {}
-    measured = measured_phases(largest)
+    measured = measured_phases(cpu_from)
+    for phase in counted:  # a phase with requests and no measured step (none in the CPU run) still counts them
+        measured.setdefault(phase, 0.0)
     for phase, seconds in measured.items():
         if phase == "minhash clusters":
             continue
         serial = phase in SERIAL
         tasks = 1 if serial else _tasks(lay, phase)
-        cpu = seconds if serial else seconds * scale["workers"] * growth / args.cores
+        cpu = seconds if serial else seconds * workers * cpu_growth / args.cores
         if not serial:  # wave tails: whole waves, and the last task a straggler
             waves = math.ceil(tasks / args.cores)
             cpu = cpu * waves / (tasks / args.cores) + (args.straggler - 1) * cpu * args.cores / tasks
@@ -221,7 +254,49 @@ def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argpars
         bounds = {"cpu": p["cpu_s"], "requests": p["request_s"], "prefix": p["prefix_s"], "bytes": p["byte_s"]}
         p["bound"] = max(bounds, key=bounds.get)
         p["seconds"] = max(bounds.values())
-    return {**_summary(lay, phases, docs, work_bytes, exact_bytes), "exact_ranges_per_read": ranges}
+    stall = longest_tasks(phases, measured, workers * cpu_growth, args)
+    if not args.warm_bucket:
+        cold_bucket(phases, args)
+    return {**_summary(lay, phases, docs, work_bytes, exact_bytes), "exact_ranges_per_read": ranges, "stall": stall}
+
+
+RUN_ORDER = ["start", "read", "unique ids", "exact_dedup", "exact_dedup resolve", "filters+minhash", "minhash resolve",
+             "minhash clusters", "minhash drop", "tokenizer", "tokenize", "eval split", "selection", "shards", "write",
+             "clean up"]
+
+
+def cold_bucket(phases: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    """A bucket (or a run's fresh key space) S3 has not split yet: it answers `--prefix-rate` requests a second in all
+    and doubles that every `--cold-doubling-min` minutes of sustained load, up to PREFIXES prefixes' worth, answering
+    what is over with 503 SlowDown (retried with backoff: the requests wait). Taken phase after phase in run order,
+    from the run's start: a phase whose requests need longer at the capacity of its time is bound by it."""
+    t = 0.0
+    for name in sorted(phases, key=lambda k: RUN_ORDER.index(k) if k in RUN_ORDER else len(RUN_ORDER)):
+        p = phases[name]
+        if p["requests"] and not p["serial"]:
+            served, dt, cap = 0.0, 0.0, args.prefix_rate * PREFIXES
+            while served < p["requests"]:
+                served += min(cap, args.prefix_rate * 2 ** ((t + dt) / (60 * args.cold_doubling_min)))
+                dt += 1.0
+            p["cold_s"] = dt
+            if dt > p["seconds"]:
+                p["seconds"], p["bound"] = dt, "cold bucket"
+        t += p["seconds"]
+
+
+def longest_tasks(phases: dict[str, dict[str, Any]], measured: dict[str, float], cpu_scale: float,
+                  args: argparse.Namespace) -> dict[str, Any]:
+    """Each phase's longest task (a mean task's CPU x `--straggler`; a phase of one task, its seconds) against the
+    executor's stall timeout (`ray.stall_timeout_s`: a phase in which no task finishes for that long is stopped)."""
+    longest = {}
+    for name, p in phases.items():
+        if p["serial"]:  # one task: its CPU, or (the clusters merge) its bytes at one core's bandwidth
+            longest[name] = max(p["cpu_s"], p.get("byte_s_one_core", 0.0))
+        else:
+            longest[name] = round(args.straggler * measured.get(name, 0.0) * cpu_scale / max(p["tasks"], 1), 1)
+    worst = max(longest, key=longest.get)
+    return {"timeout_s": args.stall_timeout_s, "longest_task_phase": worst, "longest_task_s": longest[worst],
+            "within_timeout": longest[worst] < args.stall_timeout_s, "longest_task_s_by_phase": longest}
 
 
 def _clusters_merge(largest: dict[str, Any], docs: float, growth: float, args: argparse.Namespace) -> dict[str, Any]:
@@ -270,7 +345,8 @@ def check_against_server(s3: dict[str, Any], scale: dict[str, Any], near_share: 
                  seen.get("near_dedup_resolve_groups"))
     lay["shards"] = seen.get("shards") or lay["shards"]
     near = near_per_doc(list(scale["scales"].values())[-1])
-    formula = sum(sum(v.values()) for v in requests(lay, docs, near, near_share).values())
+    with_eval = "eval split" in s3.get("phase_seconds", {})  # a bench_layout run (web.yaml) has it; bench_s3_requests' not
+    formula = sum(sum(v.values()) for v in requests(lay, docs, near, near_share, eval_split=with_eval).values())
     return {"documents": docs, "layout": lay, "formula_requests": formula, "server_requests": s3["requests_total"],
             "server_over_formula": round(s3["requests_total"] / formula, 2)}
 
@@ -282,12 +358,19 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--docs", type=float, default=1e9)
     parser.add_argument("--text-bytes", type=float, default=1e12)
     parser.add_argument("--cores", type=int, default=256)
-    parser.add_argument("--near-share", type=float, default=0.005,
+    parser.add_argument("--near-share", type=float, default=0.05,
                         help="documents near the threshold, each read by two verify tasks: 2 x share reads a "
                         "document (measured: 0.021 on the scale benchmark's near-threshold corpus, 0.67 on the shared corpus)")
     parser.add_argument("--ranges-per-read", type=float, default=None,
                         help="the exact check's requests per document read (exact_ranges_read / exact_documents_read: "
                         "neighbouring frames are read together); default: estimated from the layout (`ranges_per_read`)")
+    parser.add_argument("--no-eval", action="store_true", help="leave out the eval split (configs/web.yaml ships it on)")
+    parser.add_argument("--cpu-run", default=None, help="scripts.bench_layout --cpu's JSON: CPU per byte of web.yaml on real "
+                        "text (default: the scale run's CPU)")
+    parser.add_argument("--warm-bucket", action="store_true", help="a bucket S3 has already split (no cold start)")
+    parser.add_argument("--cold-doubling-min", type=float, default=10.0,
+                        help="minutes of sustained load in which a cold key space's request capacity doubles (assumed)")
+    parser.add_argument("--stall-timeout-s", type=float, default=600.0, help="ray.stall_timeout_s")
     parser.add_argument("--latency-ms", type=float, default=30.0, help="per request, first byte (S3: 10-100 ms)")
     parser.add_argument("--concurrency", type=int, default=16, help="requests a core's tasks keep in flight")
     parser.add_argument("--connections", type=int, default=64, help="the S3 client's pool, per worker process")
@@ -306,7 +389,7 @@ def main() -> None:
     args = arguments()
     scale = json.loads(Path(args.scale).read_text())
     largest = list(scale["scales"].values())[-1]
-    result: dict[str, Any] = {"assumptions": {**{k: v for k, v in vars(args).items() if k not in ("scale", "s3")},
+    result: dict[str, Any] = {"assumptions": {**{k: v for k, v in vars(args).items() if k not in ("scale", "s3", "cpu_run")},
                                               "measured_at_docs": largest["corpus"]["docs"],
                                               "measured_on_workers": scale["workers"], "task_memory_gib": 4,
                                               "prefixes_per_spread_folder": PREFIXES}}
@@ -315,10 +398,12 @@ def main() -> None:
         check = check_against_server(json.loads(Path(args.s3).read_text()), scale, args.near_share)
         result["request_formula_check"] = check
         calibration = max(1.0, check["server_over_formula"])
-    result.update(project(scale, args.docs, args.text_bytes, args, calibration))
+    cpu_run = json.loads(Path(args.cpu_run).read_text()) if args.cpu_run else None
+    result.update(project(scale, args.docs, args.text_bytes, args, calibration, cpu_run))
+    # 1%, 5% and the shared corpus's share (14,018 of 20,856 documents read by its exact check: 0.336 x 2 reads)
     result["at_other_near_shares"] = {
         share: project(scale, args.docs, args.text_bytes, argparse.Namespace(**{**vars(args), "near_share": share}),
-                       calibration)["projected_wall_hours"] for share in (0.0005, 0.005, 0.01)}
+                       calibration, cpu_run)["projected_wall_hours"] for share in (0.01, 0.05, 0.336)}
     print(json.dumps(result, indent=1))
 
 

@@ -54,3 +54,41 @@ def test_measured_steps_are_grouped_into_the_models_phases():
                                     "minhash resolve": 3.0, "minhash clusters": 0.5, "minhash drop": 1.5,
                                     "filters+minhash": 4.0, "tokenize": 6.5, "shards": 1.1, "start": 2.0, "write": 0.2,
                                     "clean up": 0.3}
+
+
+def _args(**kw):
+    base = {"prefix_rate": 100.0, "cold_doubling_min": 1.0, "straggler": 1.5, "stall_timeout_s": 600.0}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_a_cold_bucket_serves_at_its_first_rate_and_doubles_with_time():
+    from scripts.cost_model import cold_bucket
+
+    # 1,000 requests at the start: ~100 a second (the doubling is a minute away): 10 s, slower than the phase's 2 s
+    phases = {"read": {"requests": 1_000, "serial": False, "seconds": 2.0, "bound": "cpu"}}
+    cold_bucket(phases, _args())
+    assert phases["read"]["seconds"] == 10.0 and phases["read"]["bound"] == "cold bucket"
+    # after 10 minutes of a run the capacity has doubled ten times, past the prefixes' cap (256 x 100 a second)
+    phases = {"start": {"requests": 0, "serial": True, "seconds": 600.0, "bound": "cpu"},
+              "read": {"requests": 1_000, "serial": False, "seconds": 2.0, "bound": "cpu"}}
+    cold_bucket(phases, _args())
+    assert phases["read"]["seconds"] == 2.0 and phases["read"]["cold_s"] == 1.0
+
+
+def test_the_longest_task_is_held_against_the_stall_timeout():
+    from scripts.cost_model import longest_tasks
+
+    phases = {"tokenize": {"serial": False, "tasks": 100, "cpu_s": 10.0},
+              "minhash clusters": {"serial": True, "cpu_s": 50.0, "byte_s_one_core": 700.0}}
+    stall = longest_tasks(phases, {"tokenize": 20.0}, cpu_scale=1_000.0, args=_args())
+    assert stall["longest_task_s_by_phase"]["tokenize"] == 1.5 * 20.0 * 1_000.0 / 100  # a mean task x the straggler
+    assert (stall["longest_task_phase"], stall["longest_task_s"], stall["within_timeout"]) == ("minhash clusters", 700.0, False)
+
+
+def test_the_eval_split_adds_its_own_phase_of_requests():
+    lay = layout(1e9, 1e12)
+    near = {"candidate_pairs": 0.5, "edges": 0.2, "rounds": 4}
+    off, on = requests(lay, 1e9, near, 0.05), requests(lay, 1e9, near, 0.05, eval_split=True)
+    assert "eval split" not in off and {k: v for k, v in on.items() if k != "eval split"} == off
+    # three recorded tasks a block at least (a record's check and write, an output): 9 plain requests a block
+    assert on["eval split"]["plain"] >= 9 * lay["blocks"]
