@@ -6,6 +6,7 @@ distributed rounds; every removal names the document kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -423,6 +424,14 @@ def test_a_verify_task_reads_the_frames_of_all_its_blocks_in_one_batched_read(tm
     assert read["ranges_read"] == len(calls[0]) == sum(int(r.sum()) for _, r in costs)
     assert read["bytes_read"] == sum(int(c.sum()) for c, _ in costs) and read["documents_read"] == len(orders)
     assert read["text_bytes"] == sum(len(flat[o]) for o in orders.tolist()) and read["read_seconds"] >= 0
+    # at most EXACT_READ_BYTES of frames a read: here two blocks' worth, so two reads of two blocks each
+    monkeypatch.setattr(near_dedup, "EXACT_READ_BYTES", int(nbytes[orders[senders <= 1]].sum()))
+    calls.clear()
+    again, reread = text_shingle_sets(dataclasses.replace(source, run="in parts"), orders, senders, at[orders],
+                                      nbytes[orders], config)
+    assert [sorted({p.name for p in c}) for c in calls] == [["b0.arrow", "b1.arrow"], ["b2.arrow", "b3.arrow"]]
+    assert {o: s.tolist() for o, s in again.items()} == {o: s.tolist() for o, s in got.items()}
+    assert {k: v for k, v in reread.items() if k != "read_seconds"} == {k: v for k, v in read.items() if k != "read_seconds"}
 
 
 def test_a_block_gone_from_a_batched_read_is_named(tmp_path):

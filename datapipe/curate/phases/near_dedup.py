@@ -303,16 +303,21 @@ class _ShingleCache:
 _SHINGLES = _ShingleCache()
 
 
+EXACT_READ_BYTES = 64 << 20  # frames one batched read holds at most: the texts a verify task holds at once stay
+# bounded, while a batch still has far more ranges than the connection pool (a frame is a compressed document)
+
+
 def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray, at: np.ndarray,
                       nbytes: np.ndarray, config: MinHashConfig) -> tuple[dict[int, np.ndarray], dict[str, Any]]:
     """The shingle sets of `orders`, recomputed from their text (`senders[i]`: index into `source.senders`),
     none for the documents this process already computed in this run (`_ShingleCache`). The documents whose
     place in their read block is known (`at`, `nbytes`; -1 where not) are read by their own ranges, the ranges of
-    every block in one batched read (`read_blocks_texts`: all in flight at once on an object store); the others
-    (a block that holds its text itself: an `eval.source` block) by one read of their block file. Also the
-    bytes each distinct document's read takes (its frame and the gap before it in its range, `_read_costs`; its
-    block's text where it has no frame), the bytes of the texts, the documents and the requests (ranges), for the
-    resolve's summary: counted whether or not the cache spared the read; and `read_seconds`, the reads' wall."""
+    many blocks in one batched read (`read_blocks_texts`: all in flight at once on an object store), a batch per
+    EXACT_READ_BYTES of frames; the others (a block that holds its text itself: an `eval.source` block) by one read
+    of their block file. Also the bytes each distinct document's read takes (its frame and the gap before it in its
+    range, `_read_costs`; its block's text where it has no frame), the bytes of the texts, the documents and the
+    requests (ranges), for the resolve's summary: counted whether or not the cache spared the read; and
+    `read_seconds`, the reads' wall."""
     out: dict[int, np.ndarray] = {}
     read: dict[str, Any] = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0, "ranges_read": 0}
     located, whole = [], []  # per block: (sender, rows to read, their costs, their requests)
@@ -331,40 +336,62 @@ def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray
         if wanted:
             rows = mine[wanted]
             (located if (at[rows] >= 0).all() else whole).append((s, rows, costs[wanted], requests[wanted]))
-    started = time.perf_counter()
-    texts = _located_texts(source, located, at, nbytes) + [_block_texts(source, block, orders) for block in whole]
-    read["read_seconds"] = round(time.perf_counter() - started, 6)
-    if not texts:
-        return out, read
-    rows = np.concatenate([rows for _, rows, _, _ in located + whole])
-    costs = np.concatenate([costs for _, _, costs, _ in located + whole])
-    requests = np.concatenate([requests for _, _, _, requests in located + whole])
-    texts = pa.concat_arrays(texts)
-    sizes = pc.binary_length(texts).to_numpy(zero_copy_only=False).tolist()
-    for order, shingles, cost, size, request in zip(orders[rows].tolist(), shingle_sets(texts, config), costs.tolist(),
-                                                    sizes, requests.tolist()):
-        out[order] = shingles
-        _SHINGLES.put((source.run, order), (shingles, int(size), int(cost)))
-        _count(read, int(cost), int(size), int(request))
+    seconds = 0.0
+    batches = [(_located_texts, part) for part in _by_frame_bytes(located, nbytes)] + [(_block_texts, [b]) for b in whole]
+    for texts_of, part in batches:
+        started = time.perf_counter()
+        texts = texts_of(source, part, orders, at, nbytes)
+        seconds += time.perf_counter() - started
+        _shingle(source, part, texts, orders, config, out, read)
+    read["read_seconds"] = round(seconds, 6)
     return out, read
 
 
-def _located_texts(source: KeySource, located: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]], at: np.ndarray,
-                   nbytes: np.ndarray) -> list[pa.Array]:
-    """The texts of each block's `rows`, read by their frames' ranges: every block's in one batched read."""
-    frames = [(source.senders[s].rsplit("/", 1)[1], at[rows], nbytes[rows]) for s, rows, _, _ in located]
-    return [pa.array(texts, pa.large_string()) for texts in read_blocks_texts(location(source.work), frames)]
+_Wanted = tuple[int, np.ndarray, np.ndarray, np.ndarray]  # a block's (sender, rows to read, their costs, their requests)
 
 
-def _block_texts(source: KeySource, block: tuple[int, np.ndarray, np.ndarray, np.ndarray], orders: np.ndarray) -> pa.Array:
-    """The texts of `rows` of a block that holds its text itself, by one read of its file; their costs (-1, unknown
-    until now) become the block's text bytes (in place)."""
-    s, rows, costs, _ = block
+def _by_frame_bytes(located: list[_Wanted], nbytes: np.ndarray) -> list[list[_Wanted]]:
+    """`located` cut into runs of blocks whose wanted frames hold at most EXACT_READ_BYTES (a block at least)."""
+    parts: list[list[_Wanted]] = []
+    held = 0
+    for block in located:
+        size = int(nbytes[block[1]].sum())
+        if not parts or held + size > EXACT_READ_BYTES:
+            parts.append([])
+            held = 0
+        parts[-1].append(block)
+        held += size
+    return parts
+
+
+def _located_texts(source: KeySource, part: list[_Wanted], orders: np.ndarray, at: np.ndarray, nbytes: np.ndarray) -> pa.Array:
+    """The texts of each block's rows, read by their frames' ranges: every block's in one batched read."""
+    frames = [(source.senders[s].rsplit("/", 1)[1], at[rows], nbytes[rows]) for s, rows, _, _ in part]
+    return pa.array([t for texts in read_blocks_texts(location(source.work), frames) for t in texts], pa.large_string())
+
+
+def _block_texts(source: KeySource, part: list[_Wanted], orders: np.ndarray, at: np.ndarray, nbytes: np.ndarray) -> pa.Array:
+    """The texts of the rows of a block that holds its text itself (`part`: that one block), by one read of its file;
+    their costs (-1, unknown until now) become the block's text bytes (in place)."""
+    [(s, rows, costs, _)] = part
     folder, name = source.senders[s].rsplit("/", 1)
     table = block_documents(location(source.work), folder, name, ["order", "text"])
     texts = table.column("text").take(pc.index_in(pa.array(orders[rows], pa.int64()), value_set=table.column("order")))
     costs[costs < 0] = int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)
     return (texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts).cast(pa.large_string())
+
+
+def _shingle(source: KeySource, part: list[_Wanted], texts: pa.Array, orders: np.ndarray, config: MinHashConfig,
+             out: dict[int, np.ndarray], read: dict[str, Any]) -> None:
+    """The shingle sets of `part`'s documents (`texts`, in its order) into `out` and the cache; their reads counted."""
+    rows = np.concatenate([rows for _, rows, _, _ in part])
+    costs = np.concatenate([costs for _, _, costs, _ in part]).tolist()
+    requests = np.concatenate([requests for _, _, _, requests in part]).tolist()
+    sizes = pc.binary_length(texts).to_numpy(zero_copy_only=False).tolist()
+    for order, shingles, cost, size, request in zip(orders[rows].tolist(), shingle_sets(texts, config), costs, sizes, requests):
+        out[order] = shingles
+        _SHINGLES.put((source.run, order), (shingles, int(size), int(cost)))
+        _count(read, int(cost), int(size), int(request))
 
 
 def _read_costs(at: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
