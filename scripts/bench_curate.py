@@ -34,7 +34,7 @@ import orjson
 import yaml
 import pyarrow as pa
 
-from scripts.corpus import curate_in_fresh_process, load_docs
+from scripts.corpus import curate_in_fresh_process, load_docs, run_measured
 
 from datapipe.curate.config import CurateConfig
 from datapipe.core.config import from_dict
@@ -106,36 +106,9 @@ def kept_texts(out: Path) -> list[str]:
     return texts
 
 
-def _tree_cpu_seconds(root: int, seen: dict[int, float]) -> None:
-    """Record the CPU seconds (user + system) of `root` and every process under it into `seen` {pid: s}."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry)] = int(fields[1])  # fields after "(comm)": state, ppid, ...; utime, stime at 11, 12
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    tree, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in tree:
-                tree.add(pid)
-                frontier.append(pid)
-    for pid in tree & set(times):
-        seen[pid] = max(seen.get(pid, 0.0), times[pid])
-
-
 def quickstart_run(corpus: Path, out: Path, workers: int, overrides: list[str]) -> dict:
     """`datapipe curate configs/quickstart.yaml --input CORPUS` with `workers` CPUs, in a fresh process tree."""
-    import subprocess
     import sys
-    import threading
 
     repo = Path(__file__).parents[1]
     cmd = [sys.executable, "-m", "datapipe.cli", "curate", str(repo / "configs" / "quickstart.yaml"),
@@ -145,30 +118,15 @@ def quickstart_run(corpus: Path, out: Path, workers: int, overrides: list[str]) 
            "--set", "inputs.0.domain_field=source"]
     cmd += [arg for o in overrides for arg in ("--set", o)]
     env = {**os.environ, "PYTHONPATH": str(repo)}  # this checkout's code, in the CLI and in every Ray worker
-    seen: dict[int, float] = {}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            _tree_cpu_seconds(proc.pid, seen)
-            done.wait(0.1)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    _, err = proc.communicate()
-    wall = time.perf_counter() - t0
-    done.set()
-    sampler.join()
-    if proc.returncode != 0:
+    returncode, err, wall, cpu = run_measured(cmd, repo, env)
+    if returncode != 0:
         raise RuntimeError(f"curate failed:\n{err.decode()[-4000:]}")
     stats = json.loads((out / "stats.json").read_text())
     manifest = json.loads((out / "manifest.json").read_text())
     run = json.loads((out / "run.json").read_text())
     return {
         "wall_seconds": round(wall, 1),
-        "cpu_seconds": round(sum(seen.values()), 1),
+        "cpu_seconds": round(cpu, 1),
         "stats_seconds": stats["seconds"],
         "phase_seconds_sum": round(sum(stats["phase_seconds"].values()), 1),
         "phase_seconds": stats["phase_seconds"],

@@ -195,12 +195,9 @@ def _written_by_folder(folders: dict[str, Any]) -> dict[str, set[str]]:
 
 def cpu_run(docs: int, workers: int, source: Path, near_share: float) -> dict[str, Any]:
     """web.yaml on `docs` documents of real sentences on a local disk (see the module docstring)."""
-    import subprocess
     import sys
-    import threading
-    import time
 
-    from scripts.bench_curate import _tree_cpu_seconds
+    from scripts.corpus import run_measured
 
     root = Path(tempfile.mkdtemp(prefix="bench-web-cpu-"))
     try:
@@ -212,30 +209,13 @@ def cpu_run(docs: int, workers: int, source: Path, near_share: float) -> dict[st
                       output={"dir": str(root / "out")}, ray={"num_cpus": workers})
         (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
         cmd = [sys.executable, "-m", "datapipe.cli", "curate", str(root / "recipe.yaml"), "--no-progress"]
-        seen: dict[int, float] = {}
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        done = threading.Event()
-
-        def sample() -> None:  # the whole process tree's CPU, every 0.1 s
-            while not done.is_set():
-                _tree_cpu_seconds(proc.pid, seen)
-                done.wait(0.1)
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        _, err = proc.communicate()
-        wall = time.perf_counter() - t0
-        done.set()
-        sampler.join()
-        if proc.returncode != 0:
+        returncode, err, wall, cpu = run_measured(cmd, REPO, {**os.environ, "PYTHONPATH": str(REPO)})
+        if returncode != 0:
             raise SystemExit(f"curate failed:\n{err.decode()[-4000:]}")
         stats = json.loads((root / "out" / "stats.json").read_text())
         mb = corpus["bytes"] / 1e6
         return {"corpus": corpus, "workers": workers, "wall_seconds": round(wall, 1),
-                "process_tree_cpu_seconds": round(sum(seen.values()), 1),
-                "process_tree_cpu_s_per_mb": round(sum(seen.values()) / mb, 4),
+                "process_tree_cpu_seconds": round(cpu, 1), "process_tree_cpu_s_per_mb": round(cpu / mb, 4),
                 "phase_seconds": stats["phase_seconds"], "step_seconds": stats.get("step_seconds", {}),
                 "phase_cpu_s_per_mb": {k: round(v * workers / mb, 5) for k, v in stats["phase_seconds"].items()},
                 "funnel": stats.get("funnel")}

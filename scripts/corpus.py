@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +47,50 @@ def curate_in_fresh_process(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
     if proc.returncode != 0:
         raise RuntimeError(f"curate failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def tree_cpu_seconds(root: int, seen: dict[int, float]) -> None:
+    """Record the CPU seconds (user + system) of `root` and every process under it into `seen` {pid: s}."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])  # fields after "(comm)": state, ppid, ...; utime, stime at 11, 12
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                frontier.append(pid)
+    for pid in tree & set(times):
+        seen[pid] = max(seen.get(pid, 0.0), times[pid])
+
+
+def run_measured(cmd: list[str], cwd: str | Path, env: dict[str, str]) -> tuple[int, bytes, float, float]:
+    """Run `cmd` as a fresh process tree: (its exit code, its stderr, wall seconds, the CPU seconds of the whole tree:
+    read from /proc every 0.1 s, so a process's last <0.1 s can be missed)."""
+    seen: dict[int, float] = {}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            tree_cpu_seconds(proc.pid, seen)
+            done.wait(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    _, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    return proc.returncode, err, wall, sum(seen.values())
