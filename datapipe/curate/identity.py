@@ -3,6 +3,10 @@
 `run.json` keeps what decides the output (the config, the input units, each input file's fingerprint, a loaded
 tokenizer's sha256) and the work layout the run was started with. A rerun that is not the same run is refused
 and told which keys or files differ; an unfinished run resumed with another work layout is refused too.
+
+`run.json` is written durably, and while `work/` is there a checked copy of it stays there (`work/run.json`): a
+run.json that a power loss or a hand edit left cut, emptied, changed or deleted is written again from the copy. Where
+there is no copy to trust (a finished run's work/ is gone), the run stops with a paragraph saying how to recover.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from typing import Any
 
 from datapipe.core.config import ConfigError
 from datapipe.core.shards import atomic_write_json
+from datapipe.core.storage import is_url, remove_tree
+from datapipe.core.workfiles import read_record, write_record
 from datapipe.curate.config import SelectionConfig, config_hash, diff_configs, layout_conflict, result_affecting, work_layout
 from datapipe.curate.plan import Plan
 from datapipe.curate.readers import file_fingerprint, input_fingerprints, plan_units
@@ -90,13 +96,12 @@ def check_output(plan: Plan, tokenizer_text: str | None = None) -> dict[str, Any
     tokenizer, or, unfinished, another work layout); return its manifest if already complete."""
     out = plan.out
     record = run_record(plan, tokenizer_text)
-    existing = out / RUN_RECORD
-    if not existing.exists():
-        if out.exists() and any(p.name != "work" for p in out.iterdir()):
-            raise RunConflict(f"output folder {plan.out_dir} is not empty and holds no {RUN_RECORD}; use an empty folder")
-        atomic_write_json(existing, record)
+    old = _recorded_identity(plan)
+    if old is None:  # a new run: work/ without an identity (none ever written, or gone) cannot be trusted
+        remove_tree(plan.work)
+        atomic_write_json(out / RUN_RECORD, record, durable=True)
+        write_record(plan.work / RUN_RECORD, record)
         return None
-    old = json.loads(existing.read_text())
     if (conflict := _identity_conflict(plan, old, record)) is not None:
         raise RunConflict(conflict)
     manifest = out / "manifest.json"
@@ -104,4 +109,44 @@ def check_output(plan: Plan, tokenizer_text: str | None = None) -> dict[str, Any
         return json.loads(manifest.read_text())
     if (conflict := layout_conflict(plan.out_dir, old.get("work_layout", {}), record["work_layout"])) is not None:
         raise RunConflict(conflict)
+    if read_record(plan.work / RUN_RECORD) is None:  # killed between run.json and its copy
+        write_record(plan.work / RUN_RECORD, old)
     return None
+
+
+_IDENTITY_KEYS = ("config", "config_hash", "units")
+
+
+def _recorded_identity(plan: Plan) -> dict[str, Any] | None:
+    """The identity of the run the output folder holds (OUT/run.json, written again from its checked copy in work/
+    when it is damaged or gone), None when it holds no run's files; a RunConflict saying how to recover when the
+    folder holds a run's files but no identity that can be read."""
+    out = plan.out
+    copy = read_record(plan.work / RUN_RECORD)
+    try:
+        found = json.loads((out / RUN_RECORD).read_bytes())
+        problem = None if isinstance(found, dict) and all(k in found for k in _IDENTITY_KEYS) else "not a run's record"
+    except FileNotFoundError:
+        found, problem = None, "it is missing"
+    except ValueError as exc:  # cut, emptied or changed (json's errors are ValueErrors, UnicodeDecodeError too)
+        found, problem = None, f"it does not read as JSON ({exc})"
+    if copy is not None:
+        if found != copy:
+            atomic_write_json(out / RUN_RECORD, copy, durable=True)
+        return copy
+    if problem is None:
+        return found
+    others = [p.name for p in out.iterdir() if p.name != "work"] if out.exists() else []
+    if found is None and not others and problem == "it is missing":
+        return None
+    if problem == "it is missing" and not any(name in others for name in _RUN_FILES):
+        raise RunConflict(f"output folder {plan.out_dir} is not empty and holds no {RUN_RECORD}; use an empty folder")
+    remove = f"rm -r {plan.out_dir}" if not is_url(plan.out_dir) else f"delete every object under {plan.out_dir}"
+    raise RunConflict(
+        f"{plan.out_dir}/{RUN_RECORD} is damaged: {problem}. It says which config and inputs made the files in "
+        f"{plan.out_dir}, and without it they cannot be checked against this run's. To recover, {remove} and run the "
+        "same command again: the run redoes its work from the inputs and writes the same output (or use another "
+        "--output).")
+
+
+_RUN_FILES = ("manifest.json", "stats.json", "tokenizer.json", "shards", "dropped", "eval")  # a run wrote here

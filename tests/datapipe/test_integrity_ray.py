@@ -137,7 +137,8 @@ def _resume_damaged(killed: Killed, relative: str, how: str, to: Path) -> RunSto
     try:
         killed.resume_on_ray(out)
     except (RunStopped, ConfigError) as exc:  # the CLI prints either as one paragraph
-        _assert_paragraph(str(exc), damaged, out)
+        # a damaged record only means that its task runs again, which may find another file gone (a sender combined)
+        _assert_paragraph(str(exc), out / "work" if _kind_of(relative).startswith("record") else damaged, out)
         return exc
     assert _checksums(out) == _checksums(killed.ref)
     return None
@@ -173,5 +174,132 @@ def test_a_moved_killed_folder_resumes_from_its_own_files(killed, tmp_path) -> N
     assert not (snapshot / "work" / "records" / "select").exists()
     out = tmp_path / "moved"
     shutil.copytree(snapshot, out)
+    killed.resume_on_ray(out)
+    assert _checksums(out) == _checksums(killed.ref)
+
+
+def _kind_of(relative: str) -> str:
+    """A file's kind: its path with every number as N (work/read/uN-bN.arrow); a task record's, the folder of its step
+    in work/ (records of one step are alike)."""
+    parts = relative.split("/")
+    if parts[0] == "work" and relative.endswith(".json") and relative != "work/run.json":
+        return f"record in {'/'.join(parts[:2])}"
+    return re.sub(r"\d+", "N", relative)
+
+
+def _files_by_kind(killed: Killed) -> dict[str, str]:
+    """One file of each kind found in any snapshot: the first by name, under work/ and the files a resume reads
+    outside it."""
+    found: dict[str, str] = {}
+    for snapshot in killed.snapshots:
+        for path in snapshot.rglob("*"):
+            relative = str(path.relative_to(snapshot))
+            if path.is_file() and (relative.startswith("work/") or relative in OUTSIDE_WORK):
+                kind = _kind_of(relative)
+                found[kind] = min(found.get(kind, relative), relative)
+    return found
+
+
+OUTSIDE_WORK = ("run.json", "tokenizer.json", "selection/model.npz")  # what a resume reads outside work/
+MODES = ("cut", "emptied", "bit", "deleted")
+KINDS = {  # kind: one file of it
+    'record in work/diversity': 'work/diversity/hist/u000000-b00000.json',
+    'record in work/eval': 'work/eval/records/attach-0.json',
+    'record in work/exact_dedup': 'work/exact_dedup/losers-by-unit/g00000.json',
+    'record in work/ids': 'work/ids/records/combine-keys-00000.json',
+    'record in work/minhash': 'work/minhash/losers-by-unit/g00000.json',
+    'record in work/model_select': 'work/model_select/apply-u000000-b00000.json',
+    'record in work/read': 'work/read/u000000.json',
+    'record in work/seg0': 'work/seg0/u000000-b00000.json',
+    'record in work/seg1': 'work/seg1/u000000-b00000.json',
+    'record in work/seg2': 'work/seg2/u000000-b00000.json',
+    'record in work/select': 'work/select/u000000-b00000.json',
+    'record in work/tokenizer': 'work/tokenizer/records/combine-sample-00000.json',
+    'record in work/tokens': 'work/tokens/u000000-b00000.json',
+    'run.json': 'run.json',
+    'selection/model.npz': 'selection/model.npz',
+    'tokenizer.json': 'tokenizer.json',
+    'work/diversity/hist/uN-bN.arrow': 'work/diversity/hist/u000000-b00000.arrow',
+    'work/diversity/sample/combined-N.shuffle': 'work/diversity/sample/combined-00000.shuffle',
+    'work/diversity/sample/uN-bN.shuffle': 'work/diversity/sample/u000000-b00000.shuffle',
+    'work/diversity/uN-bN.arrow': 'work/diversity/u000000-b00000.arrow',
+    'work/eval/candidates/combined-N.shuffle': 'work/eval/candidates/combined-00000.shuffle',
+    'work/eval/candidates/uN-bN.shuffle': 'work/eval/candidates/u000000-b00000.shuffle',
+    'work/eval/chosen/pN.arrow': 'work/eval/chosen/p000.arrow',
+    'work/eval/edges/gN.shuffle': 'work/eval/edges/g000.shuffle',
+    'work/eval/hashes/uN-bN.arrow': 'work/eval/hashes/u000000-b00000.arrow',
+    'work/eval/held.arrow': 'work/eval/held.arrow',
+    'work/eval/near.arrow': 'work/eval/near.arrow',
+    'work/eval/pairs-u/gN.shuffle': 'work/eval/pairs-u/g000.shuffle',
+    'work/eval/pairs-v/gN.shuffle': 'work/eval/pairs-v/g000.shuffle',
+    'work/eval/rows/uN-bN.arrow': 'work/eval/rows/u000000-b00000.arrow',
+    'work/exact_dedup/keys/combined-N.shuffle': 'work/exact_dedup/keys/combined-00000.shuffle',
+    'work/exact_dedup/keys/uN-bN.shuffle': 'work/exact_dedup/keys/u000000-b00000.shuffle',
+    'work/exact_dedup/losers-by-unit/combined-N.shuffle': 'work/exact_dedup/losers-by-unit/combined-00000.shuffle',
+    'work/exact_dedup/losers-by-unit/gN.shuffle': 'work/exact_dedup/losers-by-unit/g00000.shuffle',
+    'work/exact_dedup/losers-by-unit/losers-tN.shuffle': 'work/exact_dedup/losers-by-unit/losers-t000.shuffle',
+    'work/exact_dedup/losers-tN.arrow': 'work/exact_dedup/losers-t000.arrow',
+    'work/ids/keys/combined-N.shuffle': 'work/ids/keys/combined-00000.shuffle',
+    'work/ids/keys/uN-bN.shuffle': 'work/ids/keys/u000000-b00000.shuffle',
+    'work/ids/rename-files.arrow': 'work/ids/rename-files.arrow',
+    'work/ids/renames/uN/pN-of-N.arrow': 'work/ids/renames/u000001/p000-of-002.arrow',
+    'work/lengths/uN-bN.arrow': 'work/lengths/u000000-b00000.arrow',
+    'work/minhash/buckets/combined-N.shuffle': 'work/minhash/buckets/combined-00000.shuffle',
+    'work/minhash/buckets/uN-bN.shuffle': 'work/minhash/buckets/u000000-b00000.shuffle',
+    'work/minhash/cc/one-task/gN.shuffle': 'work/minhash/cc/one-task/g000.shuffle',
+    'work/minhash/cc/rN/gN.shuffle': 'work/minhash/cc/r000/g000.shuffle',
+    'work/minhash/clusters/gN.shuffle': 'work/minhash/clusters/g000.shuffle',
+    'work/minhash/losers-by-unit/combined-N.shuffle': 'work/minhash/losers-by-unit/combined-00000.shuffle',
+    'work/minhash/losers-by-unit/gN.shuffle': 'work/minhash/losers-by-unit/g00000.shuffle',
+    'work/minhash/losers-by-unit/losers-tN.shuffle': 'work/minhash/losers-by-unit/losers-t000.shuffle',
+    'work/minhash/losers-tN.arrow': 'work/minhash/losers-t000.arrow',
+    'work/minhash/members/gN.shuffle': 'work/minhash/members/g000.shuffle',
+    'work/minhash/nodes-by-group/gN.arrow': 'work/minhash/nodes-by-group/g000.arrow',
+    'work/minhash/nodes/combined-N.shuffle': 'work/minhash/nodes/combined-00000.shuffle',
+    'work/minhash/nodes/uN-bN.shuffle': 'work/minhash/nodes/u000000-b00000.shuffle',
+    'work/minhash/pairs-u/gN.shuffle': 'work/minhash/pairs-u/g000.shuffle',
+    'work/minhash/pairs-v/gN.shuffle': 'work/minhash/pairs-v/g000.shuffle',
+    'work/model_select/excluded/uN-bN.arrow': 'work/model_select/excluded/u000000-b00000.arrow',
+    'work/model_select/hist/uN-bN.arrow': 'work/model_select/hist/u000000-b00000.arrow',
+    'work/model_select/model.npz': 'work/model_select/model.npz',
+    'work/model_select/uN-bN.arrow': 'work/model_select/u000000-b00000.arrow',
+    'work/read/uN-bN.arrow': 'work/read/u000000-b00000.arrow',
+    'work/run.json': 'work/run.json',
+    'work/segN/uN-bN.arrow': 'work/seg0/u000000-b00000.arrow',
+    'work/select/uN-bN.arrow': 'work/select/u000000-b00000.arrow',
+    'work/tokenizer/sample/combined-N.shuffle': 'work/tokenizer/sample/combined-00000.shuffle',
+    'work/tokenizer/sample/uN-bN.shuffle': 'work/tokenizer/sample/u000000-b00000.shuffle',
+    'work/tokens/uN-bN.arrow': 'work/tokens/u000000-b00000.arrow',
+}
+
+
+def test_every_kind_of_work_file_is_in_the_damage_list(killed) -> None:
+    # a new kind of file (or one gone) is added to KINDS (or taken out), so that every kind is damaged below
+    assert _files_by_kind(killed) == KINDS
+
+
+# the four modes rotated over the kinds (in their order above): every kind damaged once, every mode on many kinds
+CASES = [(kind, MODES[i % len(MODES)]) for i, kind in enumerate(KINDS)]
+
+
+@pytest.mark.parametrize(("kind", "how"), CASES, ids=[f"{how}:{kind}" for kind, how in CASES])
+def test_a_damaged_file_resumed_on_ray_gives_the_same_shards_or_the_paragraph(killed, tmp_path, kind: str, how: str) -> None:
+    _resume_damaged(killed, KINDS[kind], how, tmp_path)
+
+
+def test_a_finished_folder_without_a_sound_run_json_says_how_to_recover(killed, tmp_path) -> None:
+    # A finished run kept no copy of run.json (work/ is gone): cut or deleted, nothing says which config made the
+    # output, so the run stops with the paragraph (was JSONDecodeError's traceback, or "not empty ... use an empty
+    # folder": the work lost), and the recovery it names gives the same shards.
+    out = tmp_path / "out"
+    shutil.copytree(killed.ref, out)
+    for how in ("cut", "deleted"):
+        _damage(out / "run.json", how)
+        with pytest.raises(ConfigError) as info:
+            killed.resume_on_ray(out)
+        message = str(info.value)
+        assert f"{out}/run.json is damaged" in message and f"rm -r {out} and run the same command again" in message
+        assert "Traceback" not in message and "\n" not in message
+    shutil.rmtree(out)
     killed.resume_on_ray(out)
     assert _checksums(out) == _checksums(killed.ref)

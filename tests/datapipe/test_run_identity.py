@@ -206,6 +206,7 @@ def test_resume_with_another_task_memory_is_refused_naming_it_not_the_auto_parti
     record = orjson.loads((out / "run.json").read_bytes())
     del record["work_layout"]["auto"]
     (out / "run.json").write_bytes(orjson.dumps(record))
+    (out / "work" / "run.json").unlink()  # that version kept no checked copy in work/ (it would restore run.json)
     with pytest.raises(RunConflict, match=rf"started with dedup\.exact\.partitions={partitions}, not 16.*"
                                           rf"--set dedup\.exact\.partitions={partitions}"):
         run(cfg(out, resumed))

@@ -10,6 +10,7 @@ builds the tokenizer once (`_tokenize_stage`).
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -22,7 +23,7 @@ import xxhash
 from datapipe.core.shards import atomic_write_bytes, shard_schema
 from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, Combined, combine, write_shuffle
 from datapipe.core.storage import Location, is_url, location
-from datapipe.core.workfiles import write_work_table
+from datapipe.core.workfiles import DamagedWorkFile, write_work_table
 from datapipe.curate.blocks import block_documents
 from datapipe.curate.counters import Counters
 from datapipe.curate.phase import Phase
@@ -54,12 +55,13 @@ def _sample_record(plan: Plan, unit: int, block: int, rate: float) -> Location:
 
 
 def train_task(shared: tuple[Plan, Combined]) -> dict[str, str]:
-    """The tokenizer trained on the combined sample files, in block order, written atomically to OUT/tokenizer.json."""
+    """The tokenizer trained on the combined sample files, in block order, written atomically to OUT/tokenizer.json;
+    its sha256 recorded, so that a resume can tell the file is still what the tokens were made with."""
     plan, combined = shared
     sample = combined.read(0, SAMPLE_SCHEMA)
-    tokenizer = train_tokenizer(iter(sample.column("text").to_pylist()), plan.cfg.tokenizer)
-    atomic_write_bytes(plan.out / "tokenizer.json", tokenizer.to_str().encode(), durable=True)
-    return {"path": "tokenizer.json"}
+    text = train_tokenizer(iter(sample.column("text").to_pylist()), plan.cfg.tokenizer).to_str().encode()
+    atomic_write_bytes(plan.out / "tokenizer.json", text, durable=True)
+    return {"path": "tokenizer.json", "sha256": hashlib.sha256(text).hexdigest()}
 
 
 def _train_record(shared: tuple[Plan, Combined]) -> Location:
@@ -82,15 +84,29 @@ def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int
     combined = combine(run_tasks, plan.work / SAMPLE_DIR / "sample", names, 1, "tokenizer sample combine",
                        largest_bytes=max((p["bytes"] for p in parts), default=1), records=records)
     sample_bytes = sum(p["text_bytes"] for p in parts)  # (the texts, not their compressed files)
-    run_tasks(train_task, (plan, combined), [()], "tokenizer train", record=_train_record,
-              memory=task_memory(plan, "segment") + TRAIN_BYTES_PER_SAMPLE_BYTE * sample_bytes)
+    memory = task_memory(plan, "segment") + TRAIN_BYTES_PER_SAMPLE_BYTE * sample_bytes
+    (trained,) = run_tasks(train_task, (plan, combined), [()], "tokenizer train", record=_train_record, memory=memory)
     saved = plan.out / "tokenizer.json"
+    if _sha256(saved) != trained["sha256"]:  # cut, changed or deleted since: trained again from the sample in work/
+        _train_record((plan, combined)).unlink()
+        (again,) = run_tasks(train_task, (plan, combined), [()], "tokenizer train", record=_train_record, memory=memory)
+        if again["sha256"] != trained["sha256"]:  # never expected: training is deterministic
+            raise DamagedWorkFile(saved, "it is not the tokenizer the work was tokenized with, and training again "
+                                         "did not give that one back")
     if tcfg.train.save_dir:
         text = saved.read_text()
         target = Path(plan.cwd) / tcfg.train.save_dir / "tokenizer.json"
         if not target.exists() or target.read_text() != text:
             atomic_write_bytes(target, text.encode())
     return str(saved), "tokenizer.json"
+
+
+def _sha256(path: Location) -> str | None:
+    """The file's sha256, None when it is gone."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
 
 
 @functools.lru_cache(maxsize=1)
