@@ -196,7 +196,9 @@ def final_pool_count(result: dict[str, Any]) -> dict[str, Any]:
         logs = np.array([p["comparisons"][f"aa/{BASELINE}"]["log_flops_ratio"] for p in table.values()])
         deviations += list(logs - logs.mean())
         groups += 1
-    sd = float(math.sqrt(np.sum(np.square(deviations)) / max(len(deviations) - groups, 1)))
+    if len(deviations) - groups < 1:  # one pool a target: no spread yet
+        return {"aa_sd": None, "pools": None}
+    sd = float(math.sqrt(np.sum(np.square(deviations)) / (len(deviations) - groups)))
     return {"aa_sd": sd, "pools": min(max(pools_needed(sd), FIRST_POOLS), len(POOL_SEEDS))}
 
 
