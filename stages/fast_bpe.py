@@ -279,8 +279,10 @@ def _self_inconsistent(spec: dict[str, Any], tokens: list[str]) -> tuple[str, li
     return None
 
 
+@lru_cache(maxsize=2)
 def try_compile(tokenizer_json: str) -> tuple[CompiledBPE | None, str]:
-    """(compiled, "") or (None, the reason it is not provably equivalent)."""
+    """(compiled, "") or (None, the reason it is not provably equivalent). Kept for the last two texts: a run's
+    driver checks the tokenizer before any work and again when it hands the proof to the tokenize tasks."""
     try:
         return compile_bpe(tokenizer_json), ""
     except NotEquivalent as exc:

@@ -32,7 +32,7 @@ import pyarrow as pa
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from datapipe.core.config import ConfigError, check, note
-from stages.fast_bpe import FastEncoder, Mismatch, compare, reference_tokenizer, try_compile
+from stages.fast_bpe import CompiledBPE, FastEncoder, Mismatch, compare, reference_tokenizer, try_compile
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +148,14 @@ def describe(tokenizer_json: str, path: str, config: TokenizerConfig) -> Tokeniz
 TOKENS_COLUMNS = ("id", "domain", "tokens", "num_tokens")
 
 
-def choose_encoder(tokenizer_json: str, config: TokenizerConfig, where: str = "tokenizer.json") -> tuple[FastEncoder | None, str]:
+def choose_encoder(tokenizer_json: str, config: TokenizerConfig, where: str = "tokenizer.json",
+                   compiled: tuple[CompiledBPE | None, str] | None = None) -> tuple[FastEncoder | None, str]:
     """(the fast encoder or None, why). With `encoder: fast`, a tokenizer that is not provably
-    equivalent is a config error; the run can call this before any work starts."""
+    equivalent is a config error; the run can call this before any work starts. `compiled`: what
+    `try_compile(tokenizer_json)` answered, when the caller has it (the proof is a function of the text alone)."""
     if config.encoder == "tokenizers":
         return None, "tokenizer.encoder is 'tokenizers'"
-    compiled, why = try_compile(tokenizer_json)
+    compiled, why = compiled if compiled is not None else try_compile(tokenizer_json)
     if compiled is None:
         if config.encoder == "fast":
             raise ConfigError(
@@ -167,6 +169,7 @@ def choose_encoder(tokenizer_json: str, config: TokenizerConfig, where: str = "t
 class TokenizeStage:
     """Encodes a batch of documents into (id, domain, tokens, num_tokens). Holds a tokenizer, so the
     tokenize phase keeps one instance per worker process (`datapipe.curate.phases.tokenize._tokenize_stage`) rather than rebuilding it per batch.
+    `compiled` is `try_compile(tokenizer_json)`'s answer where the caller made it once for every worker.
 
     With the fast encoder, the first `config.verify_bytes` of text this instance sees are encoded by
     both encoders; a difference logs a warning naming the document and switches this instance to
@@ -175,7 +178,8 @@ class TokenizeStage:
 
     name = "tokenize"
 
-    def __init__(self, tokenizer_json: str, config: TokenizerConfig, where: str = "tokenizer.json") -> None:
+    def __init__(self, tokenizer_json: str, config: TokenizerConfig, where: str = "tokenizer.json",
+                 compiled: tuple[CompiledBPE | None, str] | None = None) -> None:
         # Special-token text inside documents stays text (like tiktoken's encode_ordinary).
         self.tokenizer = reference_tokenizer(tokenizer_json)
         self.config = config
@@ -185,7 +189,7 @@ class TokenizeStage:
         self._np_dtype = np.uint16 if self.dtype == pa.uint16() else np.uint32
         # encode_batch_fast skips offsets we never use (tokenizers >= 0.20)
         self._encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
-        self.fast, self.why = choose_encoder(tokenizer_json, config, where)
+        self.fast, self.why = choose_encoder(tokenizer_json, config, where, compiled)
         self.mismatch: Mismatch | None = None
         self._refused: str | None = None  # set once `encoder: fast` failed its sample check
         self._verify_left = config.verify_bytes if self.fast is not None else 0

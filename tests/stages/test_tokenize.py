@@ -120,6 +120,19 @@ def test_a_tokenizer_that_is_not_provably_equivalent_uses_tokenizers_or_is_refus
         TokenizeStage(tok, TokenizerConfig(encoder="fast"), where="t.json")
 
 
+def test_a_proof_made_once_is_used_as_made(ml_json):
+    """The tokenize phase proves the fast encoder once, in the driver, and hands the answer to every worker's stage:
+    the stage encodes by that answer (a refusal means tokenizers) with the same ids, and proves nothing itself."""
+    from stages.fast_bpe import try_compile
+
+    reference = TokenizeStage(ml_json, TokenizerConfig(encoder="tokenizers"))(batch(MIXED))
+    proven = TokenizeStage(ml_json, TokenizerConfig(), compiled=try_compile(ml_json))
+    assert proven.encoder == "fast" and proven(batch(MIXED)).equals(reference)
+    refused = TokenizeStage(ml_json, TokenizerConfig(), compiled=(None, "a reason the driver found"))
+    assert refused.encoder == "tokenizers" and refused.why.endswith("a reason the driver found")
+    assert refused(batch(MIXED)).equals(reference)
+
+
 class _Corrupt:
     """A fast encoder that gets one document wrong: what a regex-table difference would look like."""
 
