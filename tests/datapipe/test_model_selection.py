@@ -260,3 +260,12 @@ def test_datapipe_curate_with_a_fasttext_model_on_ray_keeps_by_the_model_s_own_s
         assert score == pytest.approx(float(probabilities[list(labels).index("__label__hq")]), abs=1e-6)
     ordered = scores.sort_values("score", ascending=False)
     assert ordered["kept"].to_numpy()[: int(ordered["kept"].sum())].all() and 0 < ordered["kept"].sum() < len(ordered)
+
+
+def test_a_fasttext_model_that_is_not_a_local_file_is_refused_at_planning(tmp_path: Path) -> None:
+    """fastText reads local files: an object-store URL or a missing file is named before any work."""
+    for model in ("s3://bucket/model.bin", str(tmp_path / "missing.bin")):
+        cfg = _config(tmp_path / "out", target=None, method="fasttext", model=model)
+        with pytest.raises(ConfigError, match=rf"selection.model: '{model}' .*is not a file on this machine"):
+            _run(cfg)
+        assert not (tmp_path / "out" / "run.json").exists()

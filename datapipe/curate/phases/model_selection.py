@@ -100,8 +100,9 @@ def check_selection_files(cfg: SelectionConfig) -> None:
 
 def fasttext_scorer(cfg: SelectionConfig) -> FastTextScorer:
     """`selection.model`'s fastText classifier, checked (it loads, it has the label), or a ConfigError naming it."""
-    scorer = FastTextScorer(os.path.abspath(cfg.model), cfg.fasttext_label)  # workers may run elsewhere than here
-    try:
+    local = "://" not in cfg.model or cfg.model.startswith("file://")
+    scorer = FastTextScorer(os.path.abspath(cfg.model.removeprefix("file://")) if local else cfg.model, cfg.fasttext_label)
+    try:  # the absolute path: workers may run in another folder
         scorer.check()
     except ValueError as exc:
         raise ConfigError(f"selection.model: {cfg.model!r} is not a fastText classifier datapipe can use: {exc}; give "
