@@ -9,7 +9,6 @@ builds the tokenizer once (`_tokenize_stage`).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 from pathlib import Path
@@ -28,6 +27,7 @@ from datapipe.curate.blocks import block_documents
 from datapipe.curate.counters import Counters
 from datapipe.curate.phase import Phase
 from datapipe.curate.plan import WORK_COMPRESSION, Plan, block_name, task_memory
+from stages.fast_bpe import CompiledBPE, try_compile
 from stages.tokenize import TokenizeStage, TokenizerConfig, train_tokenizer
 
 
@@ -109,28 +109,42 @@ def _sha256(path: Location) -> str | None:
         return None
 
 
-@functools.lru_cache(maxsize=1)
-def _tokenize_stage(tokenizer_text: str, cfg: TokenizerConfig, tokenizer_path: str) -> TokenizeStage:
+_STAGE: dict[tuple[str, TokenizerConfig, str], TokenizeStage] = {}  # this worker process's one tokenizer
+
+
+def _tokenize_stage(tokenizer_text: str, cfg: TokenizerConfig, tokenizer_path: str,
+                    compiled: tuple[CompiledBPE | None, str] | None) -> TokenizeStage:
     """One tokenizer per worker process, built by its first tokenize task and reused by the next ones (Ray
     reuses a worker for the tasks of a phase: no actor processes to start, each of which would build it again)."""
-    return TokenizeStage(tokenizer_text, cfg, tokenizer_path)
+    key = (tokenizer_text, cfg, tokenizer_path)
+    if key not in _STAGE:
+        _STAGE.clear()
+        _STAGE[key] = TokenizeStage(tokenizer_text, cfg, tokenizer_path, compiled)
+    return _STAGE[key]
+
+
+# (plan, the tokenizer's path, its text, `try_compile`'s answer for that text or None under encoder: tokenizers)
+TokenizeShared = tuple[Plan, str, str, "tuple[CompiledBPE | None, str] | None"]
 
 
 def tokenize_phase(plan: Plan, blocks: list[tuple[int, int]], tokenizer_path: str) -> Phase:
-    # the tokenizer's text travels with the phase (read once here), not read by every task (two requests a block)
-    shared = (plan, tokenizer_path, location(tokenizer_path).read_text())
+    # the tokenizer's text travels with the phase (read once here), not read by every task (two requests a block),
+    # and so does the fast encoder's proof, a function of that text alone: made once here, not in every worker
+    text = location(tokenizer_path).read_text()
+    compiled = try_compile(text) if plan.cfg.tokenizer.encoder != "tokenizers" else None
+    shared: TokenizeShared = (plan, tokenizer_path, text, compiled)
     return Phase("tokenize", "tokenize", tokenize_task, shared, blocks, tokenize_record_at, task_memory(plan, "tokenize"))
 
 
-def tokenize_record_at(shared: tuple[Plan, str, str], unit_index: int, block: int) -> Location:
+def tokenize_record_at(shared: TokenizeShared, unit_index: int, block: int) -> Location:
     return shared[0].work / "tokens" / f"{block_name(unit_index, block)}.json"
 
 
-def tokenize_task(shared: tuple[Plan, str, str], unit_index: int, block: int) -> dict[str, Any]:
+def tokenize_task(shared: TokenizeShared, unit_index: int, block: int) -> dict[str, Any]:
     """Encode one block's kept documents into its token file (and its lengths file, for shard planning)."""
-    plan, tokenizer_path, tokenizer_text = shared
+    plan, tokenizer_path, tokenizer_text, compiled = shared
     name = block_name(unit_index, block)
-    stage = _tokenize_stage(tokenizer_text, plan.cfg.tokenizer, tokenizer_path)
+    stage = _tokenize_stage(tokenizer_text, plan.cfg.tokenizer, tokenizer_path, compiled)
     table = block_documents(plan.work, plan.segments[-1].name, name)
     batches = [
         stage(b).append_column("lang", b.column("lang"))
