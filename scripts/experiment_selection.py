@@ -50,7 +50,10 @@ in BENCHMARKS.md. Everything below was fixed, and committed with `scripts/analyz
   five times the first experiment, past the stage where the model learns token frequencies: the analysis reports
   each pool's random-arm loss against the target eval set's unigram cross-entropy under random's token counts, and
   flags pools where the target loss is not below it), evaluated on the target's eval set every EVAL_EVERY steps.
-  Every arm holds at least KEEP_TOKENS >= STEPS x BATCH x SEQ tokens (the cut is filled), so none repeats its data.
+  Selection's cut is filled, so its arms hold at least KEEP_TOKENS; the diversity stage's cut stops before each
+  cluster's crossing document and the mixture stage samples by hash, so those arms can fall a little short or over:
+  KEEP_TOKENS is 14% over STEPS x BATCH x SEQ so that none repeats its data, and the analysis reports every arm's
+  kept tokens and epochs.
 - **Endpoint and statistic**: `scripts/analyze_selection.py` (target loss, comparisons, floors, censoring, decision).
 
 Rerunning the command skips finished curation and cells.
@@ -86,7 +89,7 @@ SPLIT_SEED = 2027  # the id hashes that choose the held-out sets and split them 
 FIRST_POOLS = 16
 POOL_SEEDS = list(range(201, 246))  # 45 fresh seeds; stage 1 runs the first FIRST_POOLS
 POOL_DOCS = 5000
-KEEP_TOKENS = 2_600_000
+KEEP_TOKENS = 2_800_000  # 14% over what training reads: the margin covers the diversity arm (see Training)
 JUNK_DOCS = 400
 MIXTURE_TARGET_SHARE = 0.5
 STEPS, BATCH, SEQ, EVAL_EVERY = 600, 16, 256, 25
