@@ -304,18 +304,20 @@ def expand_batch(input_ids: np.ndarray, seg_doc: np.ndarray, seg_len: np.ndarray
     [cu_seqlens[i], cu_seqlens[i + 1])): the attention segments, distinct even where two copies of
     one document sit side by side with equal `doc_ids`."""
     shape = input_ids.shape
-    ids = input_ids.reshape(-1).astype(np.int64)
+    ids = input_ids.reshape(-1).astype(np.int64, copy=False)  # the loader's own int64 batch is not copied again
     cu = np.zeros(len(seg_len) + 1, dtype=np.int64)
     np.cumsum(seg_len, out=cu[1:])
     if cu[-1] != ids.size:
         raise ValueError(f"seg_len must sum to input_ids.size={ids.size}, got {int(cu[-1])!r}")
     doc_ids = np.repeat(seg_doc, seg_len)
     segment_ids = np.repeat(np.arange(len(seg_len), dtype=np.int64), seg_len)
-    position_ids = np.arange(ids.size, dtype=np.int64) - np.repeat(cu[:-1], seg_len)
+    position_ids = np.arange(ids.size, dtype=np.int64)
+    position_ids -= np.repeat(cu[:-1], seg_len)
     labels = np.empty_like(ids)
     labels[:-1] = ids[1:]  # within a segment, each token predicts the next ...
     labels[cu[1:] - 1] = seg_last_label  # ... but a segment's last token predicts nothing outside it
-    labels[doc_ids < 0] = IGNORE_INDEX
+    for s in np.flatnonzero(seg_doc < 0).tolist():  # padding (a row's end): its segments, not a mask of every token
+        labels[cu[s]:cu[s + 1]] = IGNORE_INDEX
     return {"input_ids": ids.reshape(shape), "labels": labels.reshape(shape), "position_ids": position_ids.reshape(shape),
             "doc_ids": doc_ids.reshape(shape), "segment_ids": segment_ids.reshape(shape), "cu_seqlens": cu.astype(np.int32)}
 
