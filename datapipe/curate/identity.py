@@ -17,9 +17,9 @@ import json
 from typing import Any
 
 from datapipe.core.config import ConfigError
-from datapipe.core.shards import atomic_write_json
+from datapipe.core.shards import atomic_write_bytes, atomic_write_json
 from datapipe.core.storage import is_url, remove_tree
-from datapipe.core.workfiles import read_record, write_record
+from datapipe.core.workfiles import DamagedWorkFile, checked, read_work_bytes
 from datapipe.curate.config import SelectionConfig, config_hash, diff_configs, layout_conflict, result_affecting, work_layout
 from datapipe.curate.plan import Plan
 from datapipe.curate.readers import file_fingerprint, input_fingerprints, plan_units
@@ -100,7 +100,7 @@ def check_output(plan: Plan, tokenizer_text: str | None = None) -> dict[str, Any
     if old is None:  # a new run: work/ without an identity (none ever written, or gone) cannot be trusted
         remove_tree(plan.work)
         atomic_write_json(out / RUN_RECORD, record, durable=True)
-        write_record(plan.work / RUN_RECORD, record)
+        _write_copy(plan, record)
         return None
     if (conflict := _identity_conflict(plan, old, record)) is not None:
         raise RunConflict(conflict)
@@ -109,12 +109,25 @@ def check_output(plan: Plan, tokenizer_text: str | None = None) -> dict[str, Any
         return json.loads(manifest.read_text())
     if (conflict := layout_conflict(plan.out_dir, old.get("work_layout", {}), record["work_layout"])) is not None:
         raise RunConflict(conflict)
-    if read_record(plan.work / RUN_RECORD) is None:  # killed between run.json and its copy
-        write_record(plan.work / RUN_RECORD, old)
+    if _read_copy(plan) is None:  # killed between run.json and its copy
+        _write_copy(plan, old)
     return None
 
 
 _IDENTITY_KEYS = ("config", "config_hash", "units")
+
+
+def _write_copy(plan: Plan, record: dict[str, Any]) -> None:
+    """run.json's checked copy in work/ (a work file: its length and digest in its trailer)."""
+    atomic_write_bytes(plan.work / RUN_RECORD, checked(json.dumps(record, sort_keys=True).encode()))
+
+
+def _read_copy(plan: Plan) -> dict[str, Any] | None:
+    """run.json's copy in work/, None when it is gone or damaged."""
+    try:
+        return json.loads(read_work_bytes(plan.work / RUN_RECORD).to_pybytes())
+    except (DamagedWorkFile, ValueError):
+        return None
 
 
 def _recorded_identity(plan: Plan) -> dict[str, Any] | None:
@@ -122,7 +135,7 @@ def _recorded_identity(plan: Plan) -> dict[str, Any] | None:
     when it is damaged or gone), None when it holds no run's files; a RunConflict saying how to recover when the
     folder holds a run's files but no identity that can be read."""
     out = plan.out
-    copy = read_record(plan.work / RUN_RECORD)
+    copy = _read_copy(plan)
     try:
         found = json.loads((out / RUN_RECORD).read_bytes())
         problem = None if isinstance(found, dict) and all(k in found for k in _IDENTITY_KEYS) else "not a run's record"
