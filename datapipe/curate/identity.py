@@ -106,12 +106,27 @@ def check_output(plan: Plan, tokenizer_text: str | None = None) -> dict[str, Any
         raise RunConflict(conflict)
     manifest = out / "manifest.json"
     if manifest.exists():
-        return json.loads(manifest.read_text())
+        return _finished_manifest(plan)
     if (conflict := layout_conflict(plan.out_dir, old.get("work_layout", {}), record["work_layout"])) is not None:
         raise RunConflict(conflict)
     if _read_copy(plan) is None:  # killed between run.json and its copy
         _write_copy(plan, old)
     return None
+
+
+def _finished_manifest(plan: Plan) -> dict[str, Any]:
+    """A finished run's manifest, its stats.json read too (a rerun reports both): a paragraph saying how to recover
+    when either is damaged or gone, rather than json's traceback."""
+    read = {}
+    for name in ("manifest.json", "stats.json"):
+        try:
+            read[name] = json.loads((plan.out / name).read_bytes())
+        except (OSError, ValueError) as exc:
+            raise RunConflict(
+                f"output folder {plan.out_dir} holds a finished run whose {name} is damaged or gone "
+                f"({type(exc).__name__}: {exc}). To recover, delete {plan.out_dir}/manifest.json and run the same "
+                "command again: the run redoes its work from the inputs and writes the same output.") from None
+    return read["manifest.json"]
 
 
 _IDENTITY_KEYS = ("config", "config_hash", "units")

@@ -294,3 +294,18 @@ def test_a_finished_folder_without_a_sound_run_json_says_how_to_recover(killed, 
     shutil.rmtree(out)
     killed.resume_on_ray(out)
     assert _checksums(out) == _checksums(killed.ref)
+
+
+def test_a_finished_folder_with_a_damaged_manifest_or_stats_says_how_to_recover(killed, tmp_path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(killed.ref, out)
+    for name, how in (("stats.json", "deleted"), ("manifest.json", "cut")):
+        _damage(out / name, how)
+        with pytest.raises(ConfigError) as info:  # was json's traceback, or "No such file" from the rerun's report
+            _run(_config(out, killed.inputs), LocalExecutor())
+        message = str(info.value)
+        assert f"finished run whose {name} is damaged or gone" in message and "Traceback" not in message
+        assert f"delete {out}/manifest.json and run the same command again" in message
+    (out / "manifest.json").unlink()  # the recovery it names
+    _run(_config(out, killed.inputs), LocalExecutor())
+    assert _checksums(out) == _checksums(killed.ref)
