@@ -206,8 +206,12 @@ class ShardData:
 
     def __init__(self, table: Any) -> None:
         self.table = table
-        tokens = table.column("tokens").combine_chunks()
-        self.offsets = tokens.offsets.to_numpy().astype(np.int64)
+        column = table.column("tokens")
+        tokens = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # one chunk: no copy
+        # the offsets straight from their buffer (pyarrow's `.offsets` builds an array first)
+        offset_type = np.int64 if pa.types.is_large_list(tokens.type) else np.int32
+        offsets = np.frombuffer(tokens.buffers()[1], dtype=offset_type)[tokens.offset:tokens.offset + len(tokens) + 1]
+        self.offsets = offsets.astype(np.int64)
         self.values = tokens.values.to_numpy(zero_copy_only=False)
         self.lengths = table.column("num_tokens").to_numpy()
         self.domain_rows: dict[str, np.ndarray] = {}
