@@ -216,7 +216,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from datapipe.train.config import check_sources, load_train_config
     from datapipe.train.loop import resumed_config, train
 
-    from datapipe.curate.preferences import default_preference_set
+    from datapipe.curation.preferences import default_preference_set
 
     cfg = load_train_config(args.config, args.overrides, data=args.data, output=args.output)
     if args.resume:  # the run's own settings; what this command line sets again must agree with them
@@ -243,7 +243,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def cmd_curate_preferences(args: argparse.Namespace) -> int:
     from datapipe.core.config import load
-    from datapipe.curate.preferences import PreferenceConfig, curate_preferences
+    from datapipe.curation.preferences import PreferenceConfig, curate_preferences
 
     cfg = load(PreferenceConfig, args.config, args.overrides, {"inputs": args.input, "output": args.output})
     m = curate_preferences(cfg)
@@ -259,8 +259,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_curate(args: argparse.Namespace) -> int:
-    from datapipe.curate.config import load_config
-    from datapipe.curate.run import curate
+    from datapipe.curation.config import load_config
+    from datapipe import curate
 
     cfg = load_config(args.config, args.overrides, inputs=args.input, output=args.output, ray_address=args.ray_address)
     _report(curate(cfg, executor=_executor(args), progress=not args.no_progress, verbose=args.verbose))
@@ -271,7 +271,7 @@ def _executor(args: argparse.Namespace):
     """None lets the run start Ray from the config; 'local' runs in this process."""
     if args.executor != "local":
         return None
-    from datapipe.curate.executors import make_executor
+    from datapipe.curation.executors import make_executor
 
     return make_executor("local", None, num_cpus=None, max_retries=0, progress=args.verbose and not args.no_progress)
 
@@ -286,10 +286,10 @@ def _report(result) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from datapipe.curate import embedded
-    from datapipe.curate.config import load_config
+    from datapipe.curation import embedded
+    from datapipe.curation.config import load_config
 
-    recipe = Path(__file__).parent / "curate" / "recipes" / "embedded.yaml"
+    recipe = Path(__file__).parent / "curation" / "recipes" / "embedded.yaml"
 
     def run_config(paths: dict[str, Path]):
         inputs_override = f"inputs=[{', '.join(_input_yaml(d, p) for d, p in paths.items())}]"
@@ -304,7 +304,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "which must be a local folder; give a local --output, or --train-steps 0 to only curate")
     run_config({"code": Path("code.jsonl")})  # --set checked before the corpus is built (minutes, the first time)
     cfg = run_config(embedded.prepare(args.man_pages))
-    from datapipe.curate.run import curate
+    from datapipe import curate
 
     result = curate(cfg, executor=_executor(args), progress=not args.no_progress, verbose=args.verbose)
     if args.train_steps <= 0:
@@ -347,7 +347,7 @@ def _input_yaml(domain: str, path: Path) -> str:
 
 
 def _curate_root() -> type:
-    from datapipe.curate.config import CurateConfig
+    from datapipe.curation.config import CurateConfig
 
     return CurateConfig
 
@@ -359,7 +359,7 @@ def _train_root() -> type:
 
 
 def _preferences_root() -> type:
-    from datapipe.curate.preferences import PreferenceConfig
+    from datapipe.curation.preferences import PreferenceConfig
 
     return PreferenceConfig
 

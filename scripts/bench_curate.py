@@ -36,10 +36,10 @@ import pyarrow as pa
 
 from scripts.corpus import curate_in_fresh_process, load_docs, run_measured
 
-from datapipe.curate.config import CurateConfig
+from datapipe.curation.config import CurateConfig
 from datapipe.core.config import from_dict
 from datapipe.core.schema import DOC_SCHEMA
-from datapipe.curate.blocks import block_documents
+from datapipe.curation.blocks import block_documents
 from stages.base import FilterStage
 from stages.exact_dedup import ExactDedupConfig, ExactDedupStage
 from stages.normalize import NormalizeConfig, NormalizeStage

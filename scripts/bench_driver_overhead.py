@@ -30,9 +30,9 @@ from typing import Any
 
 
 from datapipe.core.config import from_dict
-from datapipe.curate.config import CurateConfig
-from datapipe.curate.executors import RayExecutor
-from datapipe.curate.run import curate
+from datapipe.curation.config import CurateConfig
+from datapipe.curation.executors import RayExecutor
+from datapipe import curate
 from scripts.bench_driver_memory import TreeSampler, write_corpus
 
 

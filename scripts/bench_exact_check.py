@@ -42,7 +42,7 @@ _TASK = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np
-from datapipe.curate.phases.near_dedup import KeySource, text_shingle_sets
+from datapipe.curation.phases.near_dedup import KeySource, text_shingle_sets
 from stages.minhash import MinHashConfig
 work, senders, orders, at, nbytes = sys.argv[2], json.loads(sys.argv[3]), *(np.array(json.loads(a), np.int64) for a in sys.argv[4:7])
 source = KeySource(work, work, tuple(senders), run="bench")

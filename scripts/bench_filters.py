@@ -35,7 +35,7 @@ import numba  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import yaml  # noqa: E402
 
-from datapipe.curate.config import ReadConfig  # noqa: E402
+from datapipe.curation.config import ReadConfig  # noqa: E402
 from datapipe.testing.quality_reference import REFERENCE_FILTERS  # noqa: E402
 from stages.base import DocumentFilter, first_failures  # noqa: E402
 from stages.quality import build_filters  # noqa: E402

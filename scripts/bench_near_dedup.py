@@ -83,16 +83,16 @@ try:  # work tables carry a check trailer since the work files are verified on r
     from datapipe.core.workfiles import read_work_table as read_table, write_work_table as atomic_write_table
 except ImportError:  # an older checkout (the baseline of a side-by-side run)
     pass
-from datapipe.curate.executors import LocalExecutor
+from datapipe.curation.executors import LocalExecutor
 from stages.minhash import MinHashConfig, MinHashStage
 try:  # a read block keeps each text as its own frame, read by range in the exact check
-    from datapipe.curate.blocks import block_documents, write_read_block
+    from datapipe.curation.blocks import block_documents, write_read_block
 except ImportError:  # an older checkout (the baseline of a side-by-side run)
     write_read_block = None
 try:
-    import datapipe.curate.phases.near_dedup as nd
+    import datapipe.curation.phases.near_dedup as nd
 except ImportError:  # an older checkout (the baseline of a side-by-side run)
-    import datapipe.curate.near_dedup as nd
+    import datapipe.curation.near_dedup as nd
 docs = [orjson.loads(line) for line in open(sys.argv[2], "rb")]
 work, config = Path(sys.argv[3]), from_dict(MinHashConfig, json.loads(sys.argv[4]))
 table = pa.table({"id": [d["id"] for d in docs], "domain": [d["domain"] for d in docs],

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from datapipe.train.model import GPT, ModelConfig
-from datapipe.curate.preferences import passage_pairs
+from datapipe.curation.preferences import passage_pairs
 from datapipe.loader.preference_packing import packed_batches
 from datapipe.train.dpo import dpo_loss, response_logps
 

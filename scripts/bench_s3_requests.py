@@ -207,7 +207,7 @@ def _layout(count: Count, corpus: dict[str, Any], stats: dict[str, Any] | None, 
         "workers": workers,
     }
     try:
-        from datapipe.curate.config import auto_block_bytes, auto_partitions
+        from datapipe.curation.config import auto_block_bytes, auto_partitions
         text, budget = corpus["bytes"], 4 * 2**30
         modelled = {"blocks": -(-text // auto_block_bytes(text)), "block_bytes": int(auto_block_bytes(text)),
                     "partitions_exact": int(auto_partitions(text, "exact", budget)),
@@ -281,7 +281,7 @@ def _free_port() -> int:
 # are decided in the driver (`resolve_groups`) and carried to the tasks, so the driver's module is enough.
 _WITH_GROUP_DOCS = """
 import sys
-import datapipe.curate.phases.near_dedup as near_dedup
+import datapipe.curation.phases.near_dedup as near_dedup
 near_dedup.GROUP_DOCS = int(sys.argv[1])
 from datapipe.cli import main
 sys.argv = ["datapipe", "curate", sys.argv[2], "--no-progress"]

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from datapipe.curate import executors
-from datapipe.curate.config import load_config
-from datapipe.curate.run import curate
+from datapipe.curation import executors
+from datapipe.curation.config import load_config
+from datapipe import curate
 
 REPO = Path(__file__).parents[1]
 

@@ -12,7 +12,7 @@ In one run, on the same documents and the same tokenizer:
   documents, started together): `tokenizers` `encode_batch`, `encode_batch_fast` (what the
   `tokenizers` path of datapipe calls), and the fast encoder alone; ids of every document are
   compared between `encode_batch` and the fast encoder;
-- datapipe's whole tokenize-and-write stage: `datapipe.curate.run.curate` on an embedded Ray with N CPUs,
+- datapipe's whole tokenize-and-write stage: `datapipe.curation.run.curate` on an embedded Ray with N CPUs,
   filters off, exact dedup on, `tokenizer.encoder` 'tokenizers' and 'auto' (the default: the fast encoder); the
   `tokenize` + `shards` phase seconds, the tokenize phase's ratio (tokenizers over auto), and whether every run
   wrote shards with the same checksums;

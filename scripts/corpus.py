@@ -30,8 +30,8 @@ def load_docs(corpus: str | Path = DEFAULT, limit: int | None = None) -> list[di
 
 
 _CURATE = (
-    "import json,sys,time; from datapipe.curate.config import CurateConfig; from datapipe.core.config import from_dict;"
-    "from datapipe.curate.run import curate; import datapipe.curate.executors as ex;"
+    "import json,sys,time; from datapipe.curation.config import CurateConfig; from datapipe.core.config import from_dict;"
+    "from datapipe import curate; import datapipe.curation.executors as ex;"
     "cfg=from_dict(CurateConfig, json.loads(sys.argv[1])); e=ex.RayExecutor(num_cpus=cfg.ray.num_cpus, progress=False);"
     "t=time.perf_counter(); r=curate(cfg, executor=e, progress=False, log=lambda _: None); dt=time.perf_counter()-t;"
     "print(json.dumps({'seconds': dt, 'docs': r.manifest['total_docs'], 'tokens': r.manifest['total_tokens'],"
@@ -41,7 +41,7 @@ _CURATE = (
 
 
 def curate_in_fresh_process(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """Run `datapipe.curate.run.curate` on plain config data in a new Python process, so Ray starts with
+    """Run `datapipe.curation.run.curate` on plain config data in a new Python process, so Ray starts with
     exactly `ray.num_cpus` CPUs and timings share no caches. Returns (summary, the run's stderr)."""
     proc = subprocess.run([sys.executable, "-c", _CURATE, json.dumps(cfg)], capture_output=True, text=True)
     if proc.returncode != 0:

@@ -44,12 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from datapipe.core.shuffle import Combined, average_sender_bytes, combine_layout
-from datapipe.curate.blocks import FRAME_GAP, RANGE_WASTE
+from datapipe.curation.blocks import FRAME_GAP, RANGE_WASTE
 from datapipe.core.storage import PREFIXES
-from datapipe.curate.config import auto_block_bytes, auto_partitions
-from datapipe.curate.exchange import LOSER_BYTES
-from datapipe.curate.phases.eval_split import CANDIDATE_BYTES, CHOOSE_TASKS as EVAL_CHOOSE_TASKS
-from datapipe.curate.phases.near_dedup import GROUP_DOCS, SMALL_EXCHANGE, key_bytes
+from datapipe.curation.config import auto_block_bytes, auto_partitions
+from datapipe.curation.exchange import LOSER_BYTES
+from datapipe.curation.phases.eval_split import CANDIDATE_BYTES, CHOOSE_TASKS as EVAL_CHOOSE_TASKS
+from datapipe.curation.phases.near_dedup import GROUP_DOCS, SMALL_EXCHANGE, key_bytes
 from stages.exact_dedup import KEY_BYTES
 from stages.minhash import MinHashConfig
 

@@ -65,7 +65,7 @@ def _read_blocks(table: Any, rounds: int) -> dict[str, float]:
     import numpy as np
     import pyarrow.compute as pc
 
-    from datapipe.curate.blocks import READ, block_documents, write_read_block
+    from datapipe.curation.blocks import READ, block_documents, write_read_block
 
     sizes = pc.binary_length(table.column("text")).to_numpy()
     cuts = np.unique(np.r_[np.searchsorted(np.cumsum(sizes), np.arange(8 << 20, int(sizes.sum()) + (8 << 20), 8 << 20),

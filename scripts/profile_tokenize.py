@@ -43,10 +43,10 @@ from typing import Any  # noqa: E402
 import orjson  # noqa: E402
 
 from datapipe.core.config import from_dict  # noqa: E402
-from datapipe.curate.config import CurateConfig  # noqa: E402
-from datapipe.curate.executors import LocalExecutor  # noqa: E402
-from datapipe.curate.phases import tokenize as tokenize_phase  # noqa: E402
-from datapipe.curate.run import curate  # noqa: E402
+from datapipe.curation.config import CurateConfig  # noqa: E402
+from datapipe.curation.executors import LocalExecutor  # noqa: E402
+from datapipe.curation.phases import tokenize as tokenize_phase  # noqa: E402
+from datapipe import curate  # noqa: E402
 from scripts.bench_tokenize import train  # noqa: E402
 from scripts.corpus import load_docs  # noqa: E402
 
@@ -54,8 +54,8 @@ from scripts.corpus import load_docs  # noqa: E402
 PARTS = {
     "build_encoder": ("stages/tokenize.py", "__init__"),
     "prove_fast_encoder": ("stages/fast_bpe.py", "compile_bpe"),
-    "read_block": ("datapipe/curate/blocks.py", "_read_block"),
-    "view": ("datapipe/curate/blocks.py", "block_documents"),
+    "read_block": ("datapipe/curation/blocks.py", "_read_block"),
+    "view": ("datapipe/curation/blocks.py", "block_documents"),
     "to_pylist": (None, "'to_pylist'"),
     "verify": ("stages/tokenize.py", "_verify"),
     "encode_fast": ("stages/fast_bpe.py", "encode_batch"),
@@ -66,15 +66,15 @@ PARTS = {
 
 
 def _phase_builder() -> Any:
-    """The module whose `tokenize_phase` the run calls (datapipe.curate.steps; datapipe.curate.run before it)."""
-    for name in ("datapipe.curate.steps", "datapipe.curate.run"):
+    """The module whose `tokenize_phase` the run calls (datapipe.curation.steps; datapipe.curation.run before it)."""
+    for name in ("datapipe.curation.steps", "datapipe.curation.run"):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError:
             continue
         if hasattr(module, "tokenize_phase"):
             return module
-    raise SystemExit("no module of datapipe.curate builds the tokenize phase")
+    raise SystemExit("no module of datapipe.curation builds the tokenize phase")
 
 
 def profile_run(jsonl: Path, out: Path, tokenizer: Path, encoder: str) -> dict[str, Any]:

@@ -40,7 +40,7 @@ def slice_input() -> dict[str, Any]:
 
 
 # The settings that point s3fs (botocore) at the local S3 server of `s3_server`; Ray tasks get them from
-# the driver's environment (datapipe.curate.executors.worker_env).
+# the driver's environment (datapipe.curation.executors.worker_env).
 S3_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
 
 

@@ -18,7 +18,7 @@ import torch
 import zstandard
 
 from datapipe.core.config import from_dict
-from datapipe.curate.config import CurateConfig
+from datapipe.curation.config import CurateConfig
 from datapipe.loader.packing import block_causal_mask
 from datapipe.testing.shards import write_fake_shards
 from datapipe.train.config import TrainConfig, load_train_config
@@ -265,8 +265,8 @@ def run_tasks_in_process():
     drive a multi-step phase (near copies, diversity cuts) without a whole run."""
     import time
 
-    from datapipe.curate.executors import LocalExecutor
-    from datapipe.curate.run_loop import Run
+    from datapipe.curation.executors import LocalExecutor
+    from datapipe.curation.run_loop import Run
 
     return Run(LocalExecutor(), progress=False, resumed=False, started=time.perf_counter()).tasks("test")
 

@@ -65,5 +65,5 @@ def test_no_record_is_checked_outside_the_run_loop():
     record; a phase that needs a choice kept across resumes makes it a recorded task."""
     found = [(str(path), node.lineno) for path, node in _nodes()  # a call or a reference (a partial)
              if getattr(node, "id", getattr(node, "attr", None)) in ("read_record", "write_record", "recorded_task")]
-    allowed = {"datapipe/curate/phase.py", "datapipe/curate/run_loop.py"}
+    allowed = {"datapipe/curation/phase.py", "datapipe/curation/run_loop.py"}
     assert found and not [f for f in found if f[0] not in allowed], found

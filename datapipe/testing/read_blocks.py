@@ -1,4 +1,4 @@
-"""Read blocks of given texts (`datapipe.curate.blocks`), for tests and benchmarks of the reads by range."""
+"""Read blocks of given texts (`datapipe.curation.blocks`), for tests and benchmarks of the reads by range."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from datapipe.core.schema import DOC_SCHEMA
 from datapipe.core.storage import Location
-from datapipe.curate.blocks import READ, block_documents, write_read_block
+from datapipe.curation.blocks import READ, block_documents, write_read_block
 
 
 def write_read_blocks(work: Location, texts_by_block: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:

@@ -369,7 +369,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, default_preferences: Callab
     """Train `cfg.model` with `cfg.train.objective` for `cfg.train.steps` steps; returns a summary (rank 0's view).
 
     `default_preferences(out, n, log)` builds a preference folder when a DPO run has no data.source (the CLI passes
-    `datapipe.curate.preferences.default_preference_set`; the training wing does not import curation). `say`: where
+    `datapipe.curation.preferences.default_preference_set`; the training wing does not import curation). `say`: where
     rank 0's lines go (the set-up, every log step, the last line); None: nowhere. `datapipe train` prints them; a
     command that trains runs of its own (`datapipe score`, `datapipe experiment`) passes None unless --verbose. The
     files (metrics.jsonl, checkpoints, config.yaml) are the same either way."""

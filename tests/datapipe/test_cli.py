@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from datapipe.curate import embedded
+from datapipe.curation import embedded
 from datapipe.cli import main
 from datapipe.core.shards import read_manifest
 
@@ -91,7 +91,7 @@ TOKENIZER = str(REPO / "tokenizers" / "quickstart" / "tokenizer.json")
 
 def _mistake_fixtures(tmp: Path) -> dict[str, str]:
     """Small files and folders for every kind of mistake: no curation or training runs."""
-    from datapipe.curate.preferences import write_preference_shards
+    from datapipe.curation.preferences import write_preference_shards
     from datapipe.testing.shards import write_fake_shards
 
     docs = [[{"id": f"d{s}-{i}", "domain": "web", "tokens": [1, 2, 3, 4, 0]} for i in range(4)] for s in range(2)]
@@ -328,7 +328,7 @@ def test_help_docstring_docs_and_config_reference_agree_on_commands_and_sections
 def test_notes_say_what_the_code_does():
     """Notes that once disagreed with the code: the eval default, folder formats, the fast encoder's speed."""
     from datapipe.core.config import help_lines
-    from datapipe.curate.config import CurateConfig
+    from datapipe.curation.config import CurateConfig
     from datapipe.train.config import TrainConfig
 
     train = "\n".join(help_lines(TrainConfig))

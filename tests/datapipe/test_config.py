@@ -6,9 +6,9 @@ from typing import ClassVar
 
 import pytest
 
-from datapipe.curate.config import INPUT_FLAG_OWN, CurateConfig, InputConfig, config_hash, diff_configs, load_config, result_affecting
-from datapipe.curate.preferences import PreferenceConfig
-from datapipe.curate.readers import plan_units, read_unit
+from datapipe.curation.config import INPUT_FLAG_OWN, CurateConfig, InputConfig, config_hash, diff_configs, load_config, result_affecting
+from datapipe.curation.preferences import PreferenceConfig
+from datapipe.curation.readers import plan_units, read_unit
 from datapipe.core.config import ConfigError, from_dict, help_lines, load, note
 from datapipe.train.config import TrainConfig, load_train_config
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from datapipe.curate import embedded
+from datapipe.curation import embedded
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,13 +21,13 @@ from tokenizers import Tokenizer
 
 from helpers import ASSETS, run_tasks_in_process, small_config
 from datapipe.core.shards import open_shard, read_manifest, split_source
-from datapipe.curate.phases import eval_split, near_dedup
-from datapipe.curate import steps as run_module  # the run's steps: the tasks each phase launches
-from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.run import curate
+from datapipe.curation.phases import eval_split, near_dedup
+from datapipe.curation import steps as run_module  # the run's steps: the tasks each phase launches
+from datapipe.curation.executors import LocalExecutor
+from datapipe import curate
 from datapipe.inspect import stats
 from datapipe.testing.synthetic import exact_jaccard, mutate
-from datapipe.curate.phases.near_dedup import Groups, KeySource
+from datapipe.curation.phases.near_dedup import Groups, KeySource
 from stages.minhash import MinHashConfig, bucket_pairs, decide_pairs
 
 FRACTION = 0.3

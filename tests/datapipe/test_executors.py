@@ -10,9 +10,9 @@ import time
 import pytest
 
 from helpers import ASSETS
-from datapipe.curate import executors
-from datapipe.curate.executors import _embedded, _progress, _ray_executor
-from datapipe.curate.executors import LocalExecutor, PhaseStalled, RayExecutor
+from datapipe.curation import executors
+from datapipe.curation.executors import _embedded, _progress, _ray_executor
+from datapipe.curation.executors import LocalExecutor, PhaseStalled, RayExecutor
 
 
 def _double(_, x):

@@ -16,8 +16,8 @@ import xxhash
 from helpers import small_config
 from datapipe.core.shards import read_manifest
 from datapipe.core.workfiles import write_work_table
-from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.run import curate
+from datapipe.curation.executors import LocalExecutor
+from datapipe import curate
 from datapipe.core.shuffle import read_shuffle
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 

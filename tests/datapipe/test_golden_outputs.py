@@ -10,9 +10,9 @@ import hashlib
 import json
 
 from datapipe.core.config import from_dict
-from datapipe.curate.config import CurateConfig
-from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.run import curate
+from datapipe.curation.config import CurateConfig
+from datapipe.curation.executors import LocalExecutor
+from datapipe import curate
 from helpers import ASSETS
 
 EVERY_SWITCH = {

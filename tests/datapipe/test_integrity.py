@@ -21,9 +21,9 @@ from datapipe import cli
 from datapipe.core import shards
 from datapipe.core.config import RunStopped
 from datapipe.core.shards import OutputError, open_shard, read_manifest
-from datapipe.curate.executors import LocalExecutor
-from datapipe.curate import steps as run_module  # the run's steps: the tasks each phase launches
-from datapipe.curate.run import curate
+from datapipe.curation.executors import LocalExecutor
+from datapipe.curation import steps as run_module  # the run's steps: the tasks each phase launches
+from datapipe import curate
 from datapipe.inspect import stats as inspect_stats
 
 
@@ -187,7 +187,7 @@ def test_a_read_only_output_fails_through_the_cli_with_the_path_and_no_traceback
 
 
 def test_a_user_error_in_a_ray_task_surfaces_as_itself(ray_local, tmp_path: Path) -> None:
-    from datapipe.curate.executors import RayExecutor
+    from datapipe.curation.executors import RayExecutor
 
     (tmp_path / "file").write_text("a file where a folder should go")
     executor = RayExecutor(progress=False)
@@ -383,8 +383,8 @@ def test_the_errors_a_task_raises_to_the_user_pickle_as_themselves() -> None:
     import pickle
 
     from datapipe.core.workfiles import DamagedWorkFile
-    from datapipe.curate.readers.common import InputError
-    from datapipe.curate.report import NothingSurvived
+    from datapipe.curation.readers.common import InputError
+    from datapipe.curation.report import NothingSurvived
 
     for error in (DamagedWorkFile("/out/work/read/u000000-b00000.arrow", "it is missing"), NothingSurvived("none"),
                   InputError("input"), OutputError("disk full"), RunStopped("stopped")):

@@ -21,9 +21,9 @@ import helpers
 from helpers import STALL_S, Interrupted, small_config
 from datapipe.core.config import ConfigError, RunStopped
 from datapipe.core.shards import read_manifest
-from datapipe.curate import steps as run_module  # the run's steps: the tasks each phase launches
-from datapipe.curate.executors import LocalExecutor, RayExecutor
-from datapipe.curate.run import curate
+from datapipe.curation import steps as run_module  # the run's steps: the tasks each phase launches
+from datapipe.curation.executors import LocalExecutor, RayExecutor
+from datapipe import curate
 
 
 def _config(out: Path, inputs: list[dict]):

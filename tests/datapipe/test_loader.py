@@ -308,8 +308,8 @@ def test_resume_on_1000_shards_reads_only_the_shards_it_needs(tmp_path, monkeypa
 
 def test_curated_shards_boundaries_come_from_the_rows(tmp_path, slice_input):
     from helpers import small_config
-    from datapipe.curate.executors import LocalExecutor
-    from datapipe.curate.run import curate
+    from datapipe.curation.executors import LocalExecutor
+    from datapipe import curate
 
     out = tmp_path / "out"
     curate(small_config(out, [slice_input]), executor=LocalExecutor(), progress=False, log=lambda _: None)

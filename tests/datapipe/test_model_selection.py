@@ -14,9 +14,9 @@ import pytest
 from helpers import ASSETS, small_config
 from datapipe.core.config import ConfigError
 from datapipe.core.shards import open_shard, read_manifest
-from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.identity import RunConflict
-from datapipe.curate.run import curate
+from datapipe.curation.executors import LocalExecutor
+from datapipe.curation.identity import RunConflict
+from datapipe import curate
 from stages.selection import SelectionModel
 
 SLICE = {"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}
@@ -152,7 +152,7 @@ def test_an_edited_target_refuses_the_folder_and_a_missing_one_is_named(finished
 
 def _ray():
     from helpers import STALL_S
-    from datapipe.curate.executors import RayExecutor
+    from datapipe.curation.executors import RayExecutor
 
     return RayExecutor(progress=False, stall_timeout_s=STALL_S)
 
@@ -161,7 +161,7 @@ def test_a_kill_between_the_model_s_two_writes_still_leaves_the_model_for_later_
         finished: Path, tmp_path: Path, monkeypatch, ray_local) -> None:
     """On Ray: the run is stopped right after the first of the model's two files is written; the resumed run
     finishes with OUT/selection/model.npz, the model the uninterrupted run saved."""
-    from datapipe.curate.phases import model_selection
+    from datapipe.curation.phases import model_selection
 
     written, write = [], model_selection.atomic_write_bytes
 

@@ -18,9 +18,9 @@ import pytest
 from datapipe.core.workfiles import read_record, read_work_table
 
 from helpers import ASSETS, STALL_S, small_config
-from datapipe.curate.phases import near_dedup
-from datapipe.curate.executors import LocalExecutor, RayExecutor
-from datapipe.curate.run import curate
+from datapipe.curation.phases import near_dedup
+from datapipe.curation.executors import LocalExecutor, RayExecutor
+from datapipe import curate
 from datapipe.core.shards import read_manifest
 from datapipe.testing.synthetic import (
     EDITS,
@@ -275,7 +275,7 @@ def test_same_result_in_one_process_and_on_ray(tmp_path, ray_local):
 def test_clusters_merged_a_range_of_input_order_at_a_time_equal_one_sort(tmp_path, monkeypatch):
     """clusters.parquet is merged by order from the groups' files one range of input units at a time (not
     sorted whole in one step): three inputs in three ranges give the same table as one range, in input order."""
-    from datapipe.curate.phases import near_dedup
+    from datapipe.curation.phases import near_dedup
 
     path, _ = _corpus(tmp_path)
     lines = path.read_bytes().splitlines(keepends=True)
@@ -300,8 +300,8 @@ def test_recomputed_shingles_are_cached_per_run_only(tmp_path):
     the range of its text in its read block; one of a block that holds its text itself, by reading that block."""
     from datapipe.core.schema import DOC_SCHEMA
     from datapipe.core.workfiles import write_work_table
-    from datapipe.curate.blocks import READ, block_documents, write_read_block
-    from datapipe.curate.phases.near_dedup import KeySource, text_shingle_sets
+    from datapipe.curation.blocks import READ, block_documents, write_read_block
+    from datapipe.curation.phases.near_dedup import KeySource, text_shingle_sets
     from stages.minhash import shingle_sets
 
     config = MinHashConfig()
@@ -342,7 +342,7 @@ def test_a_damaged_text_frame_stops_the_exact_check_naming_the_read_block(tmp_pa
     """A range read is checked by its frame's own checksum: a changed byte is a DamagedWorkFile naming the block."""
     from datapipe.core.schema import DOC_SCHEMA
     from datapipe.core.workfiles import DamagedWorkFile
-    from datapipe.curate.blocks import READ, block_documents, read_texts, write_read_block
+    from datapipe.curation.blocks import READ, block_documents, read_texts, write_read_block
 
     texts = ["alpha beta gamma delta", "epsilon zeta eta theta iota"]
     table = pa.table({"id": ["a", "b"], "domain": ["d", "d"], "text": pa.array(texts, pa.large_string()),
@@ -367,9 +367,9 @@ def test_neighbouring_frames_are_read_in_one_request_and_costed_as_read(tmp_path
     """Frames within FRAME_GAP of each other in a read block are one range read; the documents' costs add up to
     the bytes of the ranges read, and a range's first document counts its request."""
     from datapipe.core.schema import DOC_SCHEMA
-    from datapipe.curate import blocks
-    from datapipe.curate.blocks import READ, FRAME_GAP, block_documents, frame_ranges, read_texts, write_read_block
-    from datapipe.curate.phases.near_dedup import _read_costs
+    from datapipe.curation import blocks
+    from datapipe.curation.blocks import READ, FRAME_GAP, block_documents, frame_ranges, read_texts, write_read_block
+    from datapipe.curation.phases.near_dedup import _read_costs
 
     rng = np.random.default_rng(0)
     words = [" ".join(f"w{x}" for x in rng.integers(0, 10**6, n)) for n in (40, 50, 60)]
@@ -401,8 +401,8 @@ def test_neighbouring_frames_are_read_in_one_request_and_costed_as_read(tmp_path
 def test_a_verify_task_reads_the_frames_of_all_its_blocks_in_one_batched_read(tmp_path, monkeypatch):
     """The exact check asks for every block's ranges at once (one `read_work_ranges` call over all the blocks:
     concurrent on an object store), not block after block; the texts, counts and costs are each block's own."""
-    from datapipe.curate import blocks
-    from datapipe.curate.phases.near_dedup import KeySource, _read_costs, text_shingle_sets
+    from datapipe.curation import blocks
+    from datapipe.curation.phases.near_dedup import KeySource, _read_costs, text_shingle_sets
     from datapipe.testing.read_blocks import write_read_blocks
     from stages.minhash import shingle_sets
 
@@ -437,7 +437,7 @@ def test_a_verify_task_reads_the_frames_of_all_its_blocks_in_one_batched_read(tm
 def test_a_block_gone_from_a_batched_read_is_named(tmp_path):
     """One read over several blocks' ranges: a missing block is a DamagedWorkFile naming that block."""
     from datapipe.core.workfiles import DamagedWorkFile
-    from datapipe.curate.blocks import READ, read_blocks_texts
+    from datapipe.curation.blocks import READ, read_blocks_texts
     from datapipe.testing.read_blocks import write_read_blocks
 
     texts = [["alpha beta gamma", "delta epsilon"], ["zeta eta theta"], ["iota kappa", "lambda mu nu"]]

@@ -23,8 +23,8 @@ from helpers import ASSETS, STALL_S, small_config, stop_cluster
 from datapipe.core.schema import empty_dropped
 from datapipe.core.shards import read_manifest
 from datapipe.core.storage import location
-from datapipe.curate.executors import LocalExecutor, RayExecutor
-from datapipe.curate.run import curate
+from datapipe.curation.executors import LocalExecutor, RayExecutor
+from datapipe import curate
 from datapipe.inspect import stats
 from datapipe.loader import PackedLoader
 from stages.base import StageResult
@@ -165,8 +165,8 @@ def test_the_exact_check_keeps_its_range_requests_in_flight_at_once(s3_server, m
 
     from datapipe.core.storage import S3_CONNECTIONS
     from datapipe.core.workfiles import DamagedWorkFile
-    from datapipe.curate.blocks import read_block_path
-    from datapipe.curate.phases.near_dedup import KeySource, text_shingle_sets
+    from datapipe.curation.blocks import read_block_path
+    from datapipe.curation.phases.near_dedup import KeySource, text_shingle_sets
     from datapipe.testing.latency_proxy import LatencyProxy
     from datapipe.testing.read_blocks import write_read_blocks
     from stages.minhash import MinHashConfig, shingle_sets

@@ -15,7 +15,7 @@ import torch
 
 from datapipe.core import shards
 from datapipe.train.model import GPT, ModelConfig
-from datapipe.curate.preferences import PreferenceConfig, curate_preferences, render_prompt
+from datapipe.curation.preferences import PreferenceConfig, curate_preferences, render_prompt
 from datapipe.loader.preference_packing import build_rows, load_pairs, pack_items, packed_batches
 from datapipe.train.dpo import dpo_loss, response_logps
 
@@ -259,7 +259,7 @@ def test_empty_prompts_are_quarantined_at_curation_and_refused_by_packing(tmp_pa
     with pytest.raises(ValueError, match="empty prompt"):
         build_rows([[(np.array([1, 2]), [np.array([3]), np.array([4])], [0, 1]), (empty[0], [empty[1], empty[2]], [2, 3])]], 16)
     from datapipe.core.config import ConfigError
-    from datapipe.curate.preferences import write_preference_shards
+    from datapipe.curation.preferences import write_preference_shards
 
     write_preference_shards(iter([{"id": "e", "domain": "preference", "prompt": [], "chosen": [5, 0], "rejected": [6, 0]}]),
                             tmp_path / "bad", shard_rows=8, vocab_size=100, eos_id=0, tokenizer_path=None, config={})

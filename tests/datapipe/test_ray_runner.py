@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from helpers import ASSETS, STALL_S, small_config
-from datapipe.curate.executors import LocalExecutor, RayExecutor
-from datapipe.curate.run import curate
+from datapipe.curation.executors import LocalExecutor, RayExecutor
+from datapipe import curate
 from datapipe.core.schema import empty_dropped
 from datapipe.core.shards import read_manifest
 from stages.base import StageResult

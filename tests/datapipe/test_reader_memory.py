@@ -19,9 +19,9 @@ import json, sys, types
 from pathlib import Path
 import orjson
 from datapipe.core.config import from_dict
-from datapipe.curate.config import CurateConfig
-from datapipe.curate.readers import InputUnit
-from datapipe.curate.phases import read
+from datapipe.curation.config import CurateConfig
+from datapipe.curation.readers import InputUnit
+from datapipe.curation.phases import read
 path, out, max_bytes = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 cfg = from_dict(CurateConfig, {"inputs": [{"path": path}], "output": {"dir": str(out)},
                                "read": {"max_bytes_per_doc": max_bytes, "block_bytes": 1 << 20},
@@ -30,7 +30,7 @@ plan = types.SimpleNamespace(cfg=cfg, out_dir=str(out), out=out, work=out / "wor
 (out / "work" / "read").mkdir(parents=True)
 result = read._read(plan, 0, InputUnit(0, path, "jsonl"), cfg.inputs[0])
 import pyarrow as pa
-from datapipe.curate.blocks import READ, block_documents
+from datapipe.curation.blocks import READ, block_documents
 ids = []
 for f in sorted((out / "work" / "read").glob("*.arrow")):
     ids += block_documents(out / "work", READ, f.stem, ["id"]).column("id").to_pylist()

@@ -1,4 +1,4 @@
-"""Tests of datapipe.curate.readers: every format, order keys, ids, domains, quarantine and plan errors."""
+"""Tests of datapipe.curation.readers: every format, order keys, ids, domains, quarantine and plan errors."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from datapipe.curate.config import InputConfig, ReadConfig
-from datapipe.curate.readers import InputError, InputUnit, Quarantined, plan_units, read_unit
+from datapipe.curation.config import InputConfig, ReadConfig
+from datapipe.curation.readers import InputError, InputUnit, Quarantined, plan_units, read_unit
 from datapipe.core.schema import DOC_SCHEMA, order_key
 from helpers import gzip_member_with_a_flipped_bit, zstd_frame_with_a_flipped_bit
 

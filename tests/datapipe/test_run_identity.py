@@ -17,12 +17,12 @@ import pytest
 from helpers import ASSETS, small_config
 from datapipe.core.config import from_dict, to_dict
 from datapipe.core.shards import read_manifest
-from datapipe.curate import config as curate_config
-from datapipe.curate.config import CurateConfig
-from datapipe.curate.executors import LocalExecutor, ray_address
-from datapipe.curate.executors._embedded import _RAY_AUTH_LOGGER, _DropTokenAuthNotice
-from datapipe.curate.identity import RunConflict
-from datapipe.curate.run import curate
+from datapipe.curation import config as curate_config
+from datapipe.curation.config import CurateConfig
+from datapipe.curation.executors import LocalExecutor, ray_address
+from datapipe.curation.executors._embedded import _RAY_AUTH_LOGGER, _DropTokenAuthNotice
+from datapipe.curation.identity import RunConflict
+from datapipe import curate
 
 
 class _Interrupt(Exception):

@@ -21,9 +21,9 @@ import pytest
 
 from helpers import ASSETS, CrashAfter, Interrupted as _Interrupt, PassThrough, small_config
 from datapipe.core.config import ConfigError
-from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.identity import RunConflict
-from datapipe.curate.run import curate
+from datapipe.curation.executors import LocalExecutor
+from datapipe.curation.identity import RunConflict
+from datapipe import curate
 from datapipe.core.shards import open_shard, read_manifest, verify_shard
 
 
@@ -263,9 +263,9 @@ class _DriverReads(LocalExecutor):
         self.in_task = False
         self.driver_reads: list[str] = []
         import datapipe.core.workfiles as workfiles
-        from datapipe.curate import exchange
-        from datapipe.curate.phases import eval_split, near_dedup, selection, unique_ids
-        from datapipe.curate.phases import shards
+        from datapipe.curation import exchange
+        from datapipe.curation.phases import eval_split, near_dedup, selection, unique_ids
+        from datapipe.curation.phases import shards
 
         real = workfiles.read_work_table
 
@@ -318,7 +318,7 @@ def test_the_driver_reads_no_document_table(tmp_path, slice_input, monkeypatch):
 
 
 def test_ray_stall_timeout_is_a_checked_key_that_reaches_the_executor(tmp_path, slice_input, monkeypatch):
-    from datapipe.curate import start as runner  # where the run starts its executor
+    from datapipe.curation import start as runner  # where the run starts its executor
 
     assert small_config(tmp_path / "o", [slice_input]).ray.stall_timeout_s == 600
     with pytest.raises(ConfigError, match=r"stall_timeout_s must be >= 0 \(0 = no limit\), got -1"):
@@ -385,7 +385,7 @@ def test_keep_dropped_text_keeps_the_text_of_language_id_and_eval_split_drops(tm
 def test_losers_gathered_by_unit_group_are_the_same_whatever_the_grouping(tmp_path, monkeypatch):
     """Five input files with copies across them: each block reads its unit's losers from its group's one
     file (`gather_losers_task`); groups of 2 units and one unit each drop exactly the same documents."""
-    from datapipe.curate import exchange
+    from datapipe.curation import exchange
 
     texts = [f"document {i} " + " ".join(f"w{(i * 7 + j) % 97}" for j in range(60)) for i in range(12)]
     for f in range(5):
@@ -407,7 +407,7 @@ def test_the_driver_reads_while_ray_starts_and_the_output_is_the_same(tmp_path, 
     outlives the run."""
     import threading
 
-    from datapipe.curate import start as runner  # where the run starts its executor
+    from datapipe.curation import start as runner  # where the run starts its executor
 
     lines = (ASSETS / "corpus_slice.jsonl").read_text().splitlines(keepends=True)
     folder = tmp_path / "in"
@@ -443,7 +443,7 @@ def test_the_driver_reads_while_ray_starts_and_the_output_is_the_same(tmp_path, 
 
 
 def test_a_read_error_in_the_driver_is_the_runs_error(tmp_path, slice_input, monkeypatch):
-    from datapipe.curate import start as runner  # where the run starts its executor
+    from datapipe.curation import start as runner  # where the run starts its executor
 
     def read_task(plan, unit):
         raise ConfigError("inputs[0].path: cannot be read now")
@@ -458,7 +458,7 @@ def test_a_read_error_in_the_driver_is_the_runs_error(tmp_path, slice_input, mon
 def test_a_block_write_that_fails_on_the_writer_thread_fails_the_read(tmp_path, monkeypatch):
     """The read task writes block k on a second thread while it parses block k+1: a write that fails there (a
     full disk) is the task's error, and the unit is not marked done."""
-    from datapipe.curate.phases import read
+    from datapipe.curation.phases import read
 
     written = read._write_block
 
@@ -477,7 +477,7 @@ def test_a_block_write_that_fails_on_the_writer_thread_fails_the_read(tmp_path, 
 def test_an_interrupt_while_ray_starts_does_not_wait_for_the_drivers_read(tmp_path, slice_input, monkeypatch):
     import threading
 
-    from datapipe.curate import start as runner  # where the run starts its executor
+    from datapipe.curation import start as runner  # where the run starts its executor
 
     release = threading.Event()
     monkeypatch.setattr(runner, "read_task", lambda plan, unit: release.wait(60))  # the driver's early read: a minute

@@ -14,8 +14,8 @@ from datapipe.core.workfiles import DamagedWorkFile
 
 from helpers import small_config
 from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
-from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.run import curate
+from datapipe.curation.executors import LocalExecutor
+from datapipe import curate
 
 
 def _senders(folder, partitions: int, sizes=(0, 1, 37, 500)) -> dict[str, pa.Table]:

@@ -15,8 +15,8 @@ import pytest
 from helpers import ASSETS, small_config
 from datapipe.inspect import stats
 from datapipe.cli import main
-from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.run import curate
+from datapipe.curation.executors import LocalExecutor
+from datapipe import curate
 from datapipe.testing.shards import write_fake_shards
 from datapipe.core.shards import atomic_write_json, read_manifest, read_table, write_manifest
 

@@ -106,8 +106,8 @@ def test_storage_that_cannot_be_reached_is_a_config_error_naming_the_url(s3_fold
     """No credentials: one clear paragraph before any work, not botocore's traceback from deep in a task."""
     import s3fs
 
-    from datapipe.curate.executors import LocalExecutor
-    from datapipe.curate.run import curate
+    from datapipe.curation.executors import LocalExecutor
+    from datapipe import curate
     from datapipe.inspect import stats
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -203,7 +203,7 @@ def test_train_refuses_an_output_url_and_checks_a_url_data_folder(tmp_path, s3_f
 def test_other_local_only_outputs_refuse_a_url(capsys):
     from datapipe import cli
     from datapipe.core.config import from_dict
-    from datapipe.curate.preferences import PreferenceConfig
+    from datapipe.curation.preferences import PreferenceConfig
     from datapipe.train.experiment import load_experiment_config
 
     with pytest.raises(ConfigError, match="output must be a local folder.*s3://bucket/prefs"):

@@ -16,9 +16,9 @@ import pytest
 
 from helpers import ASSETS, small_config
 from datapipe.cli import main
-from datapipe.curate import embedded
-from datapipe.curate.executors import LocalExecutor, WorkerDeathFilter
-from datapipe.curate.run import curate
+from datapipe.curation import embedded
+from datapipe.curation.executors import LocalExecutor, WorkerDeathFilter
+from datapipe import curate
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,9 +17,9 @@ from helpers import ASSETS, STALL_S
 from datapipe.cli import main
 from datapipe.core.config import ConfigError
 from datapipe.core.shards import open_shard, read_manifest
-from datapipe.curate.config import StageConfig, config_hash, load_config, result_affecting
-from datapipe.curate.executors import LocalExecutor, RayExecutor
-from datapipe.curate.user_stages import UserStageFailed, worker_modules
+from datapipe.curation.config import StageConfig, config_hash, load_config, result_affecting
+from datapipe.curation.executors import LocalExecutor, RayExecutor
+from datapipe.curation.user_stages import UserStageFailed, worker_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -319,10 +319,10 @@ def test_the_cli_says_a_bad_path_in_one_line(tmp_path, capsys):
 
 
 def test_from_datapipe_import_curate_is_lazy():
-    code = ("import sys, datapipe; assert 'datapipe.curate' not in sys.modules; "
-            "from datapipe import curate, CurateConfig, load_config; import datapipe.curate.run as run; "
+    code = ("import sys, datapipe; assert 'datapipe.curation' not in sys.modules; "
+            "from datapipe import curate, CurateConfig, load_config; import datapipe.curation.run as run; "
             "from datapipe import curate as again; assert callable(curate) and again is curate; "
-            "assert CurateConfig is run.CurateConfig and load_config.__module__ == 'datapipe.curate.config'")
+            "assert CurateConfig is run.CurateConfig and load_config.__module__ == 'datapipe.curation.config'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
 

@@ -9,11 +9,11 @@ import pytest
 
 from helpers import ASSETS, small_config
 from datapipe.core.config import ConfigError, from_dict
-from datapipe.curate.config import CurateConfig, auto_block_bytes, auto_shard_bytes, load_config
-from datapipe.curate.executors import LocalExecutor
-from datapipe.curate.readers import estimated_text_bytes
-from datapipe.curate.plan import remove_work
-from datapipe.curate.run import curate
+from datapipe.curation.config import CurateConfig, auto_block_bytes, auto_shard_bytes, load_config
+from datapipe.curation.executors import LocalExecutor
+from datapipe.curation.readers import estimated_text_bytes
+from datapipe.curation.plan import remove_work
+from datapipe import curate
 
 MiB = 2**20
 REPO = Path(__file__).parents[2]
@@ -144,7 +144,7 @@ def test_clean_up_of_work_is_in_stats(tmp_path):
     ],
 )
 def test_auto_partitions_keep_each_task_under_the_budget(input_bytes, shuffle, partitions):
-    from datapipe.curate.config import TASK_BYTES_PER_TEXT_BYTE, auto_partitions
+    from datapipe.curation.config import TASK_BYTES_PER_TEXT_BYTE, auto_partitions
 
     budget = 4 * 2**30
     assert auto_partitions(input_bytes, shuffle, budget) == partitions
@@ -153,8 +153,8 @@ def test_auto_partitions_keep_each_task_under_the_budget(input_bytes, shuffle, p
 
 
 def test_auto_partitions_come_from_the_input_and_do_not_change_the_output(tmp_path, slice_input):
-    from datapipe.curate.readers import plan_units
-    from datapipe.curate.plan import resolve_block_bytes
+    from datapipe.curation.readers import plan_units
+    from datapipe.curation.plan import resolve_block_bytes
 
     dedup = {"exact": {"enabled": True}, "minhash": {"enabled": True}}
     auto = small_config(tmp_path / "auto", [slice_input], dedup=dedup)
@@ -170,7 +170,7 @@ def test_auto_partitions_come_from_the_input_and_do_not_change_the_output(tmp_pa
 
 
 def test_ray_is_told_each_tasks_memory_capped_at_the_largest_node():
-    from datapipe.curate.executors import RayExecutor
+    from datapipe.curation.executors import RayExecutor
 
     executor = RayExecutor.__new__(RayExecutor)  # no Ray started: only the sizing is under test
     executor._node_memory = None

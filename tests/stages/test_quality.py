@@ -412,7 +412,7 @@ def test_build_filters_errors_name_the_dotted_key(spec: dict, pattern: str) -> N
 
 
 def test_load_config_validates_filters(tmp_path: Path) -> None:
-    from datapipe.curate.config import load_config
+    from datapipe.curation.config import load_config
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(

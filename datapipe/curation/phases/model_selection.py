@@ -1,0 +1,268 @@
+"""Selection by a model, the first step of selection: score every training document, keep the best-scored ones.
+
+1. model    fit once in the driver (`stages.selection.fit`) on the target documents (`selection.target`, at
+            most `target_docs`) against a seeded sample of the training documents (about `sample_docs`, taken by
+            one task per block), or loaded from `selection.model` (for `fasttext`, an existing fastText classifier
+            whose scores of the sample give the knots); saved checked as work/model_select/model.npz
+            (a resumed run reuses it) and as OUT/selection/model.npz for later runs;
+2. score    one task per block scores its training documents (their text, the last segment's) and writes the
+            assignment file of the exact cut (`phases/cuts.py`: one group, or one per domain; rank from score);
+3. cut      `keep_fraction` / `keep_tokens`: the exact cut to the token budget, filled: the documents in score order
+            up to and including the one that crosses it (a long document at the cut does not leave the budget
+            short); `threshold`: none needed;
+4. apply    one task per block: which rows stay (work/model_select/excluded/<block>.arrow, 1 = not for training
+            any more, with the rows held out before), the dropped documents' records (stage = the method's
+            name, e.g. `dsir`), the scores (OUT/selection/scores/<block>.parquet: id, domain, num_tokens, score, kept) and a
+            histogram of the scores per domain, all and kept.
+Diversity sampling and the mixture then see only the rows kept here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datapipe.core.config import ConfigError
+from datapipe.core.shards import atomic_write_bytes, atomic_write_table
+from datapipe.core.storage import Location, location
+from datapipe.core.workfiles import checked, read_work_bytes, read_work_table, write_work_table
+from datapipe.curation.blocks import block_documents
+from datapipe.curation.config import ReadConfig, SelectionConfig
+from datapipe.curation.counters import Counters
+from datapipe.curation.phase import record_in
+from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, cuts, held_rows
+from datapipe.curation.readers import plan_units, read_unit
+from stages import diversity
+from stages.selection import STAGE_NAMES, FastTextScorer, SelectionModel, fit
+
+FOLDER = "model_select"
+ALL = "*"  # the one group of a corpus-wide budget
+HIST_BINS = 20  # score histogram bins per domain, between the corpus sample's 1st and 99th percentiles
+
+
+def _documents(work: Location, segment: str, block: str) -> tuple[pa.Table, list[str]]:
+    """The block's tokenized rows (id, domain, num_tokens) and their texts, row for row."""
+    tokens = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
+    texts = block_documents(work, segment, block, ["id", "text"])
+    if texts.column("id").to_pylist() != tokens.column("id").to_pylist():  # a bug, never bad input
+        raise RuntimeError(f"block {block}: the tokens and the {segment} documents are not the same rows")
+    return tokens, texts.column("text").to_pylist()
+
+
+def sample_task(shared: tuple[str, str, RowCopies | None, float, int], block: str) -> dict[str, list[str]]:
+    """The block's part of the corpus sample: training rows whose seeded rank falls below `rate`."""
+    work, segment, held_out, rate, seed = location(shared[0]), *shared[1:]
+    started = time.process_time()
+    tokens, texts = _documents(work, segment, block)
+    ids = tokens.column("id").to_pylist()
+    chosen = diversity.seeded_rank(ids, seed) < np.uint64(int(rate * 2**64)) if rate < 1.0 else np.ones(len(ids), dtype=bool)
+    take = chosen & ~held_rows(held_out, block, len(ids))
+    return {"ids": [ids[i] for i in np.flatnonzero(take)], "texts": [texts[i] for i in np.flatnonzero(take)],
+            "cpu_seconds": time.process_time() - started}
+
+
+def read_target(cfg: SelectionConfig) -> list[str]:
+    """The first `target_docs` documents of `selection.target`, or a ConfigError naming it."""
+    texts: list[str] = []
+    for unit_index, unit in enumerate(plan_units([cfg.target], "selection.target")):
+        for batch, _ in read_unit(unit, unit_index, cfg.target, ReadConfig()):
+            texts += batch.column("text").to_pylist()[: cfg.target_docs - len(texts)]
+            if len(texts) >= cfg.target_docs:
+                return texts
+    if not texts:
+        raise ConfigError(f"selection.target: {cfg.target.path!r} holds no document; give documents of what you train for")
+    return texts
+
+
+def check_selection_files(cfg: SelectionConfig) -> None:
+    """Before any work (and before the run claims its folder, so that a fixed file makes the same command run): the
+    target documents can be planned (InputError naming `selection.target`) and hold text, the model file can be
+    read and is a model of this method (ConfigError naming `selection.model`)."""
+    if not cfg.enabled:
+        return
+    if cfg.target is not None:
+        plan_units([cfg.target], "selection.target")
+        if not _holds_text(cfg):
+            raise ConfigError(f"selection.target: {cfg.target.path!r} holds no document with text; give documents of "
+                              "what you train for (their text in the input's text field)")
+    if cfg.model is not None and cfg.method == "fasttext":
+        fasttext_scorer(cfg)
+    elif cfg.model is not None:
+        read_model_file(cfg)
+
+
+def fasttext_scorer(cfg: SelectionConfig) -> FastTextScorer:
+    """`selection.model`'s fastText classifier, checked (it loads, it has the label), or a ConfigError naming it."""
+    local = "://" not in cfg.model or cfg.model.startswith("file://")
+    scorer = FastTextScorer(os.path.abspath(cfg.model.removeprefix("file://")) if local else cfg.model, cfg.fasttext_label)
+    try:  # the absolute path: workers may run in another folder
+        scorer.check()
+    except ValueError as exc:
+        raise ConfigError(f"selection.model: {cfg.model!r} is not a fastText classifier datapipe can use: {exc}; give "
+                          "the .bin file of a fastText classifier (fasttext.train_supervised's save_model)") from None
+    return scorer
+
+
+def _holds_text(cfg: SelectionConfig) -> bool:
+    """Whether a target document has text that is not blank: reads up to the first one."""
+    for unit_index, unit in enumerate(plan_units([cfg.target], "selection.target")):
+        for batch, _ in read_unit(unit, unit_index, cfg.target, ReadConfig()):
+            if any(t and not t.isspace() for t in batch.column("text").to_pylist()):
+                return True
+    return False
+
+
+def read_model_file(cfg: SelectionConfig) -> SelectionModel:
+    """`selection.model`'s model, or a ConfigError naming the file, what is wrong and what to do."""
+    fix = "give the model.npz an earlier run saved in its OUT/selection/ (copy it again if it was damaged), or set selection.target to fit one"
+    if not location(cfg.model).exists():
+        raise ConfigError(f"selection.model: {cfg.model!r} does not exist; {fix}")
+    try:
+        model = SelectionModel.from_bytes(location(cfg.model).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"selection.model: {cfg.model!r} is not a selection model datapipe can read: {exc}; {fix}") from None
+    if model.method != cfg.method:
+        raise ConfigError(f"selection.model: {cfg.model!r} is a {model.method!r} model, not {cfg.method!r}; set "
+                          f"selection.method={model.method} to use it, or give a {cfg.method!r} model")
+    return model
+
+
+def fit_model(run_tasks: Callable[..., list[Any]], work: Location, out_dir: Location, names: list[str], segment: str,
+              cfg: SelectionConfig, training_docs: int, held_out: RowCopies | None) -> SelectionModel:
+    saved, published = work / FOLDER / "model.npz", out_dir / "selection" / "model.npz"
+    if saved.exists():  # fit by this run before it was stopped
+        data = read_work_bytes(saved).to_pybytes()
+        atomic_write_bytes(published, data)  # its copy for later runs again: the same bytes, whatever became of it
+        return SelectionModel.from_bytes(data)
+    if cfg.model is not None and cfg.method != "fasttext":
+        model = read_model_file(cfg)
+    else:
+        target = read_target(cfg) if cfg.target is not None else []
+        rate = cfg.sample_docs / max(training_docs, 1)
+        parts = run_tasks(sample_task, (str(work), segment, held_out, rate, cfg.seed), [(b,) for b in names], "selection sample")
+        started = time.process_time()
+        ids = [i for p in parts for i in p["ids"]]
+        scorer = fasttext_scorer(cfg) if cfg.method == "fasttext" else None
+        model = fit(cfg.method, target, [t for p in parts for t in p["texts"]], ids, cfg.seed, scorer)
+        cpu = time.process_time() - started + sum(p["cpu_seconds"] for p in parts)
+        model = dataclasses.replace(model, fit_cpu_seconds=cpu)
+    data = model.to_bytes()
+    # the copy for later runs first: a run killed between the two writes fits again and writes both
+    atomic_write_bytes(published, data)
+    atomic_write_bytes(saved, checked(data))
+    return model
+
+
+@functools.lru_cache(maxsize=1)
+def _model(path: str) -> SelectionModel:
+    """One model per worker process, loaded by its first task (the driver's fit, shipped through the work folder)."""
+    return SelectionModel.from_bytes(read_work_bytes(path).to_pybytes())
+
+
+def score_task(shared: tuple[str, str, RowCopies | None, bool], block: str) -> dict[str, str]:
+    """Score the block's training rows -> work/model_select/<block>.arrow (the cut's assignments, plus `score`)."""
+    work, segment, held_out, per_domain = location(shared[0]), *shared[1:]
+    started = time.process_time()
+    model = _model(str(work / FOLDER / "model.npz"))
+    tokens, texts = _documents(work, segment, block)
+    rows = np.flatnonzero(~held_rows(held_out, block, tokens.num_rows))
+    sub = tokens.take(pa.array(rows, pa.int64()))
+    scores = model.scores([texts[i] for i in rows], sub.column("id").to_pylist())
+    groups = sub.column("domain") if per_domain else pa.array([ALL] * len(rows), pa.string())
+    table = pa.table({"row": rows.astype(np.int64), "domain": groups, "cluster": np.zeros(len(rows), np.int32),
+                      "rank": model.rank(scores), "num_tokens": sub.column("num_tokens")}, schema=ASSIGN_SCHEMA)
+    out = work / FOLDER / f"{block}.arrow"
+    write_work_table(out, table.append_column("score", pa.array(scores, pa.float64())))
+    flops = model.scoring_flops(int(pc.sum(sub.column("num_tokens")).as_py() or 0))
+    return {"path": f"{FOLDER}/{block}.arrow", "flops": flops, "cpu_seconds": time.process_time() - started}
+
+
+def _histogram(scores: np.ndarray, edges: np.ndarray) -> list[int]:
+    return np.bincount(np.clip(np.searchsorted(edges, scores, side="right") - 1, 0, len(edges) - 2), minlength=len(edges) - 1).tolist()
+
+
+def apply_task(shared: tuple[str, str, RowCopies | None, str, dict[str, Cut] | None, float | None, list[float]],
+               block: str, index: int, input_index: int) -> dict[str, Any]:
+    """One block's decision: the excluded-rows file, the dropped documents' records, the scores, the counters'
+    changes and the score histograms per domain (all, kept)."""
+    work, out_dir, held_out, method, group_cuts, threshold, edges = location(shared[0]), location(shared[1]), *shared[2:]
+    tokens = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
+    part = read_work_table(work / FOLDER / f"{block}.arrow")
+    row, score = part.column("row").to_numpy(), part.column("score").to_numpy()
+    if threshold is not None:
+        keep = score >= threshold
+    else:
+        groups = np.array(part.column("domain").to_pylist(), dtype=object)
+        keep = np.zeros(len(row), dtype=bool)
+        for group, cut in (group_cuts or {}).items():
+            mine = groups == group
+            keep[mine] = cut.keep(np.zeros(int(mine.sum()), np.int64), part.column("rank").to_numpy()[mine], index, row[mine])
+    excluded = held_rows(held_out, block, tokens.num_rows).astype(np.int8)
+    excluded[row[~keep]] = 1
+    write_work_table(work / FOLDER / "excluded" / f"{block}.arrow", pa.table({"excluded": excluded}))
+    sub = tokens.take(pa.array(row, pa.int64()))
+    kept_flags = pa.array(keep)
+    atomic_write_table(out_dir / "selection" / "scores" / f"{block}.parquet", pa.table(
+        {"id": sub.column("id"), "domain": sub.column("domain"), "num_tokens": sub.column("num_tokens"), "score": part.column("score"),
+         "kept": kept_flags}), format="parquet")
+    counters = _drops(out_dir, block, input_index, sub.filter(pc.invert(kept_flags)), STAGE_NAMES[method],
+                      "below_threshold" if threshold is not None else "below_cut")
+    domains, bins = np.array(sub.column("domain").to_pylist(), dtype=object), np.array(edges)
+    hist = {d: [_histogram(score[domains == d], bins), _histogram(score[(domains == d) & keep], bins)]
+            for d in np.unique(domains).tolist()}
+    return {"counters": counters.to_json(), "hist": hist}
+
+
+def _drops(out_dir: Location, block: str, input_index: int, dropped: pa.Table, stage: str, reason: str) -> Counters:
+    """The dropped documents' records (OUT/dropped/model-<block>.parquet) and what they change in the counters."""
+    counters = Counters()
+    if dropped.num_rows:
+        table = counters.selection_drops(input_index, dropped, stage, f"{stage}:{reason}")
+        atomic_write_table(out_dir / "dropped" / f"model-{block}.parquet", table, format="parquet")
+    return counters
+
+
+def select_by_model(run_tasks: Callable[..., list[Any]], work: Location, out_dir: Location, blocks: list[tuple[str, int]],
+                    segment: str, cfg: SelectionConfig, totals: dict[str, list[int]], counters: Counters,
+                    held_out: RowCopies | None) -> tuple[RowCopies, dict[str, Any]]:
+    """The rows not for training after selection by a model (those held out before included) and a report for the
+    stats. `totals`: training [documents, tokens] per domain. Updates `counters`."""
+    names = [b for b, _ in blocks]
+    model = fit_model(run_tasks, work, out_dir, names, segment, cfg, sum(n for n, _ in totals.values()), held_out)
+    scored = run_tasks(score_task, (str(work), segment, held_out, cfg.per_domain), [(b,) for b in names], "selection score",
+                       record=record_in(FOLDER, "score", first_item_only=True))
+    group_cuts, report = None, {}
+    if cfg.threshold is None:
+        group_tokens = {d: k for d, (_, k) in totals.items()} if cfg.per_domain else {ALL: sum(k for _, k in totals.values())}
+        # fill: every arm of a comparison holds its whole budget, however long the document at the cut
+        budgets = {g: Budget(float(cfg.keep_tokens if cfg.keep_tokens is not None else cfg.keep_fraction * k), by_tokens=True, fill=True)
+                   for g, k in group_tokens.items() if k > 0}
+        group_cuts, report, kept_tokens = cuts(run_tasks, work, FOLDER, names, budgets, held_out)
+        for g, entry in report.items():
+            entry.update(budget_tokens=budgets[g].value, tokens_in=group_tokens[g], tokens_kept=kept_tokens[g])
+    edges = np.linspace(model.knots[40], model.knots[-41], HIST_BINS + 1)
+    edges[0], edges[-1] = -np.inf, np.inf  # the outer bins take the tails
+    items = [(b, i, input_index) for i, (b, input_index) in enumerate(blocks)]
+    results = run_tasks(apply_task, (str(work), str(out_dir), held_out, cfg.method, group_cuts, cfg.threshold, edges.tolist()),
+                        items, "selection apply", record=record_in(FOLDER, "apply", first_item_only=True))
+    histograms: dict[str, list[np.ndarray]] = {}
+    for r in results:
+        counters.merge(Counters.from_json(r["counters"]))
+        for d, (all_, kept) in r["hist"].items():
+            h = histograms.setdefault(d, [np.zeros(HIST_BINS, np.int64), np.zeros(HIST_BINS, np.int64)])
+            h[0] += all_
+            h[1] += kept
+    summary = {"method": cfg.method, "stage": STAGE_NAMES[cfg.method], "groups": report,
+               # what selection cost, charged to the data by `datapipe experiment` (flops_with_scoring)
+               "flops": model.fit_flops + sum(r["flops"] for r in scored),
+               "cpu_seconds": round(model.fit_cpu_seconds + sum(r["cpu_seconds"] for r in scored), 3),
+               "histogram": {"edges": [round(float(e), 6) for e in edges[1:-1]],
+                             "domains": {d: {"all": h[0].tolist(), "kept": h[1].tolist()} for d, h in sorted(histograms.items())}}}
+    return RowCopies(str(work / FOLDER / "excluded"), "excluded"), summary

@@ -1,0 +1,770 @@
+"""The distributed resolution of near-dedup (MinHash-LSH): shuffles and rounds as tasks.
+
+`NearDedupStage` is near dedup as a global stage (`stages.base.GlobalStage`): the map half is
+`stages.minhash.MinHashStage.keys`, the resolve half is `resolve` below.
+
+The map side wrote, per block, one shuffle file per kind (`datapipe.core.shuffle`): `buckets/<block>`
+(bucket key and order, 16 bytes a document and band, partitioned by bucket) and `nodes/<block>`
+(order, id, length and the 16-bit signature, once per document, partitioned by order). The block's
+documents themselves stay in the segment's block file (`<work>/<segment>/<block>.arrow`), the only
+copy of their text. Then, each step one task per group of adjacent partitions (`Groups`: a group per
+GROUP_DOCS documents, never more groups than partitions, fixed by the first run in `records/groups.json`),
+each writing one shuffle file:
+
+1. pairs       the candidate pairs of its buckets (`stages.minhash.bucket_pairs`, windowed), sent to the
+               partition of their first document (`pairs-u/`); without `verify`, the buckets' star edges
+               go straight to `cc/r000/`; then `gather` reads every block's nodes of group g once into
+               `nodes-by-group/gNNN.arrow` (the block files go), for the three steps that look nodes up;
+2. attach      each pair joined with its first document's signature and block, sent to the partition of
+               its second document (`pairs-v/`);
+3. verify      joined with the second's: decided by the estimated Jaccard (`estimate_masks`); the pairs too
+               near the threshold to tell by the exact Jaccard of shingle sets recomputed from the two
+               documents' text (`exact_edges`), read by range from their blocks, every block's ranges in one
+               batched read (`text_shingle_sets`; each task's record holds its wall); edges to `cc/r000/`;
+4. components  in one task when there are at most `one_task_edges` edges (a choice the first run records:
+               `first_run_choice_task`) (large-star and small-star
+               steps in memory until nothing changes), else in rounds of one task per group,
+               large-star and small-star alternately, each reading the directed edges of its
+               partition's nodes and sending its output edges on (`cc/rNNN/`), until a large-star +
+               small-star pair leaves the edge set unchanged (compared by an order-independent
+               checksum of each partition's input). Either way each node ends up linked to the
+               smallest node of its component;
+5. members     each node's component label (the component's first document) joined with its id and
+               length, sent to the partition of its label;
+6. winners     one document kept per component; the others become `losers-tNNN.arrow` with reason
+               `near_duplicate` and the kept id, which the next segment drops like any global stage's;
+               each group's cluster members (`clusters/gNNN`, cut into ranges of input order: `OrderRanges`);
+7. clusters    one task merges those files by order into `near_duplicates/clusters.parquet`, one range
+               of every group's file at a time (`clusters_task`). The driver only adds up the tasks' counts.
+
+No step lists a folder: senders are known (the blocks, or the groups). Objects per step: one per
+task plus its record. A step's input shuffle is deleted once every task that reads it has left its record
+(`pairs-u/`, `pairs-v/`, `cc/`, `members/`), so the resolve's disk use is that of one or two steps, and a
+resumed run skips those tasks by their records. Memory per task is bounded by the partition count (and `one_task_edges`), not by
+the corpus. Every task writes its output atomically and then a record, so a resumed run replays the
+same steps to the same files.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from datapipe.core.schema import ROW_BITS
+from datapipe.core.shards import replacing
+from datapipe.core.workfiles import read_work_table, write_work_table
+from datapipe.core.shuffle import (Combined, SenderFiles, average_sender_bytes, combine, combine_layout, write_shuffle)
+from datapipe.core.storage import Location, location, remove_tree
+from datapipe.curation.blocks import block_documents, frame_ranges, read_blocks_texts
+from datapipe.curation.phase import record_in
+from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
+from stages.minhash import (
+    CLUSTER_SCHEMA,
+    MinHashConfig,
+    MinHashStage,
+    bucket_pairs,
+    choose_kept,
+    connected_components,
+    estimate_masks,
+    exact_edges,
+    fmix,
+    labels,
+    large_star,
+    partition_of,
+    shingle_sets,
+    signature_values,
+    small_star,
+    star_edges,
+    unique_pairs,
+)
+
+EDGE_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64())])
+PAIR_SCHEMA = pa.schema([("u", pa.int64()), ("v", pa.int64())])
+
+
+@dataclass(frozen=True)
+class KeySource:
+    """Where the map side's keys are and where the documents' text is: `keys/<kind>/<name>.shuffle`
+    for each sender, whose documents are in `work/<sender>.arrow` (a sender is a path below the work
+    folder: `seg2/u000000-b00000`, the block file the keys were computed from)."""
+
+    keys: str  # folder holding buckets/ and nodes/
+    work: str
+    senders: tuple[str, ...]
+    gathered: bool = False  # the nodes were gathered into one file per group (`gather_nodes_task`)
+    run: str = ""  # a fresh id per resolve: what `_ShingleCache` keys by (no effect on any output)
+    groups: "Groups | None" = None  # the resolve's tasks (`resolve_groups`)
+
+    @property
+    def combined(self) -> bool:
+        return self.groups is not None and self.groups.key_bytes > 0
+
+    def key_files(self, kind: str, partitions: int) -> Combined | SenderFiles:
+        """The key files of `kind` a receiver reads: the combined ones (`combine_keys`), else one per sender."""
+        folder = location(self.keys) / kind
+        if self.combined:
+            return combine_layout(folder, len(self.senders), self.groups.partitions, self.groups.key_bytes,
+                                  spans=self.groups.starts())
+        return SenderFiles(str(folder), tuple(s.rsplit("/", 1)[-1] for s in self.senders), partitions)
+
+    def read(self, kind: str, p: int, partitions: int, **kwargs: Any) -> pa.Table | None:
+        return self.key_files(kind, partitions).read(p, **kwargs)
+
+    def nodes(self, g: int) -> pa.Table:
+        """Group g's nodes (`groups`), with each row's `sender` (its index in `senders`): one file when
+        gathered, else one range of every sender's file (the group's partitions are adjacent)."""
+        if self.gathered:
+            return read_work_table(location(self.keys) / GATHERED / f"g{g:03d}.arrow")
+        lo, hi = self.groups.range(g)
+        # a combined file holds each row's sender already (`combine_keys`)
+        nodes = self.read("nodes", lo, self.groups.partitions, source_column=None if self.combined else "sender", through=hi)
+        if nodes is None:
+            raise RuntimeError("near dedup: no nodes files in the work folder")
+        return nodes
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The resolve's tasks: the `partitions` hash partitions taken in `count` contiguous groups, one task
+    (one output file, one record) per group and step. A task reads its group's range of each input file
+    and handles the group's partitions together: every step's rows of one partition are independent of
+    another's (a bucket, a node's edges, a cluster live in one partition), so the outputs do not depend on
+    the grouping, only the number of tasks and objects does."""
+
+    partitions: int
+    count: int
+    key_bytes: int = 0  # the map side's largest key file, estimated: what lays out `combine_keys`; 0: not combined
+    # the step folders (by name) whose group files were combined, and where to (`exchange_groups`)
+    combined: tuple[tuple[str, Combined], ...] = ()
+
+    def range(self, g: int) -> tuple[int, int]:
+        return g * self.partitions // self.count, (g + 1) * self.partitions // self.count
+
+    def starts(self) -> list[int]:
+        """Each group's first partition: a combine's ranges start at these, so a group reads one range."""
+        return [self.range(g)[0] for g in range(self.count)]
+
+    def names(self) -> list[str]:
+        return [f"g{g:03d}" for g in range(self.count)]
+
+    def items(self) -> list[tuple[int]]:
+        return [(g,) for g in range(self.count)]
+
+    def read(self, folder: Location, g: int, schema: pa.Schema | None = None) -> pa.Table | None:
+        """Group g's rows of every group's shuffle file in `folder` (one range of each), or of the files they
+        were combined into (`exchange_groups`)."""
+        lo, hi = self.range(g)
+        return self.files(folder).read(lo, schema, through=hi)
+
+    def files(self, folder: Location, partitions: int | None = None) -> Combined | SenderFiles:
+        """The shuffle files of a step's folder its readers read: the combined ones, or one per group (of
+        `partitions` partitions where not the groups')."""
+        combined = dict(self.combined).get(folder.name)
+        return combined or SenderFiles(str(folder), tuple(self.names()), partitions or self.partitions)
+
+    def record(self) -> dict[str, int]:
+        """What `records/groups.json` keeps: the grouping, fixed by a resolve's first run (not its combines)."""
+        return {"partitions": self.partitions, "count": self.count, "key_bytes": self.key_bytes}
+
+
+SMALL_EXCHANGE = 4  # up to this many groups, each reads every group's file: 2 G^2 <= 4 x (G + G) requests
+
+
+def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, results: Sequence[dict[str, Any]],
+                    desc: str, partitions: int | None = None, *, records: Location | None = None) -> Groups:
+    """After a step whose G tasks each wrote one shuffle file in `folder` (their results' `bytes`): the two-level
+    exchange (`shuffle.combine`) when G > SMALL_EXCHANGE, laid out from the largest file's size (`combine_layout`),
+    so that the next step's G receivers read G / per_file files each, not G: requests
+    grow as senders + receivers while a combine holds at most COMBINE_BYTES. The groups the readers then use.
+    `partitions`: the files' own, where not the groups' (the clusters' order ranges); `records`: the combine tasks'
+    where not `shuffle.combine`'s own (`cc/rNNN/`'s go to the resolve's: `cc/` is deleted whole after the members)."""
+    sizes = [int(r["bytes"]) for r in results if "bytes" in r]
+    if groups.count <= SMALL_EXCHANGE or not sizes:  # (no sizes: a step recorded before the exchange existed)
+        return groups
+    spans = None if partitions else groups.starts()  # the clusters' order ranges are read one at a time
+    if combine_layout(folder, groups.count, partitions or groups.partitions, max(sizes), spans).per_file < 2:
+        return groups
+    layout = combine(run_tasks, folder, groups.names(), partitions or groups.partitions, f"{desc} combine",
+                     largest_bytes=max(sizes), spans=spans, records=records)
+    combined = dict(groups.combined)
+    combined[folder.name] = layout
+    return dataclasses.replace(groups, combined=tuple(sorted(combined.items())))
+
+
+GROUP_DOCS = 16_384  # documents per resolve task, at least: a small corpus makes few tasks whatever its partitions
+
+
+_KEY_BYTES = {"buckets": 16, "nodes": 40}  # bytes a document's keys take per band (buckets), besides its signature (nodes)
+
+
+def key_bytes(config: MinHashConfig, documents: int, senders: int) -> int:
+    """A sender's key file's bytes, estimated (`shuffle.average_sender_bytes`) at the larger of a document's buckets
+    (one row per band) and its node (the signature): what lays out the keys' combine."""
+    per_doc = max(_KEY_BYTES["buckets"] * config.lsh_params()[0], _KEY_BYTES["nodes"] + 4 * config.num_perm)
+    return average_sender_bytes(documents, senders, per_doc)
+
+
+def combine_keys(run_tasks: RunTasks, source: KeySource, desc: str) -> None:
+    """The two-level exchange of the map side's buckets and nodes (`shuffle.combine`): receivers then read
+    at most RECEIVER_FILES files, not M (the nodes keep each row's sender, which the exact check needs)."""
+    names = [s.rsplit("/", 1)[-1] for s in source.senders]
+    for kind, column in (("buckets", None), ("nodes", "sender")):
+        combine(run_tasks, location(source.keys) / kind, names, source.groups.partitions, f"{desc} combine {kind}",
+                largest_bytes=source.groups.key_bytes, spans=source.groups.starts(), source_column=column)
+
+
+def resolve_groups(partitions: int, documents: int) -> Groups:
+    """The resolve's tasks for `documents` near-dedup inputs: one per GROUP_DOCS documents, never more than
+    the partitions (whose count `auto` sizes to the task memory budget: a group then is one partition). So
+    the objects a resolve writes follow the data, not the partition count (a small corpus with
+    `partitions: 32` writes as few as with 4), and each task has work enough to pay for its start."""
+    return Groups(partitions, max(1, min(partitions, -(-max(documents, 0) // GROUP_DOCS))))
+
+
+GATHERED = "nodes-by-group"  # keys/nodes-by-group/gNNN.arrow: every sender's nodes of group g
+
+
+def gather_nodes_task(shared: tuple[str, KeySource], g: int) -> dict[str, int]:
+    """Group g's nodes of every sender, read once (one range of each of M files) into one file, so that
+    the three steps that look nodes up (attach, verify, members) read one file each instead of M ranges each."""
+    folder, source = shared
+    nodes = source.nodes(g)
+    write_work_table(location(source.keys) / GATHERED / f"g{g:03d}.arrow", nodes)
+    orders = nodes.column("order").to_numpy()
+    return {"nodes": nodes.num_rows, "units": int(orders.max() >> ROW_BITS) + 1 if len(orders) else 0}
+
+
+def send_edges(folder: Location, a: np.ndarray, b: np.ndarray, partitions: int, sender: str) -> int:
+    """Write undirected edges (a, b) as directed edges in both directions, partitioned by source:
+    one shuffle file `folder/<sender>.shuffle`; its bytes."""
+    src = np.concatenate([a, b]).astype(np.int64)
+    dst = np.concatenate([b, a]).astype(np.int64)
+    return write_shuffle(folder / f"{sender}.shuffle", pa.table({"src": src, "dst": dst}, schema=EDGE_SCHEMA),
+                         partition_of(src, partitions), partitions)
+
+
+def _directed(folder: Location, groups: Groups, g: int) -> tuple[np.ndarray, np.ndarray]:
+    table = groups.read(folder, g, EDGE_SCHEMA)
+    if table.num_rows == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return unique_pairs(table.column("src").to_numpy(), table.column("dst").to_numpy())
+
+
+def _checksum(src: np.ndarray, dst: np.ndarray) -> int:
+    with np.errstate(over="ignore"):
+        mixed = fmix(src.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + dst.astype(np.uint64), 64)
+        return int(np.add.reduce(mixed, dtype=np.uint64))
+
+
+def _lookup(nodes: pa.Table, orders: np.ndarray, columns: Sequence[str]) -> pa.Table:
+    """The `columns` of `nodes` (all nodes of one group) at each of `orders`, in that order."""
+    node_orders = nodes.column("order").to_numpy()
+    by_order = np.argsort(node_orders, kind="stable")
+    at = by_order[np.minimum(np.searchsorted(node_orders[by_order], orders), max(len(by_order) - 1, 0))]
+    if len(orders) and (len(node_orders) == 0 or (node_orders[at] != orders).any()):  # a bug, never bad input
+        raise RuntimeError(f"near dedup: documents {orders[:5].tolist()} have no node row in the work folder")
+    return nodes.select([c for c in columns if c in nodes.column_names]).take(pa.array(at, pa.int64()))
+
+
+class _ShingleCache:
+    """Shingle sets recomputed in this worker process, kept for the next verify task of the same run (a
+    document near the threshold with many partners is checked by several tasks): least recently used out
+    beyond `budget` bytes. Keyed by the run's `KeySource.run` (a fresh id per resolve), so a later run in
+    the same process, whose blocks may differ, never reads an earlier one's sets. Only speed depends on it:
+    each entry keeps its text's size (and a block read whole, that block's bytes), and a frame's read is costed over
+    all the documents a call wants, so a task's reported reads do not depend on the process."""
+
+    def __init__(self, budget: int = 256 * 2**20) -> None:
+        self.budget, self.used = budget, 0
+        self.sets: collections.OrderedDict[tuple[str, int], tuple[np.ndarray, int, int]] = collections.OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> tuple[np.ndarray, int, int] | None:
+        found = self.sets.get(key)
+        if found is not None:
+            self.sets.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[str, int], value: tuple[np.ndarray, int, int]) -> None:
+        self.sets[key] = value
+        self.used += value[0].nbytes
+        while self.used > self.budget and self.sets:
+            self.used -= self.sets.popitem(last=False)[1][0].nbytes
+
+
+_SHINGLES = _ShingleCache()
+
+
+EXACT_READ_BYTES = 64 << 20  # frames one batched read holds at most: the texts a verify task holds at once stay
+# bounded, while a batch still has far more ranges than the connection pool (a frame is a compressed document)
+
+
+def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray, at: np.ndarray,
+                      nbytes: np.ndarray, config: MinHashConfig) -> tuple[dict[int, np.ndarray], dict[str, Any]]:
+    """The shingle sets of `orders`, recomputed from their text (`senders[i]`: index into `source.senders`),
+    none for the documents this process already computed in this run (`_ShingleCache`). The documents whose
+    place in their read block is known (`at`, `nbytes`; -1 where not) are read by their own ranges, the ranges of
+    many blocks in one batched read (`read_blocks_texts`: all in flight at once on an object store), a batch per
+    EXACT_READ_BYTES of frames; the others (a block that holds its text itself: an `eval.source` block) by one read
+    of their block file. Also the bytes each distinct document's read takes (its frame and the gap before it in its
+    range, `_read_costs`; its block's text where it has no frame), the bytes of the texts, the documents and the
+    requests (ranges), for the resolve's summary: counted whether or not the cache spared the read; and
+    `read_seconds`, the reads' wall."""
+    out: dict[int, np.ndarray] = {}
+    read: dict[str, Any] = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0, "ranges_read": 0}
+    located, whole = [], []  # per block: (sender, rows to read, their costs, their requests)
+    for s in np.unique(senders).tolist():
+        mine = np.flatnonzero(senders == s)
+        mine = mine[np.unique(orders[mine], return_index=True)[1]]
+        costs, requests = _read_costs(at[mine], nbytes[mine])  # of all of them: the cache changes no count
+        wanted = []
+        for k, i in enumerate(mine.tolist()):
+            cached = _SHINGLES.get((source.run, int(orders[i])))
+            if cached is None:
+                wanted.append(k)
+            else:
+                out[int(orders[i])] = cached[0]
+                _count(read, int(costs[k]) if costs[k] >= 0 else cached[2], cached[1], int(requests[k]))
+        if wanted:
+            rows = mine[wanted]
+            (located if (at[rows] >= 0).all() else whole).append((s, rows, costs[wanted], requests[wanted]))
+    seconds = 0.0
+    batches = [(_located_texts, part) for part in _by_frame_bytes(located, nbytes)] + [(_block_texts, [b]) for b in whole]
+    for texts_of, part in batches:
+        started = time.perf_counter()
+        texts = texts_of(source, part, orders, at, nbytes)
+        seconds += time.perf_counter() - started
+        _shingle(source, part, texts, orders, config, out, read)
+    read["read_seconds"] = round(seconds, 6)
+    return out, read
+
+
+_Wanted = tuple[int, np.ndarray, np.ndarray, np.ndarray]  # a block's (sender, rows to read, their costs, their requests)
+
+
+def _by_frame_bytes(located: list[_Wanted], nbytes: np.ndarray) -> list[list[_Wanted]]:
+    """`located` cut into runs of blocks whose wanted frames hold at most EXACT_READ_BYTES (a block at least)."""
+    parts: list[list[_Wanted]] = []
+    held = 0
+    for block in located:
+        size = int(nbytes[block[1]].sum())
+        if not parts or held + size > EXACT_READ_BYTES:
+            parts.append([])
+            held = 0
+        parts[-1].append(block)
+        held += size
+    return parts
+
+
+def _located_texts(source: KeySource, part: list[_Wanted], orders: np.ndarray, at: np.ndarray, nbytes: np.ndarray) -> pa.Array:
+    """The texts of each block's rows, read by their frames' ranges: every block's in one batched read."""
+    frames = [(source.senders[s].rsplit("/", 1)[1], at[rows], nbytes[rows]) for s, rows, _, _ in part]
+    return pa.array([t for texts in read_blocks_texts(location(source.work), frames) for t in texts], pa.large_string())
+
+
+def _block_texts(source: KeySource, part: list[_Wanted], orders: np.ndarray, at: np.ndarray, nbytes: np.ndarray) -> pa.Array:
+    """The texts of the rows of a block that holds its text itself (`part`: that one block), by one read of its file;
+    their costs (-1, unknown until now) become the block's text bytes (in place)."""
+    [(s, rows, costs, _)] = part
+    folder, name = source.senders[s].rsplit("/", 1)
+    table = block_documents(location(source.work), folder, name, ["order", "text"])
+    texts = table.column("text").take(pc.index_in(pa.array(orders[rows], pa.int64()), value_set=table.column("order")))
+    costs[costs < 0] = int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)
+    return (texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts).cast(pa.large_string())
+
+
+def _shingle(source: KeySource, part: list[_Wanted], texts: pa.Array, orders: np.ndarray, config: MinHashConfig,
+             out: dict[int, np.ndarray], read: dict[str, Any]) -> None:
+    """The shingle sets of `part`'s documents (`texts`, in its order) into `out` and the cache; their reads counted."""
+    rows = np.concatenate([rows for _, rows, _, _ in part])
+    costs = np.concatenate([costs for _, _, costs, _ in part]).tolist()
+    requests = np.concatenate([requests for _, _, _, requests in part]).tolist()
+    sizes = pc.binary_length(texts).to_numpy(zero_copy_only=False).tolist()
+    for order, shingles, cost, size, request in zip(orders[rows].tolist(), shingle_sets(texts, config), costs, sizes, requests):
+        out[order] = shingles
+        _SHINGLES.put((source.run, order), (shingles, int(size), int(cost)))
+        _count(read, int(cost), int(size), int(request))
+
+
+def _read_costs(at: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per document of one block, as `read_texts` reads them all: the bytes its read takes (its frame and the gap
+    before it within its range; a range's documents add up to the range) and whether it starts a range (a request).
+    Without locators (the block holds its text itself): one read of the whole block, its bytes unknown here (-1)."""
+    if len(at) == 0 or (at < 0).any():
+        return np.full(len(at), -1, np.int64), (np.arange(len(at)) == 0).astype(np.int64)
+    group, _, _ = frame_ranges(at, nbytes)
+    by_at = np.argsort(at, kind="stable")
+    ends = (at + nbytes)[by_at]  # a block's frames never overlap: in block order a range grows by end - previous end
+    first = np.r_[True, group[by_at][1:] != group[by_at][:-1]]
+    costs, requests = np.empty(len(at), np.int64), np.empty(len(at), np.int64)
+    costs[by_at] = np.where(first, nbytes[by_at], ends - np.r_[0, ends[:-1]])
+    requests[by_at] = first
+    return costs, requests
+
+
+def _count(read: dict[str, int], cost: int, size: int, request: int) -> None:
+    read["documents_read"] += 1
+    read["bytes_read"] += cost
+    read["text_bytes"] += size
+    read["ranges_read"] += request
+
+
+def _locators(table: pa.Table, suffix: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """The `text_at`/`text_bytes` columns (of a node lookup or a pair's first document) as arrays, -1 where
+    the document's block holds its text itself (its nodes carry no locator)."""
+    names = [f"text_at{suffix}", f"text_bytes{suffix}"]
+    if names[0] not in table.column_names:
+        return np.full(table.num_rows, -1, np.int64), np.full(table.num_rows, -1, np.int64)
+    return tuple(pc.fill_null(table.column(n), -1).to_numpy().astype(np.int64) for n in names)
+
+
+def pairs_task(shared: tuple[str, KeySource, MinHashConfig], g: int) -> dict[str, Any]:
+    """Candidate pairs of the bucket partitions of group g -> `pairs-u/gNNN` by their first document (or,
+    without `verify`, star edges -> `cc/r000/gNNN`)."""
+    folder, source, config = shared
+    root, groups = location(folder), source.groups
+    lo, hi = groups.range(g)
+    buckets = source.read("buckets", lo, config.partitions, through=hi)
+    if buckets is None:
+        buckets = pa.table({"bucket": pa.array([], pa.uint64()), "order": pa.array([], pa.int64())})
+    if not config.verify:
+        a, b = star_edges(buckets)
+        size = send_edges(root / "cc" / "r000", a, b, config.partitions, f"g{g:03d}")
+        return {"edges": int(len(a)), "candidates": int(len(a)), "bytes": size}
+    u, v = bucket_pairs(buckets, config.bucket_window)  # a bucket lives in one partition: as if one by one
+    size = write_shuffle(root / "pairs-u" / f"g{g:03d}.shuffle", pa.table({"u": u, "v": v}, schema=PAIR_SCHEMA),
+                         partition_of(u, config.partitions), config.partitions)
+    return {"edges": 0, "candidates": int(len(u)), "bytes": size}
+
+
+def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) -> dict[str, Any]:
+    """The pairs of `pairs_folder/pairs-u/` whose first document is in group g, joined with that
+    document's signature and sender -> `pairs-v/gNNN` by their second document."""
+    _, pairs_folder, source, config, _ = shared
+    pairs_root, groups = location(pairs_folder), source.groups
+    pairs = groups.read(pairs_root / "pairs-u", g, PAIR_SCHEMA)
+    # a pair that shares buckets of several partitions, once
+    u, v = unique_pairs(pairs.column("u").to_numpy(), pairs.column("v").to_numpy())
+    found = _lookup(source.nodes(g), u, ["signature", "sender", "text_at", "text_bytes"])
+    at, nbytes = _locators(found)
+    table = pa.table({"u": pa.array(u, pa.int64()), "v": pa.array(v, pa.int64()), "sig_u": found.column("signature"),
+                      "sender_u": found.column("sender"), "text_at_u": at, "text_bytes_u": nbytes})
+    size = write_shuffle(pairs_root / "pairs-v" / f"g{g:03d}.shuffle", table, partition_of(v, config.partitions),
+                         config.partitions)
+    return {"pairs": len(u), "bytes": size}
+
+
+def _not_yet_connected(edge_u: np.ndarray, edge_v: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Mask of the pairs (u[i], v[i]) whose ends the edges do not already connect (a union-find over the edges)."""
+    if len(u) == 0 or len(edge_u) == 0:
+        return np.ones(len(u), dtype=bool)
+    nodes, index = np.unique(np.concatenate([edge_u, edge_v, u, v]), return_inverse=True)
+    parent = np.arange(len(nodes))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    n = len(edge_u)
+    for a, b in zip(index[:n].tolist(), index[n : 2 * n].tolist()):
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    pu, pv = index[2 * n : 2 * n + len(u)], index[2 * n + len(u) :]
+    return np.fromiter((find(a) != find(b) for a, b in zip(pu.tolist(), pv.tolist())), dtype=bool, count=len(u))
+
+
+def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) -> dict[str, Any]:
+    """The pairs whose second document is in group g, decided: by the signatures, then the ones too near
+    the threshold by the exact Jaccard of their text's shingles. Edges -> `edges_folder/gNNN`."""
+    _, pairs_folder, source, config, edges_folder = shared
+    pairs_root, edges_root, groups = location(pairs_folder), location(edges_folder), source.groups
+
+    def work() -> dict[str, Any]:
+        pairs = groups.read(pairs_root / "pairs-v", g)
+        if pairs is None or pairs.num_rows == 0:
+            size = send_edges(edges_root, np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, f"g{g:03d}")
+            return {"edges": 0, "checked": 0, "near": 0, "bytes_read": 0, "text_bytes": 0, "documents_read": 0,
+                    "ranges_read": 0, "read_seconds": 0.0, "bytes": size}
+        u, v = pairs.column("u").to_numpy(), pairs.column("v").to_numpy()
+        found = _lookup(source.nodes(g), v, ["signature", "sender", "text_at", "text_bytes"])
+        edge, near = estimate_masks(signature_values(pairs.column("sig_u"), config.num_perm),
+                                    signature_values(found.column("signature"), config.num_perm), config)
+        # a near pair whose documents this task's sure edges already connect needs no exact check: its
+        # edge could not change the components (dense clusters of near-identical pages are mostly such)
+        rows = np.flatnonzero(near)
+        rows = rows[_not_yet_connected(u[edge], v[edge], u[rows], v[rows])]
+        near_u, near_v = u[rows], v[rows]
+        read = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0, "ranges_read": 0, "read_seconds": 0.0}
+        if len(rows):
+            orders = np.r_[near_u, near_v]
+            senders = np.r_[pairs.column("sender_u").to_numpy()[rows], found.column("sender").to_numpy()[rows]]
+            at_u, bytes_u = _locators(pairs, "_u")
+            at_v, bytes_v = _locators(found)
+            sets, read = text_shingle_sets(source, orders, senders, np.r_[at_u[rows], at_v[rows]],
+                                           np.r_[bytes_u[rows], bytes_v[rows]], config)
+            near_u, near_v = exact_edges(near_u, near_v, lambda wanted: {o: sets[o] for o in wanted.tolist()}, config.threshold)
+        a, b = np.r_[u[edge], near_u], np.r_[v[edge], near_v]
+        size = send_edges(edges_root, a, b, config.partitions, f"g{g:03d}")
+        return {"edges": int(len(a)), "checked": int(len(rows)), "near": int(len(near_u)),
+                "near_connected": int(near.sum() - len(rows)), **read, "bytes": size}
+
+    started = time.perf_counter()
+    result = work()
+    # the task's wall beside its reads' (`read_seconds`) and requests (`ranges_read`), in its record only: the
+    # resolve's summary holds what every run of the same input repeats
+    return {**result, "seconds": round(time.perf_counter() - started, 6)}
+
+
+def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, source: KeySource, config: MinHashConfig,
+                 edges_folder: Location, desc: str, sent: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Decide the candidate pairs in `pairs_folder/pairs-u/` (one shuffle file per group of
+    `source.groups`, by first document; `sent`: the results of the tasks that wrote them, with their
+    `bytes`, for the exchange): `attach_task` then `verify_task` (their records in `folder/records/`);
+    the edges end in `edges_folder` (one shuffle file per group, partitioned by source). Returns the
+    counts and `largest_bytes`, the largest edges file."""
+    pairs_root = location(pairs_folder)
+    groups = exchange_groups(run_tasks, pairs_root / "pairs-u", source.groups, sent, f"{desc} pairs")
+    shared = (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config, str(edges_folder))
+    parts = source.groups.items()
+    attached = run_tasks(attach_task, shared, parts, f"{desc} attach", record=record_in("records", "attach"))
+    remove_tree(pairs_root / "pairs-u")  # consumed: every attach task's record is written
+    groups = exchange_groups(run_tasks, pairs_root / "pairs-v", groups, attached, f"{desc} attach")
+    shared = (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config, str(edges_folder))
+    checked = run_tasks(verify_task, shared, parts, f"{desc} verify", record=record_in("records", "verify"))
+    remove_tree(pairs_root / "pairs-v")  # consumed (its signatures are the resolve's largest files)
+    return _edges_summary(checked)
+
+
+def _edges_summary(results: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """What the tasks that wrote the components' input edges report: the edges, the exact check's pairs and its
+    reads (the texts' frames, beside the bytes of the texts they held; none without verification), the largest file."""
+    total = lambda key: sum(x.get(key, 0) for x in results)
+    return {"edges": total("edges"), "exact_checked": total("checked"), "exact_bytes_read": total("bytes_read"),
+            "exact_text_bytes": total("text_bytes"), "exact_documents_read": total("documents_read"),
+            "exact_ranges_read": total("ranges_read"), "largest_bytes": max((x.get("bytes", 0) for x in results), default=0)}
+
+
+def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
+    """All edges in one task: components in memory, written as the converged rounds would be."""
+    folder, config, groups = shared
+    root = location(folder)
+    table = groups.files(root / "cc" / "r000", config.partitions).read(0, EDGE_SCHEMA, through=config.partitions)
+    src, dst = table.column("src").to_numpy(), table.column("dst").to_numpy()
+    keep = src < dst  # each undirected edge once
+    a, b, rounds = connected_components(src[keep], dst[keep], config.max_rounds)
+    names = groups.names()
+    size = send_edges(root / "cc" / "one-task", a, b, config.partitions, names[0])
+    for name in names[1:]:  # every sender of the folder exists, as after the rounds
+        send_edges(root / "cc" / "one-task", np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, name)
+    return {"rounds": rounds, "bytes": size}
+
+
+def round_task(shared: tuple[str, Any, Groups], r: int, g: int) -> dict[str, Any]:
+    folder, config, groups = shared
+    root = location(folder)
+    src, dst = _directed(root / "cc" / f"r{r:03d}", groups, g)
+    step = large_star if r % 2 == 0 else small_star
+    a, b = step(src, dst)  # a node's edges live in its partition: the group's partitions at once, as one by one
+    size = send_edges(root / "cc" / f"r{r + 1:03d}", a, b, config.partitions, f"g{g:03d}")
+    return {"input_edges": int(len(src)), "checksum": _checksum(src, dst), "bytes": size}
+
+
+MEMBER_SCHEMA = pa.schema([("order", pa.int64()), ("label", pa.int64()), ("id", pa.string()), ("length", pa.int64())])
+
+
+def members_task(shared: tuple[str, Any, KeySource], converged: str, g: int) -> dict[str, Any]:
+    """Labels from the converged edges in `cc/<converged>/`, joined with the nodes' ids and lengths."""
+    folder, config, source = shared
+    root = location(folder)
+    node, label = labels(*_directed(root / "cc" / converged, source.groups, g))
+    members = MEMBER_SCHEMA.empty_table()
+    if len(node):
+        longest = config.keep == "longest"
+        found = _lookup(source.nodes(g), node, ["id"] + (["length"] if longest else []))
+        ids = found.column("id").cast(pa.string())
+        length = found.column("length") if longest else pa.array(np.zeros(len(node), np.int64))
+        members = pa.table({"order": node, "label": label, "id": ids, "length": length}, schema=MEMBER_SCHEMA)
+    size = write_shuffle(root / "members" / f"g{g:03d}.shuffle", members,
+                         partition_of(members.column("label").to_numpy(), config.partitions), config.partitions)
+    return {"members": members.num_rows, "bytes": size}
+
+
+@dataclass(frozen=True)
+class OrderRanges:
+    """The clusters' rows cut into `count` contiguous ranges of input order (by input unit: `units` of them), so
+    that `clusters_task` merges one range of every group's file at a time."""
+
+    units: int
+    count: int
+
+    def of(self, orders: np.ndarray) -> np.ndarray:
+        return (orders >> ROW_BITS) * self.count // max(self.units, 1)
+
+
+MERGE_RANGES = 256  # order ranges of the clusters merge, at most (one per input unit below that)
+
+
+def winners_task(shared: tuple[str, Any, Groups, OrderRanges], g: int) -> dict[str, Any]:
+    folder, config, groups, ranges = shared
+    root = location(folder)
+    members = groups.read(root / "members", g, MEMBER_SCHEMA)
+    if members.num_rows == 0:
+        losers, clusters = LOSER_SCHEMA.empty_table(), CLUSTER_SCHEMA.empty_table()
+    else:
+        losers, clusters = choose_kept(members, config.keep)
+    # By order within each range, so that `clusters_task` merges a range without sorting more than it.
+    clusters = clusters.sort_by([("order", "ascending")])
+    size = write_shuffle(root / "clusters" / f"g{g:03d}.shuffle", clusters,
+                         ranges.of(clusters.column("order").to_numpy()), ranges.count)
+    write_work_table(root / f"losers-t{g:03d}.arrow", losers)
+    # A cluster lives in one partition (members go to the partition of their label): counts add up.
+    n_clusters = len(pc.unique(clusters.column("cluster_id"))) if clusters.num_rows else 0
+    return {"losers": losers.num_rows, "clusters": n_clusters, "bytes": size}
+
+
+def clusters_task(shared: tuple[str, str, Groups, OrderRanges], _: int = 0) -> dict[str, Any]:
+    """`out_dir/near_duplicates/clusters.parquet`: every group's clusters merged by order, one order range at a
+    time (a row group each): a step holds one range of every group's file (`OrderRanges`), so memory is the
+    clusters' bytes over the ranges, not the corpus's."""
+    folder, out_dir, groups, ranges = location(shared[0]), location(shared[1]), shared[2], shared[3]
+    clusters = groups.files(folder / "clusters", ranges.count)
+    schema = CLUSTER_SCHEMA.remove(CLUSTER_SCHEMA.get_field_index("order"))
+    rows = 0
+    path = out_dir / "near_duplicates" / "clusters.parquet"
+    with replacing(path, False) as tmp, tmp.open("wb") as sink, pq.ParquetWriter(sink, schema) as writer:
+        for r in range(ranges.count):
+            step = clusters.read(r, CLUSTER_SCHEMA)
+            if step.num_rows:
+                writer.write_table(step.sort_by([("order", "ascending")]).drop(["order"]).cast(schema))
+                rows += step.num_rows
+        if rows == 0:
+            writer.write_table(schema.empty_table())
+    return {"rows": rows}
+
+
+class NearDedupStage(MinHashStage, GlobalStage):
+    """Near dedup as a global stage: `MinHashStage`'s keys, resolved by this module's tasks."""
+
+    locates_text = True  # the exact check reads its documents' text by range (`text_shingle_sets`)
+
+    def tasks(self, documents: int) -> int:
+        return resolve_groups(self.config.partitions, documents).count
+
+    def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str],
+                documents: int) -> dict[str, Any]:
+        return resolve(run_tasks, folder, self, out_dir, senders, documents)
+
+
+def first_run_choice_task(shared: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """A choice as this run proposes it (the grouping; one task or rounds for the components); its record keeps
+    the first run's for every resume, whose files follow that choice."""
+    return shared[1]
+
+
+def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location, senders: Sequence[str],
+            documents: int) -> dict[str, Any]:
+    """Run the whole resolution with `run_tasks(fn, shared, items, desc)` (an executor's: it calls
+    `fn(shared, *item)` for each item); `senders` are the map side's blocks (paths below the work
+    folder, `folder.parent`), holding `documents` documents in all (what sizes the groups). Writes
+    `out_dir/near_duplicates/clusters.parquet` and `folder/losers-tNNN.arrow` (one per group); returns a
+    summary for the stats."""
+    config = stage.config
+    proposed = dataclasses.replace(resolve_groups(config.partitions, documents),
+                                   key_bytes=key_bytes(config, documents, len(senders)))
+    # fixed by the first run (the task's record, `records/groups.json`): a resume keeps its grouping
+    first = run_tasks(first_run_choice_task, (str(folder), proposed.record()), [()], f"{stage.name} groups",
+                      record=record_in("records", "groups"))[0]
+    groups = Groups(**first)
+    parts = groups.items()
+    source = KeySource(str(folder), str(folder.parent), tuple(senders), run=uuid.uuid4().hex, groups=groups)
+    combine_keys(run_tasks, source, stage.name)
+    found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs",
+                      record=record_in("records", "pairs"))
+    # the nodes, read by three later steps, are gathered once by group; the senders' files then go
+    gathered = run_tasks(gather_nodes_task, (str(folder), source), parts, f"{stage.name} gather",
+                         record=record_in("records", "gather"))
+    units = max((x.get("units", 0) for x in gathered), default=0)
+    ranges = OrderRanges(units, max(1, min(MERGE_RANGES, units)))
+    remove_tree(folder / "nodes")
+    source = dataclasses.replace(source, gathered=True)
+    # the verified edges are the components' input, as the pairs step's star edges are without verification
+    verified = (verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name, found)
+                if config.verify else _edges_summary(found))
+    edges = verified["edges"]
+    # fixed by the first run (the task's record): a resume with another `one_task_edges` keeps the branch whose
+    # files it has; every step below is recorded, so a resume after `cc/` is deleted runs none of them again
+    branch = run_tasks(first_run_choice_task, (str(folder), {"one_task": edges <= config.one_task_edges}), [()],
+                       f"{stage.name} components branch", record=record_in("records", "components-branch"))[0]
+    groups = exchange_groups(run_tasks, folder / "cc" / "r000", groups, [{"bytes": verified["largest_bytes"]}],
+                             f"{stage.name} edges", records=folder / "records")
+    shared = (str(folder), config, groups)
+    if branch["one_task"]:
+        one = run_tasks(components_task, shared, [()], f"{stage.name} components", record=record_in("records", "components"))
+        rounds, converged = one[0]["rounds"], "one-task"
+        groups = exchange_groups(run_tasks, folder / "cc" / converged, groups, one, f"{stage.name} components",
+                                 records=folder / "records")
+    else:
+        rounds, groups = _component_rounds(run_tasks, shared, config)
+        converged = f"r{rounds - 1:03d}"  # the input of the last round
+    member_rows = run_tasks(members_task, (str(folder), config, dataclasses.replace(source, groups=groups)),
+                            [(converged, g) for (g,) in parts], f"{stage.name} members", record=record_in("records", "members"))
+    remove_tree(folder / "cc")  # consumed: the members carry the labels on
+    largest = [{"bytes": max((x.get("bytes", 0) for x in member_rows), default=0)}]
+    groups = exchange_groups(run_tasks, folder / "members", groups, largest, f"{stage.name} members")
+    kept = run_tasks(winners_task, (str(folder), config, groups, ranges), parts, f"{stage.name} keep",
+                     record=record_in("records", "winners"))
+    remove_tree(folder / "members")  # consumed
+    groups = exchange_groups(run_tasks, folder / "clusters", groups, kept, f"{stage.name} keep", ranges.count)
+    run_tasks(clusters_task, (str(folder), str(out_dir), groups, ranges), [(0,)], f"{stage.name} clusters",
+              record=record_in("records", "clusters"))
+    losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)
+    return {
+        "candidate_pairs": sum(x["candidates"] for x in found),  # distinct within each bucket partition
+        "exact_checked": verified["exact_checked"],
+        "exact_bytes_read": verified["exact_bytes_read"],  # the exact check's reads (the documents' frames)
+        "exact_text_bytes": verified["exact_text_bytes"],  # and the bytes of the texts they held
+        "exact_documents_read": verified["exact_documents_read"],  # once per verify task
+        "exact_ranges_read": verified["exact_ranges_read"],  # its requests: neighbouring frames share one
+        "edges": edges,
+        "rounds": rounds,
+        "groups": groups.record(),  # the grouping (the eval split's near check reads its keys by it)
+        "clusters": n_clusters,
+        "removed": losers,
+        "tasks": groups.count,
+    }
+
+
+def _component_rounds(run_tasks: RunTasks, shared: tuple[str, Any, Groups], config: Any) -> tuple[int, Groups]:
+    """Distributed large-star / small-star rounds until convergence; the number of rounds run (the
+    last one's input, `cc/r<rounds-1>/`, is the converged edge set) and the groups that read it."""
+    checksums: list[tuple[int, int]] = []
+    r = 0
+    while True:
+        results = run_tasks(round_task, shared, [(r, g) for (g,) in shared[2].items()], f"minhash components round {r}",
+                            record=record_in("records", "round"))
+        checksums.append((sum(x["input_edges"] for x in results), sum(x["checksum"] for x in results) % 2**64))
+        # A large-star round whose input equals the previous large-star round's input: converged.
+        if r % 2 == 0 and r >= 2 and checksums[r] == checksums[r - 2]:
+            return r + 1, shared[2]
+        groups = exchange_groups(run_tasks, location(shared[0]) / "cc" / f"r{r + 1:03d}", shared[2], results,
+                                 f"minhash components round {r + 1}", records=location(shared[0]) / "records")
+        shared = (shared[0], shared[1], groups)
+        if r >= 2:  # the input of the round before (not r000): no later round reads it, and this one was not the last
+            remove_tree(location(shared[0]) / "cc" / f"r{r - 1:03d}")
+        r += 1
+        if r >= config.max_rounds:
+            raise RuntimeError(
+                f"near-dedup connected components did not converge in {config.max_rounds} rounds "
+                "(dedup.minhash.max_rounds)"
+            )

@@ -1,0 +1,170 @@
+"""Segments: the map stages of a block, run back to back up to a global stage, and that stage's resolve.
+
+One task per block and segment (`segment_task`) drops the previous global stage's losers, runs the segment's
+map stages (language id, filters, a user's stages) and sends the next global stage's keys. The global stage's
+resolve half then decides over all keys with its own tasks (`GlobalStage.resolve`, given the run loop's
+`run_tasks`), and its losers are routed back to the blocks (`datapipe.curation.exchange`); `datapipe.curation.run`
+drives the segments and resolves in order. So exact and near dedup
+are global across every file, worker and node, and a winner is the first document in input order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
+from datapipe.core.shards import atomic_write_table
+from datapipe.core.storage import Location
+from datapipe.curation.phases import unique_ids
+from datapipe.curation.blocks import LOCATOR_COLUMNS, READ, block_documents, write_view
+from datapipe.curation.counters import Counters
+from datapipe.curation.exchange import unit_losers
+from datapipe.curation.phase import Phase
+from datapipe.curation.plan import Plan, Segment, block_name, stage_title, task_memory, text_bytes
+from datapipe.curation.config import CurateConfig
+from datapipe.curation.phases.near_dedup import NearDedupStage
+from datapipe.curation.user_stages import UserStageFailed, build_user_stages
+from stages.base import FilterStage, GlobalStage, Stage, write_keys
+from stages.exact_dedup import ExactDedupStage
+from stages.langid import LangIdStage
+from stages.quality import build_filters
+
+
+def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage] = ()) -> list[Segment]:
+    """The stage list in pipeline order, cut after each global stage: the recipe's own `stages` and then
+    `extra_stages` run after the shipped filters, before near dedup."""
+    per_domain, default = build_filters(cfg.filters)
+    pipeline: list[Any] = []  # normalize runs in the read task (`Plan.read_stages`): it rewrites the text
+    if cfg.dedup.exact.enabled:
+        pipeline.append(ExactDedupStage(cfg.dedup.exact))
+    if cfg.langid.enabled:
+        pipeline.append(LangIdStage(cfg.langid, keep_text=cfg.output.keep_dropped_text))
+    pipeline.append(FilterStage(per_domain, default, keep_text=cfg.output.keep_dropped_text))
+    pipeline += build_user_stages(cfg.stages, keep_text=cfg.output.keep_dropped_text)  # the recipe's `stages`
+    pipeline += extra_stages  # Python's `curate(cfg, extra_stages=[...])`
+    if cfg.dedup.minhash.enabled:
+        pipeline.append(NearDedupStage(cfg.dedup.minhash))
+    segments = [Segment("seg0", [])]
+    for stage in pipeline:
+        if isinstance(stage, GlobalStage):  # a global stage closes its segment
+            segments[-1].global_stage = stage
+            segments.append(Segment(f"seg{len(segments)}", []))
+        else:
+            segments[-1].stages.append(stage)
+    for previous, seg in zip([None, *segments], segments):
+        # By the stages' own names, as in stats.json's funnel: "filters+minhash" (its global stage's
+        # keys are computed here), or "minhash drop" for a segment that only drops a global stage's losers.
+        names = [s.name for s in seg.stages] + ([seg.global_stage.name] if seg.global_stage else [])
+        seg.title = "+".join(names) if names else f"{previous.global_stage.name} drop" if previous else "copy"
+        shown = [stage_title(s.name) for s in seg.stages] or [stage_title(names[0])] if names else []
+        seg.stage = " + ".join(shown) if shown else stage_title(previous.global_stage.name) if previous else "copy"
+    return segments
+
+
+def write_dropped(plan: Plan, stage_name: str, block: str, parts: list[pa.RecordBatch]) -> None:
+    parts = [p for p in parts if p.num_rows]
+    if parts:
+        table = pa.Table.from_batches(parts, schema=DROPPED_SCHEMA)
+        atomic_write_table(plan.out / "dropped" / f"{stage_name}-{block}.parquet", table, format="parquet")
+
+
+def run_stages(plan: Plan, stages: list[Stage], table: pa.Table, counters: Counters, dropped_parts: list[pa.RecordBatch]) -> pa.Table:
+    """Map stages back to back over `table`'s batches: the documents they keep; their drops are counted
+    and added to `dropped_parts`. A user's stage that fails says where its documents lie in the inputs."""
+    out_batches = []
+    for batch in table.to_batches(max_chunksize=plan.cfg.read.batch_size):
+        for stage in stages:
+            try:
+                result = stage(batch)
+            except UserStageFailed as failed:
+                raise failed.located(plan.units) from None
+            counters.count_stage(stage.name, batch, result.kept)
+            dropped_parts.append(result.dropped)
+            batch = result.kept
+        out_batches.append(batch)
+    return pa.Table.from_batches(out_batches, schema=DOC_SCHEMA)
+
+
+def _apply_losers(table: pa.Table, losers: pa.Table, stage: str, keep_text: bool) -> tuple[pa.Table, pa.RecordBatch | None]:
+    """Drop the rows a global stage decided against (matched by global order)."""
+    if losers.num_rows == 0 or table.num_rows == 0:
+        return table, None
+    lose = pc.is_in(table.column("order"), value_set=losers.column("order"))
+    if not pc.any(lose).as_py():
+        return table, None
+    gone = table.filter(lose)
+    kept = table.filter(pc.invert(lose))
+    where = pc.index_in(gone.column("order"), value_set=losers.column("order"))
+    n = gone.num_rows
+    dropped = pa.RecordBatch.from_arrays(
+        [
+            gone.column("id").combine_chunks(),
+            gone.column("domain").combine_chunks(),
+            gone.column("order").combine_chunks(),
+            pa.array([stage] * n, pa.string()),
+            losers.column("reason").take(where).combine_chunks(),
+            losers.column("kept_id").take(where).combine_chunks(),
+            gone.column("text").combine_chunks() if keep_text else pa.nulls(n, pa.large_string()),
+        ],
+        schema=DROPPED_SCHEMA,
+    )
+    return kept, dropped
+
+
+def _with_locators(documents: pa.Table, locators: pa.Table) -> pa.Table:
+    """`documents` with each one's `LOCATOR_COLUMNS`, taken from `locators` (a superset, both by order)."""
+    rows = pc.index_in(documents.column("order"), value_set=locators.column("order"))
+    for name in LOCATOR_COLUMNS:
+        documents = documents.append_column(name, locators.column(name).take(rows))
+    return documents
+
+
+def segment_phase(plan: Plan, seg_index: int, blocks: list[tuple[int, int]]) -> Phase:
+    """One task per block through segment `seg_index`."""
+    seg = plan.segments[seg_index]
+    return Phase(seg.stage, seg.title, segment_task, plan, [(seg_index, u, b) for u, b in blocks], segment_record_at,
+                 task_memory(plan, "segment"))
+
+
+def segment_record_at(plan: Plan, seg_index: int, unit_index: int, block: int) -> Location:
+    return plan.work / plan.segments[seg_index].name / f"{block_name(unit_index, block)}.json"
+
+
+def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int) -> dict[str, Any]:
+    """One block through a segment: the previous global stage's losers dropped, the map stages, the next global
+    stage's keys sent; the view of what it kept written (`work/<segment>/<block>.arrow`)."""
+    seg = plan.segments[seg_index]
+    name = block_name(unit_index, block)
+    previous = plan.segments[seg_index - 1].global_stage if seg_index > 0 else None
+    losers = unit_losers(plan.work / previous.name, unit_index, len(plan.units)) if previous is not None else None
+    input_index = plan.units[unit_index].input_index
+    located = seg.global_stage is not None and seg.global_stage.locates_text
+    table = block_documents(plan.work, READ if seg_index == 0 else plan.segments[seg_index - 1].name, name, locate=located)
+    locators = table.select(["order", *LOCATOR_COLUMNS]) if located else None
+    table = table.drop(list(LOCATOR_COLUMNS)) if located else table
+    if seg_index == 0:  # ids made unique before any stage sees them (datapipe/curation/phases/unique_ids.py)
+        table = unique_ids.apply(plan.work, unit_index, table)
+    counters = Counters()
+    dropped_parts: list[pa.RecordBatch] = []
+    keep_text = plan.cfg.output.keep_dropped_text
+
+    if losers is not None:
+        prev = plan.segments[seg_index - 1].global_stage.name
+        before = table
+        table, dropped = _apply_losers(table, losers, prev, keep_text)
+        counters.count_stage(prev, before, table)
+        if dropped is not None:
+            dropped_parts.append(dropped)
+
+    out = run_stages(plan, seg.stages, table, counters, dropped_parts)
+    for part in dropped_parts:
+        counters.count_dropped(input_index, part)
+    write_dropped(plan, seg.name, name, dropped_parts)
+    if seg.global_stage is not None:  # its map half: keys into one shuffle file per kind, work/<stage>/<kind>/<block>
+        keyed = out if locators is None else _with_locators(out, locators)
+        write_keys(seg.global_stage, keyed, plan.work / seg.global_stage.name, name)
+    write_view(plan.work, seg.name, name, out)  # what it kept, not the text again
+    return {"rows": out.num_rows, "bytes": text_bytes(out), "counters": counters.to_json()}

@@ -1,0 +1,261 @@
+"""Selection between tokenize and shards: diversity sampling, then mixture reweighting.
+
+Both need each document's token count, so they run on the tokenized blocks: the result is, for
+every block, how many times each row is written (0 = dropped, 2 = repeated once), in a file per block
+(`work/select/<block>.arrow`, read through `RowCopies`). Every per-document decision is made in tasks
+over blocks; the driver holds per-domain (and per-cluster) totals only:
+
+1. count     one task per block: training documents and tokens per domain;
+2. centroids (diversity) a seeded sample of at most `fit_docs` documents per sampled domain, taken by
+             one task per block and sent by domain, fits the k-means centroids in one task per domain
+             (their records carry the centroids to the driver); one task per block assigns
+             every document to its nearest centroid (`work/diversity/<block>.arrow`);
+3. histogram (diversity) one task per block writes its documents' (cluster, rank bucket) counts and
+             tokens; the driver adds them up one block at a time into each cluster's quota (spread
+             evenly over the clusters, `stages.diversity.water_fill`) and the rank bucket where the
+             quota runs out; the documents of that one bucket per cluster (1/4096 of them) come back
+             to the driver, which finds the last one a cluster keeps. A cluster keeps its documents in
+             seeded-rank order while its running total stays within the quota: the same rule as
+             `stages.diversity.select` over the whole domain, decided exactly;
+4. select    one task per block: diversity's choice, then the mixture's copies (`stages.mixture`:
+             per-document from a per-domain rate planned on the tokens left after diversity), the
+             dropped documents' records, the copies file, and the counters' changes.
+
+Everything is seeded and ordered by block, so the choice is the same on any number of workers. Rows
+held out of training (the eval split of `eval_split.py` and the copies of its documents) get 0
+copies, and neither step sees them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from datapipe.curation.counters import Counters
+from datapipe.core.shards import atomic_write_table
+from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, Combined, combine, write_shuffle
+from datapipe.core.workfiles import read_work_table, write_work_table
+from datapipe.core.storage import Location, location
+from datapipe.curation.phase import record_in
+from datapipe.curation.config import SelectionConfig
+from datapipe.curation.phases.model_selection import select_by_model
+from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, assigned, cuts, held_rows
+from stages import diversity, mixture
+
+COPIES_DIR = "select"  # work/select/<block>.arrow: column `copies`
+
+
+def _token_file(work: Location, block: str) -> Location:
+    return work / "tokens" / f"{block}.arrow"
+
+
+def count_task(shared: tuple[str, RowCopies | None], block: str) -> dict[str, list[int]]:
+    """Per domain of the block's rows (in order of first appearance, held-out rows included): training
+    [documents, tokens]."""
+    work, held_out = location(shared[0]), shared[1]
+    table = read_work_table(_token_file(work, block)).select(["domain", "num_tokens"])
+    domains = np.array(table.column("domain").to_pylist(), dtype=object)
+    tokens = table.column("num_tokens").to_numpy()
+    training = ~held_rows(held_out, block, table.num_rows)
+    out: dict[str, list[int]] = {}
+    names, first = np.unique(domains, return_index=True) if len(domains) else ([], [])
+    for d in [names[i] for i in np.argsort(first)]:
+        rows = (domains == d) & training
+        out[d] = [int(rows.sum()), int(tokens[rows].sum())]
+    return out
+
+
+SAMPLE_SCHEMA = pa.schema([("tokens", pa.large_list(pa.uint32()))])
+
+
+def sample_task(shared: tuple[str, diversity.DiversityConfig, dict[str, int], RowCopies | None], block: str) -> dict[str, int]:
+    """The block's part of the seeded sample that fits the centroids: per sampled domain, the tokens of its training
+    rows whose seeded rank falls below `fit_docs` / the domain's documents, sent by domain (its index among the
+    sampled domains) to work/diversity/sample/<block>.shuffle."""
+    work, config, doc_counts, held_out = location(shared[0]), shared[1], shared[2], shared[3]
+    table = read_work_table(_token_file(work, block)).select(["id", "domain", "tokens"])
+    domains = table.column("domain").to_pylist()
+    rank = diversity.seeded_rank(table.column("id").to_pylist(), config.seed)
+    held = held_rows(held_out, block, table.num_rows)
+    index = {d: i for i, d in enumerate(config.domains)}
+    rows, parts = [], []
+    for i, d in enumerate(domains):
+        if d in index and not held[i]:
+            rate = config.fit_docs / max(doc_counts.get(d, 1), 1)
+            if rate >= 1.0 or int(rank[i]) < int(rate * 2**64):
+                rows.append(i)
+                parts.append(index[d])
+    tokens = table.column("tokens").combine_chunks().take(pa.array(rows, pa.int64())).cast(SAMPLE_SCHEMA.field("tokens").type)
+    size = write_shuffle(work / "diversity" / "sample" / f"{block}{SHUFFLE_SUFFIX}", pa.table({"tokens": tokens}),
+                         np.array(parts, np.int64), len(index))
+    return {"documents": len(rows), "bytes": size}
+
+
+def fit_task(shared: tuple[str, Combined, diversity.DiversityConfig, dict[str, int]], index: int) -> dict[str, Any]:
+    """One sampled domain's k-means centroids, fit on its sample (every block's, in block order), as lists (a
+    record is JSON: float32 values come back exactly); none without a sample."""
+    combined, config, doc_counts = shared[1:]
+    d = list(config.domains)[index]
+    sample = combined.read(index, SAMPLE_SCHEMA)
+    column = sample.column("tokens").combine_chunks()
+    values, offsets = column.values.to_numpy(), column.offsets.to_numpy()
+    toks = [values[offsets[i]:offsets[i + 1]] for i in range(len(column))]
+    if not toks:
+        return {"domain": d, "centroids": None}
+    k = config.clusters or diversity.default_clusters(doc_counts.get(d, len(toks)))
+    return {"domain": d, "centroids": diversity.kmeans(diversity.features(toks, config.dims), k, config.iterations,
+                                                       config.seed).tolist()}
+
+
+def fit_centroids(run_tasks: Callable[..., list[Any]], work: Location, blocks: list[str], config: diversity.DiversityConfig,
+                  doc_counts: dict[str, int], held_out: RowCopies | None = None) -> dict[str, np.ndarray]:
+    """Per sampled domain: k-means centroids fit on at most `fit_docs` documents (seeded choice, taken by one task per
+    block, `sample_task`), never on `held_out` rows; the blocks' sample files combined, one task per domain fits
+    (`fit_task`)."""
+    parts = run_tasks(sample_task, (str(work), config, doc_counts, held_out), [(b,) for b in blocks], "diversity sample",
+                      record=record_in("diversity/records", "sample"))
+    combined = combine(run_tasks, work / "diversity" / "sample", blocks, len(config.domains), "diversity sample combine",
+                       largest_bytes=max((p["bytes"] for p in parts), default=1), records=work / "diversity" / "records")
+    fits = run_tasks(fit_task, (str(work), combined, config, doc_counts), [(i,) for i in range(len(config.domains))],
+                     "diversity fit", record=record_in("diversity/records", "fit"))
+    return {f["domain"]: np.asarray(f["centroids"], dtype=np.float32) for f in fits if f["centroids"] is not None}
+
+
+def assign_task(shared: tuple[str, diversity.DiversityConfig, dict[str, np.ndarray]], block: str) -> dict[str, str]:
+    """Cluster of every row of a sampled domain in one block -> work/diversity/<block>.arrow."""
+    work, config, centroids = location(shared[0]), shared[1], shared[2]
+    out = work / "diversity" / f"{block}.arrow"
+    table = read_work_table(_token_file(work, block)).select(["id", "domain", "tokens", "num_tokens"])
+    domains = np.array(table.column("domain").to_pylist(), dtype=object)
+    parts = []
+    for d, c in centroids.items():
+        rows = np.flatnonzero(domains == d)
+        if len(rows) == 0:
+            continue
+        sub = table.take(pa.array(rows))
+        toks = [sub.column("tokens")[i].values.to_numpy() for i in range(len(rows))]
+        clusters = diversity.assign_clusters(diversity.features(toks, config.dims), c)
+        parts.append(pa.table({
+            "row": rows.astype(np.int64), "domain": [d] * len(rows), "cluster": clusters.astype(np.int32),
+            "rank": diversity.seeded_rank(sub.column("id").to_pylist(), config.seed),
+            "num_tokens": sub.column("num_tokens"),
+        }, schema=ASSIGN_SCHEMA))
+    write_work_table(out, pa.concat_tables(parts) if parts else ASSIGN_SCHEMA.empty_table())
+    return {"path": f"diversity/{block}.arrow"}  # in work/: a record names no absolute path
+
+
+def _diversity_cuts(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], div_config: diversity.DiversityConfig,
+                    centroids: dict[str, np.ndarray], held_out: RowCopies | None) -> tuple[dict[str, Cut], dict[str, Any], dict[str, int]]:
+    """Each sampled domain's cut, its report entry, and the tokens its kept rows hold."""
+    budgets = {d: Budget(b, by_tokens=b > 1, clusters=len(centroids[d])) for d, b in div_config.domains.items() if d in centroids}
+    return cuts(run_tasks, work, "diversity", names, budgets, held_out)
+
+
+def select_task(shared: tuple[str, str, RowCopies | None, dict[str, Cut], dict[str, dict[str, Any]] | None, int],
+                block: str, index: int, input_index: int) -> dict[str, Any]:
+    """One block's selection: diversity's cut, then the mixture's copies; writes the copies file and the
+    dropped documents' records; returns the counters' changes, the tokens written per domain and the
+    block's largest copy count."""
+    work, out_dir, held_out, cuts, mix_plan, seed = location(shared[0]), location(shared[1]), *shared[2:]
+    t = read_work_table(_token_file(work, block)).select(["id", "domain", "num_tokens"])
+    copies = np.ones(t.num_rows, dtype=np.int64)
+    copies[held_rows(held_out, block, t.num_rows)] = 0
+    reasons: list[tuple[np.ndarray, str, str]] = []
+    if cuts:
+        part = assigned(work, "diversity", block, held_out)
+        domains = np.array(part.column("domain").to_pylist(), dtype=object)
+        for d, cut in cuts.items():
+            mine = np.flatnonzero(domains == d)
+            if len(mine) == 0:
+                continue
+            row = part.column("row").to_numpy()[mine]
+            keep = cut.keep(part.column("cluster").to_numpy()[mine].astype(np.int64), part.column("rank").to_numpy()[mine], index, row)
+            copies[row[~keep]] = 0
+            reasons.append((row[~keep], "diversity", "diversity_sampling"))
+    written: dict[str, int] = {}
+    if mix_plan is not None:
+        domains = np.array(t.column("domain").to_pylist(), dtype=object)
+        ids = t.column("id").to_pylist()
+        tokens = t.column("num_tokens").to_numpy()
+        for d, p in mix_plan.items():
+            rows = np.flatnonzero((domains == d) & (copies > 0))
+            if len(rows) == 0:
+                continue
+            c = mixture.copies([ids[r] for r in rows], p["rate"], seed)
+            copies[rows] = c
+            reasons.append((rows[c == 0], "mixture", "mixture_downsampled"))
+            written[d] = written.get(d, 0) + int((c * tokens[rows]).sum())
+    # dropped documents: recorded like every stage's, and taken out of the kept counts
+    counters = Counters()
+    parts = []
+    for rows, stage, reason in reasons:
+        if len(rows):
+            parts.append(counters.selection_drops(input_index, t.take(pa.array(rows)), stage, reason))
+    if parts:
+        atomic_write_table(out_dir / "dropped" / f"select-{block}.parquet", pa.concat_tables(parts), format="parquet")
+    write_work_table(work / COPIES_DIR / f"{block}.arrow", pa.table({"copies": copies}))
+    return {"counters": counters.to_json(), "written": written, "max_copies": int(copies.max()) if len(copies) else 0}
+
+
+def _totals(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], held_out: RowCopies | None) -> dict[str, list[int]]:
+    """Domain -> training [documents, tokens], in order of first appearance."""
+    totals: dict[str, list[int]] = {}
+    for part in run_tasks(count_task, (str(work), held_out), [(b,) for b in names], "select count"):
+        for d, (n, k) in part.items():
+            entry = totals.setdefault(d, [0, 0])
+            entry[0] += n
+            entry[1] += k
+    return totals
+
+
+def select(
+    run_tasks: Callable[..., list[Any]],
+    work: Location,
+    out_dir: Location,
+    blocks: list[tuple[str, int]],
+    div_config: diversity.DiversityConfig,
+    mix_config: mixture.MixtureConfig,
+    counters: Counters,
+    held_out: RowCopies | None = None,
+    by_model: SelectionConfig | None = None,
+    segment: str = "",
+) -> tuple[RowCopies | None, dict[str, Any]]:
+    """Copies per row of every block (None when no step is enabled and nothing is held out) and a
+    report for the manifest and stats. `blocks` are (block name, input index) in order. Updates
+    `counters` (dropped documents leave `kept`). `held_out` (per row, > 0) marks rows that are not
+    training data (the eval split and its copies): they get 0 copies here, are neither sampled nor
+    counted in the mixture, and are recorded by whoever held them out."""
+    by_model = by_model if by_model is not None and by_model.enabled else None
+    if not (div_config.enabled or mix_config.enabled or held_out or by_model):
+        return None, {}
+    names = [b for b, _ in blocks]
+    totals = _totals(run_tasks, work, names, held_out)
+    report: dict[str, Any] = {}
+    if by_model is not None:  # first: diversity and the mixture see only what the model keeps
+        held_out, report["model_selection"] = select_by_model(run_tasks, work, out_dir, blocks, segment, by_model, totals,
+                                                              counters, held_out)
+        totals = _totals(run_tasks, work, names, held_out)
+    cuts: dict[str, Cut] = {}
+    natural = {d: k for d, (_, k) in totals.items()}  # the mixture's tokens: after diversity sampling
+    if div_config.enabled and div_config.domains:
+        doc_counts = {d: n for d, (n, _) in totals.items() if n}
+        centroids = fit_centroids(run_tasks, work, names, div_config, doc_counts, held_out)
+        run_tasks(assign_task, (str(work), div_config, centroids), [(b,) for b in names], "diversity",
+                  record=record_in("diversity", first_item_only=True))
+        cuts, report["diversity"], kept_tokens = _diversity_cuts(run_tasks, work, names, div_config, centroids, held_out)
+        natural.update(kept_tokens)
+    mix_plan = mixture.plan(natural, mix_config) if mix_config.enabled else None
+    items = [(b, i, input_index) for i, (b, input_index) in enumerate(blocks)]
+    results = run_tasks(select_task, (str(work), str(out_dir), held_out, cuts, mix_plan, mix_config.seed), items, "select",
+                        record=record_in(COPIES_DIR, first_item_only=True))
+    written: dict[str, int] = {}
+    for r in results:
+        counters.merge(Counters.from_json(r["counters"]))
+        for d, k in r["written"].items():
+            written[d] = written.get(d, 0) + k
+    if mix_plan is not None:
+        report["mixture"] = {"method": mix_config.method, "domains": mixture.realised(mix_plan, written)}
+    passes = max([r["max_copies"] for r in results] or [0])
+    return RowCopies(str(work / COPIES_DIR), "copies", passes), report

@@ -1,0 +1,240 @@
+"""Your own stages, named in the recipe by import path (`stages: [{path: 'my_filters:ShortLines', args: {...}}]`)
+
+Each entry's `path` names a class (`module:attr`), called with `args`. What it builds is either
+- a map stage (`stages.base.Stage`): a `name` and a call over a record batch returning `StageResult`, or
+- a document filter (`stages.base.DocumentFilter`): a `name` and `check(text) -> str | None`, which
+  `DomainFilterStage` applies to the entry's `domains` (empty: every document), dropping with reason
+  `"<name>:<detail>"`.
+They run after the shipped filters and before near dedup (`datapipe.curation.phases.segment.build_segments`), their
+drops counted under their own `name`. The modules they live in go to Ray's workers with the job (`worker_modules`).
+A stage that raises, or a check that answers something other than None or a string, stops the run with
+`UserStageFailed`: the entry, what went wrong, the document (or batch) and where it lies in its input, what to do.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import sysconfig
+import traceback
+from pathlib import Path
+from typing import Any, Sequence
+
+import pyarrow as pa
+
+from datapipe.core.config import ConfigError
+from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, ROW_BITS
+from stages.base import GlobalStage, StageResult, drop_reason, split_by_reasons
+
+# Stage names the run itself counts under in the funnel: a user's stage must not share one (nor another's).
+SHIPPED_NAMES = frozenset({"read", "normalize", "exact_dedup", "langid", "filters", "minhash", "tokenize", "eval_split",
+                           "quality_classifier", "dsir", "perplexity", "random_selection", "diversity", "mixture"})
+# Packages of datapipe itself: installed wherever the workers run, never shipped to them.
+OWN_PACKAGES = frozenset({"datapipe", "stages"})
+
+
+class UserStageFailed(ConfigError):
+    """A user's stage failed on documents: `stage` names the entry, `problem` what went wrong, `ids` and `orders` the
+    document (or a batch's first and last), `where` where they lie in the inputs (added by the segment task, which
+    knows the input units: `located`), `todo` what to do. The CLI prints it as one paragraph; it pickles as itself,
+    so that it reaches the driver through Ray."""
+
+    def __init__(self, stage: str, problem: str, ids: Sequence[str], orders: Sequence[int], count: int, todo: str,
+                 where: str = "") -> None:
+        self.stage, self.problem, self.ids, self.orders = stage, problem, list(ids), list(orders)
+        self.count, self.todo, self.where = count, todo, where
+        if count == 1:
+            documents = f"document {self.ids[0]!r}" + (f" ({where})" if where else "")
+        else:
+            documents = (f"a batch of {count:,} documents ({self.ids[0]!r} to {self.ids[-1]!r}"
+                         + (f", {where})" if where else ")"))
+        super().__init__(f"{stage}, on {documents}: {problem}. {todo}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.stage, self.problem, self.ids, self.orders, self.count, self.todo, self.where)
+
+    def located(self, units: Sequence[Any]) -> UserStageFailed:
+        """The same failure, saying where its documents lie in the inputs (`units`: the plan's `InputUnit`s)."""
+        return UserStageFailed(self.stage, self.problem, self.ids, self.orders, self.count, self.todo,
+                               where_in_inputs(units, self.orders))
+
+
+def where_in_inputs(units: Sequence[Any], orders: Sequence[int]) -> str:
+    """'line 18 of corpus.jsonl' (one order), 'lines 3 to 40 of corpus.jsonl' (a first and a last of one unit):
+    a document's order is its unit's index and its position in the unit (`datapipe.curation.readers`)."""
+    places = [divmod(order, 1 << ROW_BITS) for order in orders]
+    unit = units[places[0][0]]
+    if any(index != places[0][0] for index, _ in places):  # a batch never spans units; say so rather than guess
+        return "input " + ", ".join(units[index].path for index, _ in places)
+    if unit.format == "text":
+        return " to ".join(unit.files[position] for _, position in places)
+    noun, first = ("line", 1) if unit.format == "jsonl" else ("row", unit.start)
+    numbers = " to ".join(str(first + position) for _, position in places)
+    return f"{noun}{'s' * (len(places) > 1)} {numbers} of {unit.path}"
+
+
+def _raised(exc: BaseException) -> str:
+    """'ValueError: bad text (my_filters.py, line 6, in check)': the exception and the innermost line of the user's
+    own code it came through (not of Python's library or an installed package)."""
+    library = {sysconfig.get_path(kind) for kind in ("stdlib", "platstdlib", "purelib", "platlib")}
+    frames = traceback.extract_tb(exc.__traceback__)[1:]  # [0] is the wrapper's call
+    own = [f for f in frames if not any(f.filename.startswith(path) for path in library if path)] or frames
+    line = f" ({own[-1].filename}, line {own[-1].lineno}, in {own[-1].name})" if own else ""
+    text = " ".join(str(exc).split())  # one paragraph; a KeyError of a whole document must not fill the screen
+    return f"{type(exc).__name__}: {text if len(text) <= 300 else text[:300] + ' ...'}{line}"
+
+_FIX_CHECK = ("Fix check so that it answers every text (None keeps the document, a short string drops it naming why), "
+              "then run the same command again: the blocks already done are kept.")
+_FIX_ANSWER = "Return None (or \"\") for a document the filter keeps, then run the same command again."
+_FIX_STAGE = ("Fix the stage so that it handles every batch, then run the same command again: the blocks already done "
+              "are kept.")
+
+
+class DomainFilterStage:
+    """A user's `DocumentFilter` as a map stage: documents of `domains` (all when empty) that fail its check are
+    dropped with reason `"<name>:<detail>"`, under stage `name`. A check that raises, or answers something other
+    than None or a string (`stages.base.drop_reason`), is a `UserStageFailed` naming `entry` and the document."""
+
+    def __init__(self, document_filter: Any, domains: Sequence[str], *, key: str, path: str, keep_text: bool = False) -> None:
+        self.filter = document_filter
+        self.name = document_filter.name
+        self.domains = frozenset(domains)
+        self.entry = f"{key}: filter {self.name!r} ({path})"  # its recipe entry, for its errors
+        self.keep_text = keep_text
+
+    def __call__(self, batch: pa.RecordBatch) -> StageResult:
+        reasons: list[str | None] = []
+        for i, (text, domain) in enumerate(zip(batch.column("text").to_pylist(), batch.column("domain").to_pylist())):
+            if self.domains and domain not in self.domains:
+                reasons.append(None)
+                continue
+            try:
+                answer = self.filter.check(text)
+            except Exception as exc:  # noqa: BLE001 - the user's code: name it and the document, not a worker's stack
+                raise self._failed(batch, i, f"its check raised {_raised(exc)}", _FIX_CHECK) from None
+            try:
+                reasons.append(drop_reason(self.name, answer))
+            except TypeError as exc:
+                raise self._failed(batch, i, str(exc), _FIX_ANSWER) from None
+        return split_by_reasons(batch, reasons, self.name, keep_text=self.keep_text)
+
+    def _failed(self, batch: pa.RecordBatch, row: int, problem: str, todo: str) -> UserStageFailed:
+        return UserStageFailed(self.entry, problem, [batch.column("id")[row].as_py()],
+                               [batch.column("order")[row].as_py()], 1, todo)
+
+
+class CheckedStage:
+    """A user's map stage, its result checked: a wrong one stops the run with a message naming the entry
+    (a ConfigError, which the CLI prints without a traceback), not a failure somewhere downstream; one that raises
+    is a `UserStageFailed` naming the entry and the batch."""
+
+    def __init__(self, stage: Any, key: str, path: str) -> None:
+        self.stage = stage
+        self.name = stage.name
+        self.key = key
+        self.entry = f"{key}: stage {self.name!r} ({path})"  # its recipe entry, for the error when it raises
+
+    def __call__(self, batch: pa.RecordBatch) -> StageResult:
+        try:
+            result = self.stage(batch)
+        except Exception as exc:  # noqa: BLE001 - the user's code: name it and the batch, not a worker's stack
+            ids, orders = batch.column("id"), batch.column("order")
+            last = batch.num_rows - 1
+            raise UserStageFailed(self.entry, f"it raised {_raised(exc)}", [ids[0].as_py(), ids[last].as_py()],
+                                  [orders[0].as_py(), orders[last].as_py()], batch.num_rows, _FIX_STAGE) from None
+        kept, dropped = getattr(result, "kept", None), getattr(result, "dropped", None)
+        if not (isinstance(kept, pa.RecordBatch) and isinstance(dropped, pa.RecordBatch)):
+            raise ConfigError(f"{self.key}: stage {self.name!r} returned {type(result).__name__}; a map stage returns "
+                              "stages.base.StageResult(kept, dropped), two pyarrow RecordBatches")
+        for what, got, schema in (("kept", kept, DOC_SCHEMA), ("dropped", dropped, DROPPED_SCHEMA)):
+            if not got.schema.equals(schema):
+                raise ConfigError(f"{self.key}: stage {self.name!r} returned {what} rows of another schema than "
+                                  f"{'DOC_SCHEMA' if what == 'kept' else 'DROPPED_SCHEMA'} (datapipe.core.schema): {got.schema}")
+        if kept.num_rows + dropped.num_rows != batch.num_rows:
+            raise ConfigError(f"{self.key}: stage {self.name!r} kept {kept.num_rows} and dropped {dropped.num_rows} of "
+                              f"{batch.num_rows} documents; every document must be kept or dropped, once")
+        return result
+
+
+def import_object(path: str, key: str) -> Any:
+    """The object that `path` ('module:attr', attr maybe dotted) names; a ConfigError naming `key` otherwise.
+    The working folder is on the import path, as for `python -m`, so a file next to the recipe's run is found."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{key}: {path!r} is not an import path 'module:attr' (e.g. 'my_filters:ShortLines')")
+    if os.getcwd() not in sys.path and "" not in sys.path:  # the `datapipe` script, unlike `python -m`, lacks it
+        sys.path.append(os.getcwd())
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{key}: cannot import module {module_name!r} ({exc}); it must be on the Python path or a "
+                          f"file {module_name.replace('.', '/')}.py in the working folder {os.getcwd()}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failed as it ran: say which and why
+        raise ConfigError(f"{key}: importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{key}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_user_stage(entry: Any, index: int, *, keep_text: bool = False) -> Any:
+    """The map stage of `stages[index]` (a `StageConfig`): its class called with its args, a document filter
+    wrapped in a `DomainFilterStage`, a map stage in a `CheckedStage`. Every mistake is a ConfigError naming the key."""
+    key = f"stages[{index}]"
+    factory = import_object(entry.path, f"{key}.path")
+    if not callable(factory):
+        raise ConfigError(f"{key}.path: {entry.path!r} is a {type(factory).__name__}, not a class to call with args")
+    try:
+        obj = factory(**entry.args)
+    except Exception as exc:  # noqa: BLE001 - a wrong keyword, or the class refusing a value: the user's to fix
+        raise ConfigError(f"{key}.args: {entry.path}(**{entry.args!r}) failed: {type(exc).__name__}: {exc}") from None
+    name = getattr(obj, "name", None)
+    if isinstance(obj, GlobalStage) or not isinstance(name, str) or not name:
+        raise ConfigError(f"{key}.path: {entry.path!r} built a {type(obj).__name__}, which is neither a map stage nor "
+                          "a document filter: either has a non-empty string `name`, and a map stage is called on a "
+                          "record batch and returns StageResult, a filter has check(text) -> str | None (stages/base.py)")
+    if callable(getattr(obj, "check", None)):
+        return DomainFilterStage(obj, entry.domains, key=key, path=entry.path, keep_text=keep_text)
+    if not callable(obj):
+        raise ConfigError(f"{key}.path: {entry.path!r} built a {type(obj).__name__} named {name!r} that has neither "
+                          "__call__(batch) -> StageResult (a map stage) nor check(text) (a document filter)")
+    if entry.domains:
+        raise ConfigError(f"{key}.domains: {name!r} is a map stage, which sees every document and chooses itself; "
+                          "domains applies to a document filter only")
+    return CheckedStage(obj, key, entry.path)
+
+
+def build_user_stages(entries: Sequence[Any], *, keep_text: bool = False) -> list[Any]:
+    """Every entry's map stage, in order; a name shared with a shipped stage or another entry is refused
+    (the funnel counts by name)."""
+    built, seen = [], {}
+    for i, entry in enumerate(entries):
+        stage = build_user_stage(entry, i, keep_text=keep_text)
+        if stage.name in SHIPPED_NAMES or stage.name in seen:
+            other = f"stages[{seen[stage.name]}]" if stage.name in seen else "a shipped stage"
+            raise ConfigError(f"stages[{i}].path: the stage name {stage.name!r} is {other}'s; the funnel counts drops by "
+                              "name, so give it another `name`")
+        seen[stage.name] = i
+        built.append(stage)
+    return built
+
+
+def worker_modules(entries: Sequence[Any]) -> list[str]:
+    """The files or folders Ray ships to its workers (runtime_env py_modules) so that they import the entries'
+    modules: each module's top-level package folder, or its file; none for an installed package (site-packages)
+    or datapipe's own, which the workers have already."""
+    found: list[str] = []
+    for i, entry in enumerate(entries):
+        import_object(entry.path, f"stages[{i}].path")  # imported, so that its top-level module is known
+        top = sys.modules[entry.path.partition(":")[0].split(".")[0]]
+        if top.__name__ in OWN_PACKAGES:
+            continue
+        paths = list(getattr(top, "__path__", []))
+        where = paths[0] if len(paths) == 1 else getattr(top, "__file__", None)
+        if where is None or any(part in ("site-packages", "dist-packages") for part in Path(where).parts):
+            continue
+        if str(where) not in found:
+            found.append(str(where))
+    return found
