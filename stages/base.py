@@ -2,7 +2,7 @@
 
 A **map stage** (`Stage`) is a small class with a frozen, typed config and a pure function over a
 batch of documents (`datapipe.core.schema.DOC_SCHEMA` in, `StageResult` out). Stages never import
-Ray, torch, the loader or the trainer: the curation run (`datapipe.curate.run`) maps them onto Ray (or
+Ray, torch, the loader or the trainer: the curation run (`datapipe.curation.run`) maps them onto Ray (or
 a plain loop in tests).
 
 A **global stage** (`GlobalStage`: exact dedup, near dedup) decides over every document at once, in
@@ -87,7 +87,7 @@ class GlobalStage(ABC):
     name: ClassVar[str]  # also the folder of its keys and losers under work/
     partitions: int  # the shuffle's width: `partition` values are below it
     # True: the batches `keys` gets carry `text_at` and `text_bytes`, where each document's text lies in its
-    # read block (`datapipe.curate.blocks.read_texts` reads a few documents' text back by those ranges)
+    # read block (`datapipe.curation.blocks.read_texts` reads a few documents' text back by those ranges)
     locates_text: ClassVar[bool] = False
 
     @abstractmethod

@@ -168,7 +168,7 @@ def choose_encoder(tokenizer_json: str, config: TokenizerConfig, where: str = "t
 
 class TokenizeStage:
     """Encodes a batch of documents into (id, domain, tokens, num_tokens). Holds a tokenizer, so the
-    tokenize phase keeps one instance per worker process (`datapipe.curate.phases.tokenize._tokenize_stage`) rather than rebuilding it per batch.
+    tokenize phase keeps one instance per worker process (`datapipe.curation.phases.tokenize._tokenize_stage`) rather than rebuilding it per batch.
     `compiled` is `try_compile(tokenizer_json)`'s answer where the caller made it once for every worker.
 
     With the fast encoder, the first `config.verify_bytes` of text this instance sees are encoded by
