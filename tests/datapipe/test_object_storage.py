@@ -191,7 +191,9 @@ def test_the_exact_check_keeps_its_range_requests_in_flight_at_once(s3_server, m
     assert {o: s.tolist() for o, s in got.items()} == {
         o: shingle_sets([texts[o // 2][1]], config)[0].tolist() for o in orders.tolist()}
     assert ranges == read["ranges_read"] == blocks
-    assert in_flight == S3_CONNECTIONS  # the pool full, and no more (the rest wait for a connection)
+    # the pool full, and no more (the rest wait for a connection); on a busy machine a few of the first round reach the
+    # proxy after others have ended (52 of 64 seen once), still far from one at a time
+    assert S3_CONNECTIONS // 2 < in_flight <= S3_CONNECTIONS
     assert read["read_seconds"] < blocks * latency / 4  # about two rounds of latency, not one a block (load aside)
 
 
