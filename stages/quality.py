@@ -75,6 +75,8 @@ Speed against it and datatrove: BENCHMARKS.md ("Quality filters"), `python -m sc
 
 from __future__ import annotations
 
+import abc
+
 import re
 from dataclasses import dataclass, fields
 from functools import cache, cached_property
@@ -167,7 +169,7 @@ class _TextBatch:
         return kernels.split_lines(self.cps, self.offsets, self.flags)
 
 
-class _CompiledFilter:
+class _CompiledFilter(abc.ABC):
     """A filter whose checks run as one kernel over a batch (`check_batch`); `check` is a batch of one text.
 
     `shared` lives for one batch: the first filter that needs the batch's code points, tokens or lines makes them
@@ -190,9 +192,9 @@ class _CompiledFilter:
         codes = self._codes(shared["text_batch"], np.asarray(undecided, dtype=np.bool_), texts)
         return [self.reasons[c] for c in codes.tolist()]
 
+    @abc.abstractmethod
     def _codes(self, batch: _TextBatch, active: np.ndarray, texts: pa.Array) -> np.ndarray:
-        """The kernel's reason code for every text (0 where kept or not active)."""
-        raise NotImplementedError
+        """The kernel's reason code for every text (0 where kept or not active): each filter's own kernel call."""
 
 
 # --------------------------------------------------------------------------------------------------

@@ -298,3 +298,21 @@ class PassThrough(CrashAfter):
 
     def __init__(self) -> None:
         super().__init__(10**9)
+
+
+def damage(path: Path, how: str) -> None:
+    """Damage a file as a crash or a bad disk would: `cut` to half, `emptied`, one `bit` flipped near its end (the last
+    partition's rows of a shuffle, a table's footer side, a record's end), or `deleted`."""
+    data = path.read_bytes()
+    if how == "cut":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "emptied":  # what an unsynced rename can leave after a power loss
+        path.write_bytes(b"")
+    elif how == "bit":
+        flipped = bytearray(data)
+        flipped[max(0, len(data) - 40)] ^= 0x01
+        path.write_bytes(bytes(flipped))
+    elif how == "deleted":
+        path.unlink()
+    else:
+        raise ValueError(f"unknown damage {how!r}")

@@ -16,7 +16,8 @@ import pyarrow as pa
 import pytest
 import zstandard
 
-from helpers import CrashAfter, Interrupted, PassThrough, gzip_member_with_a_flipped_bit, killed_mid_write, small_config, zstd_frame_with_a_flipped_bit
+from helpers import (CrashAfter, Interrupted, PassThrough, damage, gzip_member_with_a_flipped_bit, killed_mid_write, small_config,
+                     zstd_frame_with_a_flipped_bit)
 from datapipe import cli
 from datapipe.core import shards
 from datapipe.core.config import RunStopped
@@ -319,18 +320,6 @@ def test_nothing_surviving_is_a_clear_message_with_stats(tmp_path: Path, case: s
 # ------------------------------------------------------------------------- damaged work files
 
 
-def _damage(path: Path, how: str) -> None:
-    data = path.read_bytes()
-    if how == "cut":
-        path.write_bytes(data[: len(data) // 2])
-    elif how == "emptied":  # what an unsynced rename can leave after a power loss
-        path.write_bytes(b"")
-    else:  # one bit, near the end: the last partition's rows of a shuffle, the footer's side of a table
-        flipped = bytearray(data)
-        flipped[len(data) - 40] ^= 0x01
-        path.write_bytes(bytes(flipped))
-
-
 # What the resumed run reads, written before the kill: the exact-dedup keys combined (the run killed before their
 # resolve; the senders' own files are gone once combined), the exact-dedup losers by unit, a segment's view of a
 # block, a read block's text, a task's record.
@@ -362,7 +351,7 @@ def test_a_damaged_work_file_is_redone_or_named_never_read_wrong(tmp_path: Path,
             done.unlink()
         shutil.rmtree(work / "exact_dedup" / "losers-by-unit")
     damaged = work / DAMAGED[target]
-    _damage(damaged, how)
+    damage(damaged, how)
     stopped = False
     try:
         run(cfg, extra_stages=[PassThrough()])

@@ -103,20 +103,6 @@ def killed(tmp_path_factory, ray_local) -> Killed:
     return Killed(tmp_path_factory.mktemp("integrity-ray"))
 
 
-def _damage(path: Path, how: str) -> None:
-    data = path.read_bytes()
-    if how == "cut":
-        path.write_bytes(data[: len(data) // 2])
-    elif how == "emptied":  # what an unsynced rename can leave after a power loss
-        path.write_bytes(b"")
-    elif how == "bit":  # near the end: the last partition's rows of a shuffle, a table's footer side, a record's end
-        flipped = bytearray(data)
-        flipped[max(0, len(data) - 40)] ^= 0x01
-        path.write_bytes(bytes(flipped))
-    else:
-        path.unlink()
-
-
 def _kind(relative: str) -> str:
     """A file's kind: its path with every number as N (work/read/uN-bN.arrow)."""
     return re.sub(r"\d+", "N", relative)
@@ -133,7 +119,7 @@ def _resume_damaged(killed: Killed, relative: str, how: str, to: Path) -> RunSto
     out = to / "out"
     shutil.copytree(killed.first_with(relative), out)
     damaged = out / relative
-    _damage(damaged, how)
+    helpers.damage(damaged, how)
     try:
         killed.resume_on_ray(out)
     except (RunStopped, ConfigError) as exc:  # the CLI prints either as one paragraph
@@ -285,7 +271,7 @@ def test_a_finished_folder_without_a_sound_run_json_says_how_to_recover(killed, 
     out = tmp_path / "out"
     shutil.copytree(killed.ref, out)
     for how in ("cut", "deleted"):
-        _damage(out / "run.json", how)
+        helpers.damage(out / "run.json", how)
         with pytest.raises(ConfigError) as info:
             killed.resume_on_ray(out)
         message = str(info.value)
@@ -300,7 +286,7 @@ def test_a_finished_folder_with_a_damaged_manifest_or_stats_says_how_to_recover(
     out = tmp_path / "out"
     shutil.copytree(killed.ref, out)
     for name, how in (("stats.json", "deleted"), ("manifest.json", "cut")):
-        _damage(out / name, how)
+        helpers.damage(out / name, how)
         with pytest.raises(ConfigError) as info:  # was json's traceback, or "No such file" from the rerun's report
             _run(_config(out, killed.inputs), LocalExecutor())
         message = str(info.value)
