@@ -8,7 +8,9 @@ bigrams of its token ids, feature hashing into `dims` buckets, sublinear tf, L2-
 budget (a fraction of the documents, or a number of tokens) is spread evenly over the clusters by
 water-filling — each cluster gets the same share, small clusters give their leftovers to the
 others — and inside a cluster documents are taken in a seeded hash order (a random sample of the
-cluster). Rare kinds of documents thus keep their place instead of being outnumbered.
+cluster); a token quota is filled, the document that crosses it kept too (so a domain holds at least
+its token budget: one long document never ends a cluster's share early). Rare kinds of documents thus
+keep their place instead of being outnumbered.
 
 The diversity of a set is measured by the Vendi score (Friedman & Dieng, 2023) with the cosine
 kernel on the same features: exp of the entropy of the eigenvalues of K/n — the effective number
@@ -115,7 +117,8 @@ def water_fill(sizes: np.ndarray, total: float) -> np.ndarray:
 
 def select(clusters: np.ndarray, rank: np.ndarray, tokens: np.ndarray, budget: float) -> np.ndarray:
     """Boolean mask of the chosen documents of one domain. `budget` <= 1 is a fraction of the
-    documents, > 1 a number of tokens; either is spread evenly over the clusters."""
+    documents, > 1 a number of tokens (each cluster's quota filled: its crossing document kept);
+    either is spread evenly over the clusters."""
     n = len(clusters)
     keep = np.zeros(n, dtype=bool)
     if n == 0:
@@ -132,9 +135,13 @@ def select(clusters: np.ndarray, rank: np.ndarray, tokens: np.ndarray, budget: f
     starts = np.searchsorted(sorted_clusters, np.arange(k))
     before = np.where(starts > 0, cumulative[np.maximum(starts - 1, 0)], 0.0)
     within = cumulative - before[sorted_clusters]
-    # take a cluster's documents in rank order while its running total stays within its quota
+    # take a cluster's documents in rank order while its running total stays within its quota; a token quota is
+    # filled: the document that crosses it is kept too, so one long document never leaves the cluster short
     limit = quota if by_tokens else np.round(quota)
-    chosen = within <= limit[sorted_clusters] + 1e-9
+    if by_tokens:
+        chosen = within - weight[order] < limit[sorted_clusters] - 1e-9
+    else:
+        chosen = within <= limit[sorted_clusters] + 1e-9
     keep[order[chosen]] = True
     return keep
 

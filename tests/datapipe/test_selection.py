@@ -125,8 +125,41 @@ def test_diversity_cut_by_block_equals_the_choice_over_the_whole_domain(tmp_path
                            table.column("block").to_numpy(), table.column("row").to_numpy())
         assert 0 < expected.sum() < len(expected)
         assert got.tolist() == expected.tolist()
+        tokens = {"budget_tokens": budget, "tokens_kept": int(table.column("num_tokens").to_numpy()[expected].sum())}
         assert report[d] == {"docs_in": table.num_rows, "docs_kept": int(expected.sum()),
-                             "clusters": int(table.column("cluster").to_numpy().max()) + 1}
+                             "clusters": int(table.column("cluster").to_numpy().max()) + 1, **(tokens if budget > 1 else {})}
+
+
+def test_a_diversity_token_budget_is_filled_past_a_long_document(tmp_path):
+    """One domain, two clusters, a budget of 1,200 tokens: water-filled, 600 per cluster. Cluster 0 ranks 100, 100,
+    900, 100 tokens: stopping before the crossing 900 kept 200 tokens; filled, it keeps 100 + 100 + 900 and not the
+    last (it starts past the quota). Cluster 1 ranks 300, 300, 300: the first two fill it exactly. Kept: 1,700
+    tokens, reported beside the budget; the in-memory twin (`stages.diversity.select`) keeps the same rows."""
+    import numpy as np
+
+    from datapipe.core.workfiles import write_work_table
+    from datapipe.curation.phases import selection
+    from stages import diversity
+
+    tokens = np.array([100, 100, 900, 100, 300, 300, 300])
+    cluster = np.array([0, 0, 0, 0, 1, 1, 1])
+    rank = np.array([1, 2, 3, 4, 1, 2, 3], np.uint64) << np.uint64(50)
+    block = np.array([0, 1, 0, 1, 0, 1, 0])
+    for b in (0, 1):  # the documents of a cluster spread over two blocks
+        mine = np.flatnonzero(block == b)
+        write_work_table(tmp_path / "diversity" / f"b{b}.arrow", pa.table(
+            {"row": mine.astype(np.int64), "domain": ["d"] * len(mine), "cluster": cluster[mine].astype(np.int32),
+             "rank": rank[mine], "num_tokens": tokens[mine]}, schema=pa.schema(
+                [("row", pa.int64()), ("domain", pa.string()), ("cluster", pa.int32()), ("rank", pa.uint64()),
+                 ("num_tokens", pa.int64())])))
+    config = diversity.DiversityConfig(enabled=True, domains={"d": 1200.0})
+    cuts, report, kept_tokens = selection._diversity_cuts(run_tasks_in_process(), tmp_path, ["b0", "b1"], config,
+                                                          {"d": np.zeros((2, 2))}, None)
+    keep = cuts["d"].keep(cluster, rank, block, np.arange(7))
+    assert np.flatnonzero(keep).tolist() == [0, 1, 2, 4, 5]
+    assert diversity.select(cluster, rank, tokens, 1200.0).tolist() == keep.tolist()
+    assert kept_tokens == {"d": 1700}
+    assert report["d"] == {"docs_in": 7, "docs_kept": 5, "clusters": 2, "budget_tokens": 1200.0, "tokens_kept": 1700}
 
 
 def test_a_filled_token_budget_keeps_the_long_document_that_crosses_it(tmp_path):

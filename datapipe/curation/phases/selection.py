@@ -15,8 +15,9 @@ over blocks; the driver holds per-domain (and per-cluster) totals only:
              evenly over the clusters, `stages.diversity.water_fill`) and the rank bucket where the
              quota runs out; the documents of that one bucket per cluster (1/4096 of them) come back
              to the driver, which finds the last one a cluster keeps. A cluster keeps its documents in
-             seeded-rank order while its running total stays within the quota: the same rule as
-             `stages.diversity.select` over the whole domain, decided exactly;
+             seeded-rank order while its running total stays within the quota (a token quota filled: the
+             document that crosses it kept too): the same rule as `stages.diversity.select` over the whole
+             domain, decided exactly;
 4. select    one task per block: diversity's choice, then the mixture's copies (`stages.mixture`:
              per-document from a per-domain rate planned on the tokens left after diversity), the
              dropped documents' records, the copies file, and the counters' changes.
@@ -148,9 +149,16 @@ def assign_task(shared: tuple[str, diversity.DiversityConfig, dict[str, np.ndarr
 
 def _diversity_cuts(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], div_config: diversity.DiversityConfig,
                     centroids: dict[str, np.ndarray], held_out: RowCopies | None) -> tuple[dict[str, Cut], dict[str, Any], dict[str, int]]:
-    """Each sampled domain's cut, its report entry, and the tokens its kept rows hold."""
-    budgets = {d: Budget(b, by_tokens=b > 1, clusters=len(centroids[d])) for d, b in div_config.domains.items() if d in centroids}
-    return cuts(run_tasks, work, "diversity", names, budgets, held_out)
+    """Each sampled domain's cut, its report entry (a token budget's with the budget and the tokens kept), and the
+    tokens its kept rows hold. A token budget is filled, as selection by a model fills its own: a cluster keeps the
+    document that crosses its quota, so one long document does not end the domain's share early."""
+    budgets = {d: Budget(b, by_tokens=b > 1, clusters=len(centroids[d]), fill=b > 1)
+               for d, b in div_config.domains.items() if d in centroids}
+    domain_cuts, report, kept_tokens = cuts(run_tasks, work, "diversity", names, budgets, held_out)
+    for d, entry in report.items():
+        if budgets[d].by_tokens:
+            entry.update(budget_tokens=budgets[d].value, tokens_kept=kept_tokens[d])
+    return domain_cuts, report, kept_tokens
 
 
 def select_task(shared: tuple[str, str, RowCopies | None, dict[str, Cut], dict[str, dict[str, Any]] | None, int],
