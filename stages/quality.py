@@ -86,7 +86,6 @@ import numpy as np
 import pyarrow as pa
 
 from datapipe.core.config import ConfigError, check, from_dict, note
-from stages import quality_kernels as kernels
 from stages.base import DocumentFilter
 
 # A word (letters/digits/underscore, optionally joined by - ' ’ .) or a run of other symbols.
@@ -114,6 +113,15 @@ def _check_order(low_name: str, low: float | None, high_name: str, high: float |
 # --------------------------------------------------------------------------------------------------
 # the batch as the kernels read it
 
+
+def _kernels():  # type: ignore[no-untyped-def]
+    """`stages.quality_kernels`, imported on first use: numba's import only in a process that filters (not the
+    driver, which builds the filters for the plan)."""
+    from stages import quality_kernels
+
+    return quality_kernels
+
+
 _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # where str.splitlines cuts
 
 
@@ -122,7 +130,9 @@ def _character_tables() -> tuple[np.ndarray, np.ndarray]:
     """(flags, lower) by code point: `quality_kernels`' character classes taken from Python's own `re` and `str` (so
     the kernels class every character as the regexes do), and the code point lower() gives (U+0130's two code points
     and the capital sigma's two forms are the kernels' to handle)."""
-    every = "".join(map(chr, range(0x110000)))
+    kernels = _kernels()
+    # every code point, surrogates too, in one decode: a million chr() calls joined were the slow part here
+    every = np.arange(0x110000, dtype=np.uint32).tobytes().decode("utf-32-le", "surrogatepass")
     flags = np.zeros(len(every), dtype=np.uint8)
     for pattern, bit in ((r"\s", kernels.SPACE), (r"\w", kernels.WORD), (r"\d", kernels.DIGIT),
                          (r"[^\W\d_]", kernels.ALPHA), (r"[^\W_]", kernels.ALNUM),
@@ -156,17 +166,17 @@ class _TextBatch:
         offsets = np.frombuffer(offsets, dtype=np.int64)[texts.offset:texts.offset + len(texts) + 1]
         data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
         self.flags, self.lower = _character_tables()
-        self.cps, self.offsets = kernels.decode_utf8(data, offsets)
+        self.cps, self.offsets = _kernels().decode_utf8(data, offsets)
 
     @cached_property
     def tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(starts, ends, each text's first token): `tokenize`'s tokens."""
-        return kernels.split_tokens(self.cps, self.offsets, self.flags)
+        return _kernels().split_tokens(self.cps, self.offsets, self.flags)
 
     @cached_property
     def lines(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(starts, ends, each text's first line): `str.splitlines()`."""
-        return kernels.split_lines(self.cps, self.offsets, self.flags)
+        return _kernels().split_lines(self.cps, self.offsets, self.flags)
 
 
 class _CompiledFilter(abc.ABC):
@@ -244,8 +254,8 @@ class GopherQualityFilter(_CompiledFilter):
         self._stop_words = _code_points(sorted(set(c.stop_words)))
 
     def _codes(self, batch: _TextBatch, active: np.ndarray, texts: pa.Array) -> np.ndarray:
-        return kernels.gopher_quality(batch.cps, batch.offsets, batch.flags, active, *batch.tokens, *batch.lines,
-                                      self._limits, *self._stop_words)
+        return _kernels().gopher_quality(batch.cps, batch.offsets, batch.flags, active, *batch.tokens, *batch.lines,
+                                          self._limits, *self._stop_words)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -296,8 +306,8 @@ class GopherRepetitionFilter(_CompiledFilter):
             self._ngram_limits[n] = _threshold(getattr(c, f"dup_{n}gram_frac"))
 
     def _codes(self, batch: _TextBatch, active: np.ndarray, texts: pa.Array) -> np.ndarray:
-        return kernels.gopher_repetition(batch.cps, batch.offsets, batch.flags, active, *batch.tokens, self._limits,
-                                         self._ngram_limits, self._ngram_top)
+        return _kernels().gopher_repetition(batch.cps, batch.offsets, batch.flags, active, *batch.tokens, self._limits,
+                                             self._ngram_limits, self._ngram_top)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -335,11 +345,14 @@ class C4Filter(_CompiledFilter):
                                    c.filter_javascript, c.filter_curly_bracket, c.filter_policy], dtype=np.bool_)
         self._limits = np.array([_threshold(x) for x in (c.min_words_per_line, c.max_word_length,
                                                          c.min_num_sentences)])
-        self._patterns = _code_points(kernels.C4_PATTERNS)
+
+    @cached_property
+    def _patterns(self) -> tuple[np.ndarray, np.ndarray]:  # where the kernels are (not in the driver: no numba there)
+        return _code_points(_kernels().C4_PATTERNS)
 
     def _codes(self, batch: _TextBatch, active: np.ndarray, texts: pa.Array) -> np.ndarray:
-        return kernels.c4(batch.cps, batch.offsets, batch.flags, batch.lower, active, *batch.lines, self._switches,
-                          self._limits, *self._patterns)
+        return _kernels().c4(batch.cps, batch.offsets, batch.flags, batch.lower, active, *batch.lines, self._switches,
+                              self._limits, *self._patterns)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -375,8 +388,8 @@ class FineWebFilter(_CompiledFilter):
 
     def _codes(self, batch: _TextBatch, active: np.ndarray, texts: pa.Array) -> np.ndarray:
         c = self.config
-        return kernels.fineweb(batch.cps, batch.offsets, batch.flags, active, batch.tokens[2], self._limits,
-                               c.line_punct_exclude_zero, c.short_line_length)
+        return _kernels().fineweb(batch.cps, batch.offsets, batch.flags, active, batch.tokens[2], self._limits,
+                                   c.line_punct_exclude_zero, c.short_line_length)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -421,8 +434,8 @@ class CodeFilter(_CompiledFilter):
 
     def _codes(self, batch: _TextBatch, active: np.ndarray, texts: pa.Array) -> np.ndarray:
         c = self.config
-        codes = kernels.code(batch.cps, batch.offsets, batch.flags, batch.lower, active, *batch.lines, self._limits,
-                             c.autogenerated_scan_lines, *self._marker_points, self._markers_have_sigma)
+        codes = _kernels().code(batch.cps, batch.offsets, batch.flags, batch.lower, active, *batch.lines, self._limits,
+                                 c.autogenerated_scan_lines, *self._marker_points, self._markers_have_sigma)
         for t in np.flatnonzero(codes < 0):  # a capital sigma in the head, a sigma in a marker: as Python lowers it
             head = "\n".join(texts[int(t)].as_py().splitlines()[: c.autogenerated_scan_lines]).lower()
             codes[t] = 4 if any(m in head for m in self._markers) else 0
