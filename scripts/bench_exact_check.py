@@ -1,4 +1,4 @@
-"""A verify task's exact-check reads on an S3 API server with a latency: wall, requests, requests in flight.
+"""The exact check's reads (one fetch task's) on an S3 API server with a latency: wall, requests, requests in flight.
 
 usage: python -m scripts.bench_exact_check [--corpus ../shared/data/corpus.jsonl.gz] [--blocks 512]
            [--documents-per-block 40] [--wanted 512] [--latency 0.03] [--baseline-tree /tmp/datapipe-old] [--rounds 2]
@@ -6,8 +6,8 @@ usage: python -m scripts.bench_exact_check [--corpus ../shared/data/corpus.jsonl
 Writes `--blocks` read blocks of the corpus's documents (`--documents-per-block` each, in corpus order) to a
 moto S3 server (a separate process, as the tests' `s3_server`), behind a proxy that holds every request
 `--latency` seconds and counts the range reads in flight (`datapipe.testing.latency_proxy`). Then, in a fresh
-process, one verify task's exact check: `near_dedup.text_shingle_sets` for `--wanted` documents drawn at random
-(seeded) from the blocks, as at 1 TB's layout, where a task wants a few documents of each of many blocks. Reports
+process, one fetch task's reads: `near_dedup.read_frames` for `--wanted` documents drawn at random (seeded) from
+the blocks. Reports
 the call's wall, its process's CPU seconds, the requests the server saw and the most in flight at once. With
 `--baseline-tree` (a checkout of an earlier commit, `git archive <commit> | tar -x -C DIR`) the same call from that
 tree runs beside this one's, on the same blocks and documents, the trees alternating `--rounds` times after an
@@ -37,23 +37,31 @@ from scripts.corpus import DEFAULT, load_docs
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "bench-exact-check"
 
-# One verify task's exact check in a fresh process: argv = tree, work URL, senders, orders, at, nbytes (JSON lists).
+# One fetch task's reads in a fresh process: argv = tree, work URL, senders, orders, at, nbytes (JSON lists). A tree
+# from before the fetch tasks has no `read_frames`: its verify task's reads (`text_shingle_sets`) are timed instead.
 _TASK = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np
-from datapipe.curation.phases.near_dedup import KeySource, text_shingle_sets
+import pyarrow as pa
+from datapipe.curation.phases import near_dedup
 from stages.minhash import MinHashConfig
 work, senders, orders, at, nbytes = sys.argv[2], json.loads(sys.argv[3]), *(np.array(json.loads(a), np.int64) for a in sys.argv[4:7])
-source = KeySource(work, work, tuple(senders), run="bench")
+source = near_dedup.KeySource(work, work, tuple(senders))
+blocks = np.array([o // 10**6 for o in orders.tolist()])
 from datapipe.core.storage import location
 location(work).fs.info(location(work).path + "/read")  # the client made and connected, as a worker's is by a task's first read
 started = time.perf_counter()
-sets, read = text_shingle_sets(source, orders, np.array([o // 10**6 for o in orders.tolist()]), at, nbytes, MinHashConfig())
+if hasattr(near_dedup, "read_frames"):
+    wanted = pa.table({"order": orders, "sender": blocks.astype(np.int32), "text_at": at, "text_bytes": nbytes,
+                       "group": np.zeros(len(orders), np.int32)}, schema=near_dedup.WANTED_SCHEMA)
+    found, read = near_dedup.read_frames(source, wanted)
+else:
+    found, read = near_dedup.text_shingle_sets(source, orders, blocks, at, nbytes, MinHashConfig())
 wall = time.perf_counter() - started
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"wall_s": round(wall, 3), "process_cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
-                  "documents": len(sets), **read}))
+                  "documents": len(found), **read}))
 """
 
 

@@ -29,8 +29,7 @@ Reported: the layout asked for and the one the run made; per phase (the key's fo
 method and status, its task records and shuffle files; every shuffle folder against 4 x (senders + receivers);
 the most files a receiver of an exchange reads (per combined range, the files of that range; where a folder's
 senders are read directly, all of them) and the most sender files a combine task merges; the driver's peak
-resident memory; wall and each step's seconds; the exact check's reads and each verify task's wall where the run
-reports them.
+resident memory; wall and each step's seconds; the exact check's reads (its fetch tasks', by block).
 """
 
 from __future__ import annotations

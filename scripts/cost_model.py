@@ -26,11 +26,12 @@ The model (its assumptions are flags, listed in BENCHMARKS.md, "Cost model"):
   folder). A phase's requests take the longest of: latency x requests / (cores x in flight), in flight per
   core = min(`--concurrency`, `--connections`: the S3 client's pool, one worker process per core); and
   **S3's per-prefix rate** (`--prefix-rate` requests a second per prefix) over the prefixes used.
-  Counted explicitly: **component rounds** (measured rounds per run), the **exact check's range reads**
-  (`--near-share` of documents in pairs decided by the exact Jaccard: two frames a pair, `--ranges-per-read`
-  requests a frame: neighbouring frames share one), the **members' ids** (none: they travel in the nodes).
+  Counted explicitly: **component rounds** (measured rounds per run), the **exact check** (`--near-share` of
+  documents in pairs decided by the exact Jaccard, each wanted by two groups: the wanted documents exchanged to
+  fetch tasks by block, each block's frames read in a few merged ranges, `fetch_reads`, the frames exchanged on to
+  the groups), the **members' ids** (none: they travel in the nodes).
 - **Bytes**: work bytes per document x documents, written once and read about twice, `bandwidth` per core,
-  plus the exact check's frames.
+  plus the exact check's: the fetch tasks' ranges and the frames' exchange (`exact_check_bytes`).
 - A phase takes the largest of its bounds; phases are barriers, so the run is their sum. The critical path
   is the phase with the largest share and the bound that sets it.
 """
@@ -44,12 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from datapipe.core.shuffle import Combined, average_sender_bytes, combine_layout
-from datapipe.curation.blocks import FRAME_GAP, RANGE_WASTE
 from datapipe.core.storage import PREFIXES
 from datapipe.curation.config import auto_block_bytes, auto_partitions
 from datapipe.curation.exchange import LOSER_BYTES
 from datapipe.curation.phases.eval_split import CANDIDATE_BYTES, CHOOSE_TASKS as EVAL_CHOOSE_TASKS
-from datapipe.curation.phases.near_dedup import GROUP_DOCS, SMALL_EXCHANGE, key_bytes
+from datapipe.curation.phases.near_dedup import FETCH_BYTES, FETCH_GAP, GROUP_DOCS, SMALL_EXCHANGE, key_bytes
 from stages.exact_dedup import KEY_BYTES
 from stages.minhash import MinHashConfig
 
@@ -57,6 +57,7 @@ SERIAL = {"start", "tokenizer", "write", "shutdown", "clean_up", "clean up"}  # 
 UNIT_GROUPS = 256  # exchange.UNIT_GROUPS: the losers are gathered by at most this many groups of input units
 INPUT_RANGE = 5 * 2**20  # s3fs reads an input file in blocks of this size: one GET each
 PAIR_BYTES = {"pairs-u": 16, "pairs-v": 16 + 256 + 8 + 16, "edges": 32}  # a candidate pair's row in each shuffle
+WANTED_BYTES = 32  # a wanted document's row (order, block, its frame's place, the group): near_dedup.WANTED_SCHEMA
 MEMBER_BYTES = 48  # a cluster member's row (order, label, id, length)
 TOKENIZER_SAMPLE_BYTES = 200e6  # configs/web.yaml's tokenizer.train.sample_bytes: what sizes the sample's combine
 LOSER_SHARE = 0.1  # documents a global stage drops, about (the scale corpus: 5% exact, 10% near copies)
@@ -92,10 +93,15 @@ def _exchange(senders: int, receivers: int, largest_bytes: float, partitions: in
 
 
 def _step_bytes(step_bytes: float, groups: int) -> float | None:
-    """`exchange_groups`: a step's group files combined at the largest file's size (taken as 1.5 x the mean);
-    none (None) at SMALL_EXCHANGE groups or fewer, or where two files do not fit one combine task."""
-    largest = 1.5 * step_bytes / groups
-    if groups <= SMALL_EXCHANGE or combine_layout("x", groups, groups, int(largest)).per_file < 2:
+    """`exchange_groups`: a step's group files combined (`_largest`)."""
+    return _largest(step_bytes, groups, groups)
+
+
+def _largest(step_bytes: float, senders: int, partitions: int) -> float | None:
+    """`near_dedup.exchange`: a step's sender files combined at the largest file's size (taken as 1.5 x the mean);
+    none (None) at SMALL_EXCHANGE senders or fewer, or where two files do not fit one combine task."""
+    largest = 1.5 * step_bytes / senders
+    if senders <= SMALL_EXCHANGE or combine_layout("x", senders, partitions, int(largest)).per_file < 2:
         return None
     return largest
 
@@ -104,25 +110,57 @@ def _add(*parts: dict[str, int]) -> dict[str, int]:
     return {k: int(sum(p.get(k, 0) for p in parts)) for k in ("spread", "plain")}
 
 
-def ranges_per_read(lay: dict[str, int], docs: float, near_share: float, frame_ratio: float = 0.5) -> float:
-    """The exact check's requests per document read, with the documents a verify task wants from a block spread
-    uniformly over it: k = 2 x share x (documents a block) / groups wanted; a frame shares its range with the one
-    before when it starts within the gap `frame_ranges` allows (FRAME_GAP, and at most as many gap bytes as frame
-    bytes: 2 (RANGE_WASTE - 1) frames for two), about 1 - exp(-k x (gap + frame) / block bytes). Near copies that sit together
-    in the input (the shared corpus's manual pages) merge far more: measure them (`exact_ranges_read`)."""
+def fetch_reads(lay: dict[str, int], docs: float, near_share: float, frame_ratio: float = 0.5) -> dict[str, float]:
+    """The exact check's reads of one block, by its fetch task (`near_dedup.read_frames`): the block's documents near
+    the threshold (k = share x documents a block, each read once for every group that wants it) spread uniformly over
+    its frames; a frame joins the range before it when the gap between them is at most FETCH_GAP. With exponential
+    gaps of mean g: ranges = P(any) + (k - 1) exp(-FETCH_GAP / g); bytes = the frames plus the gaps merged (at most
+    the block's frames). Near copies that sit together in the input merge more: measure them (`exact_ranges_read`)."""
     per_block = docs / lay["blocks"]
-    wanted = 2 * near_share * per_block / lay["groups"]
-    frame = frame_ratio * lay["block_bytes"] / per_block
-    gap = min(FRAME_GAP, 2 * (RANGE_WASTE - 1) * frame)
-    return round(math.exp(-wanted * (gap + frame) / lay["block_bytes"]) if wanted >= 1 else 1.0, 4)
+    k = near_share * per_block
+    frames = frame_ratio * lay["block_bytes"]
+    frame = frames / per_block
+    if k <= 0:
+        return {"ranges_per_block": 0.0, "bytes_per_block": 0.0}
+    gap = max(frames - k * frame, 0.0) / k  # mean gap between two wanted frames
+    split = math.exp(-FETCH_GAP / gap) if gap > 0 else 0.0
+    merged = gap - (gap + FETCH_GAP) * split if gap > 0 else 0.0  # mean bytes of a gap read through
+    ranges = (1 - math.exp(-k)) + max(k - 1, 0.0) * split
+    return {"ranges_per_block": round(ranges, 4),
+            "bytes_per_block": min(frames, k * frame + max(k - 1, 0.0) * merged)}
+
+
+def exact_check_requests(lay: dict[str, int], docs: float, near_share: float, frame_ratio: float = 0.5) -> dict[str, int]:
+    """Near dedup's exact check after the decide step (`near_dedup.verify_pairs`): each group writes its decided pairs
+    and its wanted documents; the wanted exchanged to the fetch tasks by block (F of them, sized by FETCH_BYTES of
+    frames); each block's frames read in a few ranges (`fetch_reads`), each fetch task's frames exchanged to the
+    groups; each group reads its decided pairs and writes its record."""
+    m, g = lay["blocks"], lay["groups"]
+    wanted = 2 * near_share * docs  # a document near the threshold is wanted by the two groups of its pairs
+    if wanted < 1:
+        return _add({"plain": 2 * g, "spread": g}, {"plain": 2 * g})  # decided, wanted written; check's read, record
+    frame_bytes = wanted * (lay["block_bytes"] * m / docs) * frame_ratio
+    f = max(1, min(m, math.ceil(frame_bytes / FETCH_BYTES)))
+    reads = fetch_reads(lay, docs, near_share, frame_ratio)
+    return _add({"plain": g},  # the decided pairs written
+                _exchange(g, f, _largest(wanted * WANTED_BYTES, g, m), m),  # wanted: written, combined, read by block
+                {"spread": int(m * reads["ranges_per_block"]), "plain": 2 * f},  # the fetch tasks' reads, records
+                _exchange(f, g, _largest(frame_bytes, f, g)),  # the frames, to their groups
+                {"plain": 3 * g})  # the check: the decided pairs read, the record
+
+
+def exact_check_bytes(lay: dict[str, int], docs: float, text_bytes: float, near_share: float, frame_ratio: float) -> float:
+    """The exact check's bytes: each block's ranges read by its fetch task, and the frames' exchange (written, read)."""
+    fetched = lay["blocks"] * fetch_reads(lay, docs, near_share, frame_ratio)["bytes_per_block"]
+    return fetched + 2 * (2 * near_share * text_bytes * frame_ratio)
 
 
 def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_share: float,
-             ranges_a_read: float = 1.0, eval_split: bool = False) -> dict[str, dict[str, int]]:
+             frame_ratio: float = 0.5, eval_split: bool = False) -> dict[str, dict[str, int]]:
     """Requests per phase of a run with exact and near dedup (verification on). A task reads its inputs and
     writes its outputs and its record, after an existence check of the record (HEAD). `near`: measured per
-    document: candidate pairs, edges; and rounds of connected components. `ranges_a_read`: the exact check's
-    requests per document it reads (neighbouring frames share one: `blocks.frame_ranges`)."""
+    document: candidate pairs, edges; and rounds of connected components. `frame_ratio`: a document's frame over its
+    text (what sizes the exact check's fetch tasks and their ranges: `exact_check_requests`)."""
     m, pe, g, u = lay["blocks"], lay["partitions_exact"], lay["groups"], min(lay["units"], UNIT_GROUPS)
     task = {"plain": 2}  # its record: the existence check and the write
     losers = lambda senders: _add(  # split by unit, combined, gathered by unit group (`exchange.route_losers`)
@@ -142,8 +180,8 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
         "filters+minhash": _add({"spread": 3 * m + 2 * m, "plain": 2 * m}, {"plain": 2 * m}),  # + buckets, nodes
         "minhash resolve": _add(
             _exchange(m, g, lay["near_keys_bytes"]), _exchange(m, g, lay["near_keys_bytes"]),  # pairs; gather
-            step(k_u), step(k_v),  # attach, verify
-            {"spread": int(2 * near_share * docs * ranges_a_read)},  # the exact check: its range reads
+            step(k_u), step(k_v),  # attach, decide
+            exact_check_requests(lay, docs, near_share, frame_ratio),  # wanted, fetch, frames, check
             *[step(k_e) for _ in range(rounds)],  # component rounds
             step(k_m), step(k_m), {"spread": g, "plain": 2},  # members (ids in the nodes: no reads), winners, clusters
             losers(g)),
@@ -155,17 +193,17 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
         "shards": _add({"plain": 2 * m + 3 * lay["shards"]}),
     }
     if eval_split:
-        phases["eval split"] = eval_requests(lay, docs, near_share, ranges_a_read, step)
+        phases["eval split"] = eval_requests(lay, docs, near_share, frame_ratio, step)
     return phases
 
 
-def eval_requests(lay: dict[str, int], docs: float, near_share: float, ranges_a_read: float, step: Any,
+def eval_requests(lay: dict[str, int], docs: float, near_share: float, frame_ratio: float, step: Any,
                   fraction: float = EVAL_FRACTION) -> dict[str, int]:
     """The eval split's requests (`phases/eval_split.py`, decontamination `near` with verification): three tasks a
     block (candidates, token hashes, the rows it keeps), each a record (its check and write), its output and its
     block's inputs (the view, the tokens, the lengths, the hashes: about seven reads); the candidates exchanged to
     the choose tasks; one match task a near-dedup group reading its range of the buckets' combined files; the
-    candidate pairs attached and verified as near dedup's (two steps, the exact check's reads at the near share of
+    candidate pairs attached and decided as near dedup's (two steps, then the exact check's at the near share of
     the eval documents' partners); the edges combined for the one task that names the copies."""
     m, g = lay["blocks"], lay["groups"]
     choose = min(m, EVAL_CHOOSE_TASKS)
@@ -173,7 +211,7 @@ def eval_requests(lay: dict[str, int], docs: float, near_share: float, ranges_a_
     buckets = 2 * g * min(g, combine_layout("x", m, lay["partitions_near"], lay["near_keys_bytes"]).groups)
     return _add({"plain": 3 * 3 * m + 7 * m}, {"spread": m}, _exchange(m, choose, candidates), {"plain": 3 * choose + 3},
                 {"spread": buckets + g, "plain": 2 * g}, step(_step_bytes(1e3 * g, g)), step(_step_bytes(1e3 * g, g)),
-                {"spread": int(2 * near_share * fraction * docs * ranges_a_read)}, _exchange(g, 1, 1000), {"plain": 3})
+                exact_check_requests(lay, docs, near_share * fraction, frame_ratio), _exchange(g, 1, 1000), {"plain": 3})
 
 
 def measured_phases(run: dict[str, Any]) -> dict[str, float]:
@@ -219,8 +257,7 @@ def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argpars
     if cpu_run is not None:
         cpu_from, workers, cpu_growth = cpu_run, cpu_run["workers"], text_bytes / cpu_run["corpus"]["bytes"]
     lay = layout(docs, text_bytes)
-    ranges = args.ranges_per_read if args.ranges_per_read is not None else ranges_per_read(lay, docs, args.near_share, args.frame_ratio)
-    counted = requests(lay, docs, near_per_doc(largest), args.near_share, ranges, eval_split=not args.no_eval)
+    counted = requests(lay, docs, near_per_doc(largest), args.near_share, args.frame_ratio, eval_split=not args.no_eval)
     in_flight = args.cores * min(args.concurrency, args.connections)
     phases: dict[str, dict[str, Any]] = {}
     measured = measured_phases(cpu_from)
@@ -245,7 +282,7 @@ def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argpars
                            "request_s": 0.0, "prefix_s": 0.0, "serial": True, "tasks": 1}
     phases["minhash clusters"] = _clusters_merge(largest, docs, growth, args)
     work_bytes = largest["work_bytes_per_doc"] * largest["corpus"]["docs"] * growth
-    exact_bytes = 2 * args.near_share * docs * (text_bytes / docs) * args.frame_ratio
+    exact_bytes = exact_check_bytes(lay, docs, text_bytes, args.near_share, args.frame_ratio)
     cpu_total = sum(p["cpu_s"] for p in phases.values() if not p["serial"]) or 1.0
     for name, p in phases.items():
         extra = exact_bytes if name == "minhash resolve" else 0.0
@@ -257,7 +294,9 @@ def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argpars
     stall = longest_tasks(phases, measured, workers * cpu_growth, args)
     if not args.warm_bucket:
         cold_bucket(phases, args)
-    return {**_summary(lay, phases, docs, work_bytes, exact_bytes), "exact_ranges_per_read": ranges, "stall": stall}
+    reads = fetch_reads(lay, docs, args.near_share, args.frame_ratio)
+    return {**_summary(lay, phases, docs, work_bytes, exact_bytes), "exact_ranges_per_block": reads["ranges_per_block"],
+            "stall": stall}
 
 
 RUN_ORDER = ["start", "read", "unique ids", "exact_dedup", "exact_dedup resolve", "filters+minhash", "minhash resolve",
@@ -361,9 +400,6 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--near-share", type=float, default=0.05,
                         help="documents near the threshold, each read by two verify tasks: 2 x share reads a "
                         "document (measured: 0.021 on the scale benchmark's near-threshold corpus, 0.67 on the shared corpus)")
-    parser.add_argument("--ranges-per-read", type=float, default=None,
-                        help="the exact check's requests per document read (exact_ranges_read / exact_documents_read: "
-                        "neighbouring frames are read together); default: estimated from the layout (`ranges_per_read`)")
     parser.add_argument("--no-eval", action="store_true", help="leave out the eval split (configs/web.yaml ships it on)")
     parser.add_argument("--cpu-run", default=None, help="scripts.bench_layout --cpu's JSON: CPU per byte of web.yaml on real "
                         "text (default: the scale run's CPU)")

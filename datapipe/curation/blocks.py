@@ -42,13 +42,18 @@ def read_block_path(work: Location, block: str) -> Location:
 def write_read_block(work: Location, block: str, table: pa.Table, compression: str | None) -> None:
     """The one copy of a block's documents (`table`, `DOC_SCHEMA`): its texts as one zstd frame each, back to back,
     then the other columns and `text_end` as Arrow IPC (`compression`), then the frames' length; one object."""
-    compressor = zstandard.ZstdCompressor(level=_TEXT_LEVEL, write_checksum=True)
-    frames = [compressor.compress(t) for t in _utf8_values(table.column("text"))]
+    frames = text_frames(_utf8_values(table.column("text")))
     ends = np.cumsum(np.fromiter(map(len, frames), dtype=np.int64, count=len(frames)))
     rest = table.drop(["text"]).append_column("text_end", pa.array(ends, pa.int64()))
     packed = b"".join(frames)
     atomic_write_bytes(read_block_path(work, block),
                        checked(packed + table_bytes(rest, "arrow", compression) + _FRAMES_LENGTH.pack(len(packed))))
+
+
+def text_frames(texts: Sequence[bytes]) -> list[bytes]:
+    """Each text (UTF-8) as a zstd frame of its own, with its checksum: how a read block stores its texts."""
+    compressor = zstandard.ZstdCompressor(level=_TEXT_LEVEL, write_checksum=True)
+    return [compressor.compress(t) for t in texts]
 
 
 def _utf8_values(column: pa.ChunkedArray) -> list[bytes]:
@@ -90,12 +95,13 @@ FRAME_GAP = 32 << 10  # frames this close may share a request: at 64 in flight a
 RANGE_WASTE = 2  # a shared range holds at most this many times the bytes of the frames wanted in it
 
 
-def frame_ranges(at: np.ndarray, nbytes: np.ndarray, gap: int = FRAME_GAP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def frame_ranges(at: np.ndarray, nbytes: np.ndarray, gap: int = FRAME_GAP,
+                 waste: float = RANGE_WASTE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Neighbouring frames of one block coalesced into ranges: (each frame's range, the ranges' starts and ends).
     In block order, a frame joins the range before it when it starts at most `gap` bytes past that range's end and
-    the range would still hold at most RANGE_WASTE x the bytes of its frames, so a task that wants many documents of
+    the range would still hold at most `waste` x the bytes of its frames, so a task that wants many documents of
     a block (a dense cluster of near copies) makes few requests, and one that wants a few far apart reads no more
-    than twice their bytes."""
+    than twice their bytes (RANGE_WASTE)."""
     by_at = np.argsort(at, kind="stable")
     group = np.empty(len(at), np.int64)
     starts: list[int] = []
@@ -103,7 +109,7 @@ def frame_ranges(at: np.ndarray, nbytes: np.ndarray, gap: int = FRAME_GAP) -> tu
     wanted = 0
     for i, a, n in zip(by_at.tolist(), at[by_at].tolist(), nbytes[by_at].tolist()):
         end = max(ends[-1], a + n) if ends else 0
-        if ends and a <= ends[-1] + gap and end - starts[-1] <= RANGE_WASTE * (wanted + n):
+        if ends and a <= ends[-1] + gap and end - starts[-1] <= waste * (wanted + n):
             ends[-1], wanted = end, wanted + n
         else:
             starts.append(a)
@@ -120,35 +126,45 @@ def read_texts(work: Location, block: str, at: np.ndarray, nbytes: np.ndarray) -
 
 def read_blocks_texts(work: Location, frames: Sequence[tuple[str, np.ndarray, np.ndarray]]) -> list[list[str]]:
     """For each (block, at, nbytes) of `frames`, the texts whose frames are at `at` (`nbytes` long) in that block's
-    read block: one range per run of neighbouring frames of a block (`frame_ranges`), and the ranges of all the
-    blocks in one batched read (`read_work_ranges`: on an object store all in flight at once, as many as the
-    connection pool holds), so a task that wants a few documents of each of many blocks waits for one round of
-    requests, not one per block. Each frame is checked by its own checksum."""
+    read block (`read_blocks_frames`), each frame checked by its own checksum."""
+    return [decompress_frames(block_frames, [read_block_path(work, block)] * len(block_frames))
+            for (block, _, _), block_frames in zip(frames, read_blocks_frames(work, frames))]
+
+
+def read_blocks_frames(work: Location, frames: Sequence[tuple[str, np.ndarray, np.ndarray]], *, gap: int = FRAME_GAP,
+                       waste: float = RANGE_WASTE) -> list[list[bytes]]:
+    """For each (block, at, nbytes) of `frames`, the frames (compressed, as stored, unchecked: `decompress_frames`
+    checks them) at `at` (`nbytes` long) in that block's read block: one range per run of neighbouring frames of a
+    block (`frame_ranges` with `gap` and `waste`), and the ranges of all the blocks in one batched read
+    (`read_work_ranges`: on an object store all in flight at once, as many as the connection pool holds), so a task
+    that wants a few documents of each of many blocks waits for one round of requests, not one per block."""
     paths: list[Location] = []
     starts: list[int] = []
     ends: list[int] = []
     plans = []
     for block, at, nbytes in frames:
-        group, block_starts, block_ends = frame_ranges(at, nbytes)
+        group, block_starts, block_ends = frame_ranges(at, nbytes, gap, waste)
         plans.append((len(starts), group, block_starts))
         paths += [read_block_path(work, block)] * len(block_starts)
         starts += block_starts.tolist()
         ends += block_ends.tolist()
     ranges = read_work_ranges(paths, starts, ends)
-    return [_decompress_frames(read_block_path(work, block), ranges[first : first + len(block_starts)], group,
-                               block_starts, at, nbytes)
-            for (block, at, nbytes), (first, group, block_starts) in zip(frames, plans)]
+    return [[bytes(memoryview(ranges[first + g])[a - block_starts[g] : a - block_starts[g] + n])
+             for g, a, n in zip(group.tolist(), at.tolist(), nbytes.tolist())]
+            for (_, at, nbytes), (first, group, block_starts) in zip(frames, plans)]
 
 
-def _decompress_frames(path: Location, ranges: list[bytes], group: np.ndarray, starts: np.ndarray, at: np.ndarray,
-                       nbytes: np.ndarray) -> list[str]:
-    """The texts of the frames at `at` (`nbytes` long) of one read block, from its `ranges` (`frame_ranges`)."""
+def decompress_frames(frames: Sequence[bytes], paths: Sequence[Location]) -> list[str]:
+    """The text of each frame (`text_frames`), checked by its checksum; a frame that does not decompress is a
+    DamagedWorkFile naming the read block it came from (`paths[i]`: frame i's)."""
     decompressor = zstandard.ZstdDecompressor()
+    texts: list[str] = []
     try:
-        return [decompressor.decompress(memoryview(ranges[g])[a - starts[g] : a - starts[g] + n]).decode("utf-8")
-                for g, a, n in zip(group.tolist(), at.tolist(), nbytes.tolist())]
+        for frame in frames:
+            texts.append(decompressor.decompress(frame).decode("utf-8"))
     except (zstandard.ZstdError, UnicodeDecodeError) as exc:
-        raise DamagedWorkFile(path, f"a document's text does not decompress to what its task wrote ({exc})") from None
+        raise DamagedWorkFile(paths[len(texts)], f"a document's text does not decompress to what its task wrote ({exc})") from None
+    return texts
 
 
 def write_view(work: Location, segment: str, block: str, documents: pa.Table) -> None:

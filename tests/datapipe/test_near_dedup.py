@@ -6,7 +6,6 @@ distributed rounds; every removal names the document kept."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import numpy as np
@@ -185,7 +184,7 @@ def unkilled(tmp_path_factory):
         return path, tmp / "ref", _minhash_run(tmp / "ref", path, LocalExecutor())
 
 
-@pytest.mark.parametrize("desc, after", [("minhash pairs", 1), ("minhash gather", 1), ("minhash attach", 1), ("minhash verify", 2), ("minhash components", 0), ("minhash members", 2), ("minhash keep", 1)])
+@pytest.mark.parametrize("desc, after", [("minhash pairs", 1), ("minhash gather", 1), ("minhash attach", 1), ("minhash decide", 2), ("minhash fetch", 0), ("minhash check", 2), ("minhash components", 0), ("minhash members", 2), ("minhash keep", 1)])
 def test_run_killed_in_the_resolve_resumes_to_the_same_result(tmp_path, monkeypatch, unkilled, desc, after):
     monkeypatch.setattr(near_dedup, "GROUP_DOCS", 16)
     path, ref_dir, ref = unkilled
@@ -225,7 +224,7 @@ def one_group(tmp_path_factory):
     return path, tmp / "one", result
 
 
-@pytest.mark.parametrize("desc, after", [(None, 0), ("minhash attach combine", 0), ("minhash members combine", 0)])
+@pytest.mark.parametrize("desc, after", [(None, 0), ("minhash attach combine", 0), ("minhash wanted combine", 0), ("minhash members combine", 0)])
 def test_group_files_are_combined_for_their_readers_and_a_kill_there_resumes(tmp_path, monkeypatch, one_group, desc, after):
     """Eight groups (one per partition): each step's eight group files are merged by a combine task into one
     (`exchange_groups`), which the next step's receivers read (two requests each, not two per group); the
@@ -246,6 +245,7 @@ def test_group_files_are_combined_for_their_readers_and_a_kill_there_resumes(tmp
     assert many.stats["global_stages"]["minhash"]["tasks"] == 8
     combined = dict(steps)
     assert combined["minhash pairs combine"] == combined["minhash attach combine"] == combined["minhash members combine"] == 1
+    assert combined["minhash wanted combine"] == 1  # the wanted documents too, on their way to the fetch tasks
     assert read_manifest(tmp_path / "many") == read_manifest(one)
     a = pq.read_table(tmp_path / "many" / "near_duplicates" / "clusters.parquet")
     assert a.equals(pq.read_table(one / "near_duplicates" / "clusters.parquet"))
@@ -294,48 +294,60 @@ def test_clusters_merged_a_range_of_input_order_at_a_time_equal_one_sort(tmp_pat
     assert result.stats["global_stages"]["minhash"] == ref.stats["global_stages"]["minhash"]
 
 
-def test_recomputed_shingles_are_cached_per_run_only(tmp_path):
-    """A verify task reuses the shingle sets this process computed earlier in the same resolve (`KeySource.run`);
-    another run, whose block at the same path may hold other text, computes its own. A document is read by
-    the range of its text in its read block; one of a block that holds its text itself, by reading that block."""
+def _wanted(orders, senders, at, nbytes):
+    return pa.table({"order": orders, "sender": np.asarray(senders, np.int32), "text_at": at, "text_bytes": nbytes,
+                     "group": np.zeros(len(orders), np.int32)}, schema=near_dedup.WANTED_SCHEMA)
+
+
+def test_a_fetch_reads_a_frame_by_its_range_and_a_block_without_locators_whole(tmp_path):
+    """A document is read by the range of its frame in its read block; one of a block that holds its text itself
+    (no locator) by reading that block, its text made a frame; every frame decompresses to its text."""
     from datapipe.core.schema import DOC_SCHEMA
     from datapipe.core.workfiles import write_work_table
-    from datapipe.curation.blocks import READ, block_documents, write_read_block
-    from datapipe.curation.phases.near_dedup import KeySource, text_shingle_sets
-    from stages.minhash import shingle_sets
+    from datapipe.curation.blocks import READ, block_documents, decompress_frames, write_read_block
+    from datapipe.curation.phases.near_dedup import KeySource, read_frames
 
-    config = MinHashConfig()
+    texts = ["x y z w v u t s", "one two three four five six seven"]
+    table = pa.table({"id": ["d0", "d1"], "domain": ["d", "d"], "text": pa.array(texts, pa.large_string()),
+                      "order": pa.array([0, 1], pa.int64()), "lang": pa.nulls(2, pa.string()),
+                      "lang_score": pa.nulls(2, pa.float32())}, schema=DOC_SCHEMA)
+    write_read_block(tmp_path, "b0", table, "zstd")
+    write_work_table(tmp_path / "seg" / "b0.arrow", table)  # a block that holds its text itself
+    located = block_documents(tmp_path, READ, "b0", ["order"], locate=True)
+    at, nbytes = located.column("text_at").to_numpy()[1:], located.column("text_bytes").to_numpy()[1:]
+    source = KeySource(str(tmp_path), str(tmp_path), ("seg/b0",))
+    frames, read = read_frames(source, _wanted(np.array([1]), [0], at, nbytes))
+    assert decompress_frames(frames, [tmp_path]) == [texts[1]] and read.pop("read_seconds") >= 0
+    assert read == {"bytes_read": int(nbytes[0]), "text_bytes": len(texts[1]), "documents_read": 1, "ranges_read": 1}
+    frames, read = read_frames(source, _wanted(np.array([1]), [0], np.array([-1]), np.array([-1])))
+    assert decompress_frames(frames, [tmp_path]) == [texts[1]]
+    assert read["bytes_read"] == sum(map(len, texts)) and read["ranges_read"] == 1  # the block's texts, read whole
 
-    def block(text):
-        table = pa.table({"id": ["d0", "d1"], "domain": ["d", "d"], "text": pa.array(["x y z w v u t s", text], pa.large_string()),
-                          "order": pa.array([0, 1], pa.int64()), "lang": pa.nulls(2, pa.string()),
-                          "lang_score": pa.nulls(2, pa.float32())}, schema=DOC_SCHEMA)
-        write_read_block(tmp_path, "b0", table, "zstd")
-        write_work_table(tmp_path / "seg" / "b0.arrow", table)  # a block that holds its text itself
-        located = block_documents(tmp_path, READ, "b0", ["order"], locate=True)
-        return located.column("text_at").to_numpy()[1:], located.column("text_bytes").to_numpy()[1:]
 
-    def sets(run, at, nbytes):
-        got, read = text_shingle_sets(KeySource(str(tmp_path), str(tmp_path), ("seg/b0",), run=run), np.array([1]),
-                                      np.array([0]), at, nbytes, config)
-        assert read.pop("read_seconds") >= 0  # the reads' wall, not a count
-        return got, read
+def test_a_fetch_reads_a_blocks_spread_frames_in_one_range_for_every_group(tmp_path):
+    """Documents of one block wanted by several groups: each is read once, and frames far apart for one task's
+    few wants (RANGE_WASTE) are one range for a fetch (FETCH_GAP), which reads for every group at once."""
+    from datapipe.curation.blocks import frame_ranges
+    from datapipe.curation.phases.near_dedup import KeySource, fetch_task, Fetches, FRAME_SCHEMA
+    from datapipe.core.shuffle import SenderFiles, read_shuffle, write_shuffle
+    from datapipe.testing.read_blocks import write_read_blocks
 
-    first, second = "one two three four five six seven", "eight nine ten eleven twelve thirteen fourteen"
-    at, nbytes = block(first)
-    got, read = sets("r1", at, nbytes)
-    assert got[1].tolist() == shingle_sets([first], config)[0].tolist()
-    first_frame = int(nbytes[0])
-    assert read == {"bytes_read": first_frame, "text_bytes": len(first), "documents_read": 1, "ranges_read": 1}  # its frame alone
-    at, nbytes = block(second)
-    again, read = sets("r1", at, nbytes)
-    assert again[1].tolist() == got[1].tolist()  # the same run: from the cache, the new text not read
-    # the cache changes no count: the read is costed from the locators given, as if it were made
-    assert read == {"bytes_read": int(nbytes[0]), "text_bytes": len(first), "documents_read": 1, "ranges_read": 1}
-    other, _ = sets("r2", at, nbytes)
-    assert other[1].tolist() == shingle_sets([second], config)[0].tolist()
-    whole, read = sets("r3", np.array([-1]), np.array([-1]))  # no locator: the block file is read
-    assert whole[1].tolist() == other[1].tolist() and read["bytes_read"] == len("x y z w v u t s") + len(second)
+    rng = np.random.default_rng(2)
+    texts = [[" ".join(f"w{x}" for x in rng.integers(0, 10**6, 200)) for _ in range(12)]]
+    at, nbytes = write_read_blocks(tmp_path / "work", texts)
+    orders = np.array([0, 6, 11, 6, 0])  # every sixth document, two wanted by two groups
+    groups = np.array([0, 0, 1, 1, 2], np.int32)
+    assert len(frame_ranges(at[orders[:3]], nbytes[orders[:3]])[1]) == 3  # one range each by a task's rule
+    wanted = _wanted(orders, np.zeros(5), at[orders], nbytes[orders]).set_column(4, "group", pa.array(groups))
+    write_shuffle(tmp_path / "wanted" / "g000.shuffle", wanted, np.zeros(5, np.int64), 1)
+    source = KeySource(str(tmp_path), str(tmp_path / "work"), ("read/b0",), groups=near_dedup.Groups(3, 3))
+    result = fetch_task((str(tmp_path), str(tmp_path), source, SenderFiles(str(tmp_path / "wanted"), ("g000",), 1),
+                         Fetches(1, 1)), 0)
+    assert (result["ranges_read"], result["documents_read"], result["rows"]) == (1, 3, 5)
+    assert result["bytes_read"] == at[11] + nbytes[11] - at[0]
+    for g in range(3):  # each group gets the frames it wanted
+        got = read_shuffle([tmp_path / "frames" / "f00000.shuffle"], g, 3, FRAME_SCHEMA)
+        assert sorted(got.column("order").to_pylist()) == sorted(orders[groups == g].tolist())
 
 
 def test_a_damaged_text_frame_stops_the_exact_check_naming_the_read_block(tmp_path):
@@ -363,13 +375,12 @@ def test_a_damaged_text_frame_stops_the_exact_check_naming_the_read_block(tmp_pa
         block_documents(tmp_path, READ, "b0")
 
 
-def test_neighbouring_frames_are_read_in_one_request_and_costed_as_read(tmp_path, monkeypatch):
-    """Frames within FRAME_GAP of each other in a read block are one range read; the documents' costs add up to
-    the bytes of the ranges read, and a range's first document counts its request."""
+def test_neighbouring_frames_are_read_in_one_request(tmp_path, monkeypatch):
+    """Frames within FRAME_GAP of each other in a read block are one range read, unless the range would hold more
+    than RANGE_WASTE x their bytes; a wider gap and no waste bound (a fetch's) merge frames far apart."""
     from datapipe.core.schema import DOC_SCHEMA
     from datapipe.curation import blocks
     from datapipe.curation.blocks import READ, FRAME_GAP, block_documents, frame_ranges, read_texts, write_read_block
-    from datapipe.curation.phases.near_dedup import _read_costs
 
     rng = np.random.default_rng(0)
     words = [" ".join(f"w{x}" for x in rng.integers(0, 10**6, n)) for n in (40, 50, 60)]
@@ -390,23 +401,22 @@ def test_neighbouring_frames_are_read_in_one_request_and_costed_as_read(tmp_path
     assert requests == [2]  # frames 0 and 1 together, frame 3 alone (past the big frame)
     group, starts, ends = frame_ranges(at[want], nbytes[want])
     assert group[1] == group[2] != group[0]
-    costs, first = _read_costs(at[want], nbytes[want])
-    assert costs.sum() == (ends - starts).sum() and first.sum() == 2
-    assert costs[0] == nbytes[3] and costs[2] == nbytes[0] and costs[1] == at[1] + nbytes[1] - at[0] - nbytes[0]
+    assert (starts.tolist(), ends.tolist()) == ([at[0], at[3]], [at[1] + nbytes[1], at[3] + nbytes[3]])
+    assert len(frame_ranges(at[want], nbytes[want], 2 * int(nbytes[2]), np.inf)[1]) == 1  # across the big frame
     # two small frames 9.5 KB apart: within FRAME_GAP, but one range would hold 20x their bytes; 100 bytes apart, one
     assert len(frame_ranges(np.array([0, 10_000]), np.array([500, 500]))[1]) == 2
     assert frame_ranges(np.array([0, 600]), np.array([500, 500]))[2].tolist() == [1100]
 
 
-def test_a_verify_task_reads_the_frames_of_all_its_blocks_in_one_batched_read(tmp_path, monkeypatch):
-    """The exact check asks for every block's ranges at once (one `read_work_ranges` call over all the blocks:
-    concurrent on an object store), not block after block; the texts, counts and costs are each block's own."""
+def test_a_fetch_reads_the_frames_of_all_its_blocks_in_one_batched_read(tmp_path, monkeypatch):
+    """A fetch task asks for every block's ranges at once (one `read_work_ranges` call over all the blocks:
+    concurrent on an object store), not block after block, a batch per EXACT_READ_BYTES of ranges; the frames and
+    counts are each block's own."""
     from datapipe.curation import blocks
-    from datapipe.curation.phases.near_dedup import KeySource, _read_costs, text_shingle_sets
+    from datapipe.curation.blocks import decompress_frames
+    from datapipe.curation.phases.near_dedup import KeySource, read_frames
     from datapipe.testing.read_blocks import write_read_blocks
-    from stages.minhash import shingle_sets
 
-    config = MinHashConfig()
     rng = np.random.default_rng(1)
     texts = [[" ".join(f"w{x}" for x in rng.integers(0, 10**6, 30)) for _ in range(3)] for _ in range(4)]
     at, nbytes = write_read_blocks(tmp_path / "work", texts)
@@ -415,22 +425,22 @@ def test_a_verify_task_reads_the_frames_of_all_its_blocks_in_one_batched_read(tm
     monkeypatch.setattr(blocks, "read_work_ranges", lambda paths, starts, ends: (calls.append(list(paths)), real(paths, starts, ends))[1])
     orders = np.array([0, 2, 4, 9, 11, 7])  # two of block 0, one of 1, three of 2 and 3, out of order
     senders = orders // 3
-    source = KeySource(str(tmp_path), str(tmp_path / "work"), tuple(f"read/b{b}" for b in range(4)), run="batched")
-    got, read = text_shingle_sets(source, orders, senders, at[orders], nbytes[orders], config)
+    source = KeySource(str(tmp_path), str(tmp_path / "work"), tuple(f"read/b{b}" for b in range(4)))
+    frames, read = read_frames(source, _wanted(orders, senders, at[orders], nbytes[orders]))
     assert len(calls) == 1 and sorted({p.name for p in calls[0]}) == ["b0.arrow", "b1.arrow", "b2.arrow", "b3.arrow"]
     flat = [t for block in texts for t in block]
-    assert {o: s.tolist() for o, s in got.items()} == {o: shingle_sets([flat[o]], config)[0].tolist() for o in orders.tolist()}
-    costs = [_read_costs(at[orders[senders == b]], nbytes[orders[senders == b]]) for b in range(4)]
-    assert read["ranges_read"] == len(calls[0]) == sum(int(r.sum()) for _, r in costs)
-    assert read["bytes_read"] == sum(int(c.sum()) for c, _ in costs) and read["documents_read"] == len(orders)
-    assert read["text_bytes"] == sum(len(flat[o]) for o in orders.tolist()) and read["read_seconds"] >= 0
-    # at most EXACT_READ_BYTES of frames a read: here two blocks' worth, so two reads of two blocks each
-    monkeypatch.setattr(near_dedup, "EXACT_READ_BYTES", int(nbytes[orders[senders <= 1]].sum()))
+    assert decompress_frames(frames, [tmp_path] * len(frames)) == [flat[o] for o in orders.tolist()]
+    assert read["ranges_read"] == len(calls[0]) == 4  # a block's frames are neighbours: one range each
+    spans = [at[orders[senders == b]] for b in range(4)]
+    ends = [(at + nbytes)[orders[senders == b]] for b in range(4)]
+    assert read["bytes_read"] == sum(int(e.max() - a.min()) for a, e in zip(spans, ends))
+    assert read["documents_read"] == len(orders) and read["text_bytes"] == sum(len(flat[o]) for o in orders.tolist())
+    # at most EXACT_READ_BYTES of ranges a read: here two blocks' worth, so two reads of two blocks each
+    monkeypatch.setattr(near_dedup, "EXACT_READ_BYTES", sum(int(e.max() - a.min()) for a, e in zip(spans[:2], ends[:2])))
     calls.clear()
-    again, reread = text_shingle_sets(dataclasses.replace(source, run="in parts"), orders, senders, at[orders],
-                                      nbytes[orders], config)
+    again, reread = read_frames(source, _wanted(orders, senders, at[orders], nbytes[orders]))
     assert [sorted({p.name for p in c}) for c in calls] == [["b0.arrow", "b1.arrow"], ["b2.arrow", "b3.arrow"]]
-    assert {o: s.tolist() for o, s in again.items()} == {o: s.tolist() for o, s in got.items()}
+    assert again == frames
     assert {k: v for k, v in reread.items() if k != "read_seconds"} == {k: v for k, v in read.items() if k != "read_seconds"}
 
 
@@ -449,18 +459,25 @@ def test_a_block_gone_from_a_batched_read_is_named(tmp_path):
         read_blocks_texts(tmp_path, frames)
 
 
-def test_a_verify_task_records_its_wall_and_its_reads(tmp_path):
-    """Each verify task's record holds its wall (`seconds`) beside its reads' wall and requests; the summary sums
-    the requests, and holds no wall (it is what every run of the same input repeats)."""
+def test_the_exact_check_fetches_by_block_and_records_its_reads(tmp_path):
+    """The near pairs' documents are read by fetch tasks, a block's once for every group that wants them: each fetch
+    task's record holds its wall (`seconds`) beside its reads' wall and requests; the summary sums the requests, and
+    holds no wall (it is what every run of the same input repeats); the exact check's folders are gone after it."""
     path, _ = _corpus(tmp_path)
     cfg = small_config(tmp_path / "out", [{"path": str(path), "domain": "web"}], filters={}, output={"keep_work": True},
                        dedup={"exact": {"enabled": False}, "minhash": {"enabled": True, "partitions": 3}})
     result = curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
-    records = [read_record(p) for p in sorted((tmp_path / "out" / "work").rglob("verify-*.json"))]
+    work = tmp_path / "out" / "work" / "minhash"
+    records = [read_record(p) for p in sorted(work.rglob("fetch-*.json"))]
     assert records and all(r["seconds"] >= r["read_seconds"] >= 0 for r in records)
     summary = result.stats["global_stages"]["minhash"]
     assert summary["exact_ranges_read"] == sum(r["ranges_read"] for r in records) > 0
+    assert summary["exact_documents_read"] == sum(r["documents_read"] for r in records) > 0
+    wanted = sum(read_record(p)["wanted"] for p in work.rglob("decide-*.json"))
+    assert summary["exact_documents_read"] <= wanted  # a document wanted by several groups, read once
+    assert summary["exact_ranges_read"] <= summary["exact_documents_read"]
     assert not any("seconds" in key for key in summary)
+    assert not any((work / name).exists() for name in ("pairs-v", "wanted", "decided", "frames"))
 
 
 def test_without_verification_every_candidate_pair_joins_a_cluster(tmp_path):

@@ -4,7 +4,6 @@ CLI as a user runs it, and a two-node Ray cluster whose nodes share no folder wi
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -15,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from datapipe.core.workfiles import read_record, write_record
@@ -158,18 +158,17 @@ def test_the_cli_curates_s3_to_s3_and_reads_it_back(tmp_path, s3_input):
 
 def test_the_exact_check_keeps_its_range_requests_in_flight_at_once(s3_server, monkeypatch):
     """On the S3 server, through a proxy that holds each request LATENCY seconds and counts those in flight: a
-    verify task that wants one document of each of S3_CONNECTIONS + 6 blocks has as many range reads in flight at
+    fetch task that wants one document of each of S3_CONNECTIONS + 6 blocks has as many range reads in flight at
     once as the connection pool holds (S3_CONNECTIONS, then the rest as those end): two rounds of latency, not one
     per block. Read block after block, one request would be in flight at a time."""
     import s3fs
 
     from datapipe.core.storage import S3_CONNECTIONS
     from datapipe.core.workfiles import DamagedWorkFile
-    from datapipe.curation.blocks import read_block_path
-    from datapipe.curation.phases.near_dedup import KeySource, text_shingle_sets
+    from datapipe.curation.blocks import decompress_frames, read_block_path
+    from datapipe.curation.phases.near_dedup import WANTED_SCHEMA, KeySource, read_frames
     from datapipe.testing.latency_proxy import LatencyProxy
     from datapipe.testing.read_blocks import write_read_blocks
-    from stages.minhash import MinHashConfig, shingle_sets
 
     latency, blocks = 0.3, S3_CONNECTIONS + 6
     work = location(f"s3://{s3_server[1]}/{uuid.uuid4().hex[:12]}/work")
@@ -177,19 +176,19 @@ def test_the_exact_check_keeps_its_range_requests_in_flight_at_once(s3_server, m
              for b in range(blocks)]
     at, nbytes = write_read_blocks(work, texts)
     orders = np.arange(blocks) * 2 + 1  # the second document of each block: one range each
-    config = MinHashConfig()
     with LatencyProxy(s3_server[0], latency) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         s3fs.S3FileSystem.clear_instance_cache()  # the reads below open the file system anew, at the proxy
-        source = KeySource(str(work), str(work), tuple(f"read/b{b}" for b in range(blocks)), run=uuid.uuid4().hex)
-        got, read = text_shingle_sets(source, orders, orders // 2, at[orders], nbytes[orders], config)
+        source = KeySource(str(work), str(work), tuple(f"read/b{b}" for b in range(blocks)))
+        wanted = pa.table({"order": orders, "sender": (orders // 2).astype(np.int32), "text_at": at[orders],
+                           "text_bytes": nbytes[orders], "group": np.zeros(blocks, np.int32)}, schema=WANTED_SCHEMA)
+        frames, read = read_frames(source, wanted)
         in_flight, ranges = proxy.most_in_flight, proxy.ranges
         read_block_path(work, "b7").unlink()  # a block gone: named, among 70 reads
         with pytest.raises(DamagedWorkFile, match=r"b7\.arrow is damaged: it is missing"):
-            text_shingle_sets(dataclasses.replace(source, run="another"), orders, orders // 2, at[orders], nbytes[orders], config)
+            read_frames(source, wanted)
     s3fs.S3FileSystem.clear_instance_cache()
-    assert {o: s.tolist() for o, s in got.items()} == {
-        o: shingle_sets([texts[o // 2][1]], config)[0].tolist() for o in orders.tolist()}
+    assert decompress_frames(frames, [work] * blocks) == [texts[o // 2][1] for o in orders.tolist()]
     assert ranges == read["ranges_read"] == blocks
     # the pool full, and no more (the rest wait for a connection); on a busy machine a few of the first round reach the
     # proxy after others have ended (52 of 64 seen once), still far from one at a time

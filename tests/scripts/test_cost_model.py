@@ -1,19 +1,22 @@
 """The cost model's request counting: exact answers on small layouts."""
 
 import argparse
+import math
 
-from scripts.cost_model import _exchange, _step_bytes, layout, measured_phases, ranges_per_read, requests
+from scripts.cost_model import (_exchange, _step_bytes, exact_check_requests, fetch_reads, layout, measured_phases,
+                                requests)
 
 
-def test_the_exact_checks_ranges_merge_only_where_a_task_wants_many_documents_of_a_block():
-    lay = layout(1e9, 1e12)  # 61 MB blocks, 1,165 groups
-    assert ranges_per_read(lay, 1e9, 0.005) == 1.0  # under one document a (task, block): every frame its own request
-    assert 0.99 < ranges_per_read(lay, 1e9, 0.336) < 1.0  # ~35 a (task, block) over 61 MB: hardly any adjacent
-    dense = {**lay, "blocks": 100, "groups": 1, "block_bytes": int(1e7)}  # 1e5 documents a 10 MB block, all wanted
-    assert ranges_per_read(dense, 1e7, 0.5) < 0.25
-    near = {"candidate_pairs": 0.5, "edges": 0.2, "rounds": 4}
-    half = requests(lay, 1e9, near, 0.005, 0.5)["minhash resolve"]["spread"]
-    assert requests(lay, 1e9, near, 0.005)["minhash resolve"]["spread"] - half == 0.005 * 1e9
+def test_a_fetch_reads_a_blocks_wanted_frames_in_a_few_ranges():
+    lay = layout(1e9, 1e12)  # 61 MB blocks (30 MB of frames), 61,000 documents a block
+    for share in (0.01, 0.05, 0.336):  # 610 or more wanted a block, a few KB apart: one range reads them all
+        reads = fetch_reads(lay, 1e9, share)
+        assert reads["ranges_per_block"] == 1.0 and reads["bytes_per_block"] <= 0.5 * lay["block_bytes"]
+    # about 0.06 wanted a block: a block holds one in 17, one range then
+    assert fetch_reads(lay, 1e9, 1e-6)["ranges_per_block"] == round(1 - math.exp(-0.061035), 4)
+    sparse = fetch_reads(lay, 1e9, 10 / 61_035)  # 10 a block, ~3 MB apart: most gaps are past FETCH_GAP
+    assert 5 < sparse["ranges_per_block"] < 10 and sparse["bytes_per_block"] < 0.2 * 0.5 * lay["block_bytes"]
+    assert fetch_reads(lay, 1e9, 0.0) == {"ranges_per_block": 0.0, "bytes_per_block": 0.0}
 
 
 def test_an_exchange_grows_as_senders_times_ranges_plus_receivers_once_combined():
@@ -35,12 +38,16 @@ def test_resolve_steps_combine_past_a_few_groups():
     assert _step_bytes(1e12, 1000) == 1.5e9
 
 
-def test_the_layout_is_the_runners_and_the_exact_check_adds_two_reads_a_pair():
+def test_the_layout_is_the_runners_and_the_exact_check_reads_by_block():
     lay = layout(1e9, 1e12)
     assert lay["blocks"] == 16_384 and lay["groups"] == lay["partitions_near"]  # a group per partition at scale
     near = {"candidate_pairs": 0.5, "edges": 0.2, "rounds": 4}
-    none, some = requests(lay, 1e9, near, 0.0), requests(lay, 1e9, near, 0.005)
-    assert sum(some["minhash resolve"].values()) - sum(none["minhash resolve"].values()) == 2 * 0.005 * 1e9
+    none, some = requests(lay, 1e9, near, 0.0), requests(lay, 1e9, near, 0.05)
+    added = sum(some["minhash resolve"].values()) - sum(none["minhash resolve"].values())
+    assert added == sum(exact_check_requests(lay, 1e9, 0.05).values()) - sum(exact_check_requests(lay, 1e9, 0.0).values())
+    # one range a block (16,384), far from a request per wanted document (2 x 5% x 1e9 = 100 M); the rest is the two
+    # exchanges (groups to fetch tasks, fetch tasks to groups) and the fetch tasks' records
+    assert 16_384 < added < 250_000
     assert {k: v for k, v in some.items() if k != "minhash resolve"} == {k: v for k, v in none.items() if k != "minhash resolve"}
 
 

@@ -39,7 +39,6 @@ then its record, so the split is the same on any number of workers and blocks, a
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -478,8 +477,8 @@ def _near_source(run_tasks: Callable[..., list[Any]], work: Location, names: lis
     is another run's), keys made here."""
     if near_dedup_segment is not None and near_dedup_groups is not None and not config.source:
         return near_dedup.KeySource(str(work / "minhash"), str(work), tuple(f"{near_dedup_segment}/{b}" for b in names),
-                                    gathered=True, run=uuid.uuid4().hex, groups=near_dedup.Groups(**near_dedup_groups))
-    source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names), run=uuid.uuid4().hex)
+                                    gathered=True, groups=near_dedup.Groups(**near_dedup_groups))
+    source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names))
     documents = sum(r["rows"] for r in run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names],
                                                  "eval_split minhash", record=record_in(RECORDS, "buckets")))
     if config.source:  # its documents' keys next to this run's, under orders after every input

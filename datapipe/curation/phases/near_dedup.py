@@ -17,10 +17,14 @@ each writing one shuffle file:
                `nodes-by-group/gNNN.arrow` (the block files go), for the three steps that look nodes up;
 2. attach      each pair joined with its first document's signature and block, sent to the partition of
                its second document (`pairs-v/`);
-3. verify      joined with the second's: decided by the estimated Jaccard (`estimate_masks`); the pairs too
-               near the threshold to tell by the exact Jaccard of shingle sets recomputed from the two
-               documents' text (`exact_edges`), read by range from their blocks, every block's ranges in one
-               batched read (`text_shingle_sets`; each task's record holds its wall); edges to `cc/r000/`;
+3. decide      joined with the second's: decided by the estimated Jaccard (`estimate_masks`): the sure edges and
+               the pairs too near the threshold to tell kept in `decided/gNNN.arrow`, the documents of those pairs
+               sent to their blocks (`wanted/`, partitioned by block);
+   fetch       one task per run of blocks (`Fetches`, sized by the wanted frames' bytes) reads every wanted frame of
+               its blocks once, in a few merged ranges, for every group (`read_frames`; each task's record holds its
+               wall), and sends the frames on by group (`frames/`);
+   check       the near pairs by the exact Jaccard of shingle sets recomputed from those frames (`exact_edges`);
+               the sure and exact edges to `cc/r000/`;
 4. components  in one task when there are at most `one_task_edges` edges (a choice the first run records:
                `first_run_choice_task`) (large-star and small-star
                steps in memory until nothing changes), else in rounds of one task per group,
@@ -39,7 +43,7 @@ each writing one shuffle file:
 
 No step lists a folder: senders are known (the blocks, or the groups). Objects per step: one per
 task plus its record. A step's input shuffle is deleted once every task that reads it has left its record
-(`pairs-u/`, `pairs-v/`, `cc/`, `members/`), so the resolve's disk use is that of one or two steps, and a
+(`pairs-u/`, `pairs-v/`, `wanted/`, `decided/`, `frames/`, `cc/`, `members/`), so the resolve's disk use is that of one or two steps, and a
 resumed run skips those tasks by their records. Memory per task is bounded by the partition count (and `one_task_edges`), not by
 the corpus. Every task writes its output atomically and then a record, so a resumed run replays the
 same steps to the same files.
@@ -47,10 +51,9 @@ same steps to the same files.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import math
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -58,13 +61,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import zstandard
 
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.shards import replacing
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.shuffle import (Combined, SenderFiles, average_sender_bytes, combine, combine_layout, write_shuffle)
 from datapipe.core.storage import Location, location, remove_tree
-from datapipe.curation.blocks import block_documents, frame_ranges, read_blocks_texts
+from datapipe.curation.blocks import (block_documents, decompress_frames, frame_ranges, read_block_path,
+                                      read_blocks_frames, text_frames)
 from datapipe.curation.phase import record_in
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 from stages.minhash import (
@@ -101,7 +106,6 @@ class KeySource:
     work: str
     senders: tuple[str, ...]
     gathered: bool = False  # the nodes were gathered into one file per group (`gather_nodes_task`)
-    run: str = ""  # a fresh id per resolve: what `_ShingleCache` keys by (no effect on any output)
     groups: "Groups | None" = None  # the resolve's tasks (`resolve_groups`)
 
     @property
@@ -176,27 +180,39 @@ class Groups:
         return {"partitions": self.partitions, "count": self.count, "key_bytes": self.key_bytes}
 
 
-SMALL_EXCHANGE = 4  # up to this many groups, each reads every group's file: 2 G^2 <= 4 x (G + G) requests
+SMALL_EXCHANGE = 4  # up to this many senders, each receiver reads every sender's file: 2 G^2 <= 4 x (G + G) requests
+
+
+def exchange(run_tasks: RunTasks, folder: Location, senders: Sequence[str], partitions: int,
+             results: Sequence[dict[str, Any]], desc: str, *, spans: Sequence[int] | None = None,
+             records: Location | None = None) -> Combined | SenderFiles:
+    """After a step whose tasks (`senders`) each wrote one shuffle file of `partitions` in `folder` (their results'
+    `bytes`): where its receivers read. The two-level exchange (`shuffle.combine`) past SMALL_EXCHANGE senders, laid
+    out from the largest file's size (`combine_layout`; `spans`: where a receiver's partitions start), so that each
+    receiver reads a few files, not one per sender: requests grow as senders + receivers while a combine holds at
+    most COMBINE_BYTES. `records`: the combine tasks' where not `shuffle.combine`'s own."""
+    direct = SenderFiles(str(folder), tuple(senders), partitions)
+    sizes = [int(r["bytes"]) for r in results if "bytes" in r]
+    if len(senders) <= SMALL_EXCHANGE or not sizes:  # (no sizes: a step recorded before the exchange existed)
+        return direct
+    if combine_layout(folder, len(senders), partitions, max(sizes), spans).per_file < 2:
+        return direct
+    return combine(run_tasks, folder, senders, partitions, f"{desc} combine", largest_bytes=max(sizes), spans=spans,
+                   records=records)
 
 
 def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, results: Sequence[dict[str, Any]],
                     desc: str, partitions: int | None = None, *, records: Location | None = None) -> Groups:
-    """After a step whose G tasks each wrote one shuffle file in `folder` (their results' `bytes`): the two-level
-    exchange (`shuffle.combine`) when G > SMALL_EXCHANGE, laid out from the largest file's size (`combine_layout`),
-    so that the next step's G receivers read G / per_file files each, not G: requests
-    grow as senders + receivers while a combine holds at most COMBINE_BYTES. The groups the readers then use.
-    `partitions`: the files' own, where not the groups' (the clusters' order ranges); `records`: the combine tasks'
-    where not `shuffle.combine`'s own (`cc/rNNN/`'s go to the resolve's: `cc/` is deleted whole after the members)."""
-    sizes = [int(r["bytes"]) for r in results if "bytes" in r]
-    if groups.count <= SMALL_EXCHANGE or not sizes:  # (no sizes: a step recorded before the exchange existed)
+    """`exchange` after a step whose G tasks each wrote one shuffle file in `folder`: the groups the next step's
+    readers then use. `partitions`: the files' own, where not the groups' (the clusters' order ranges, read one at a
+    time); `records`: the combine tasks' (`cc/rNNN/`'s go to the resolve's: `cc/` is deleted whole after the members)."""
+    spans = None if partitions else groups.starts()  # a group reads its partitions as one range
+    files = exchange(run_tasks, folder, groups.names(), partitions or groups.partitions, results, desc, spans=spans,
+                     records=records)
+    if not isinstance(files, Combined):
         return groups
-    spans = None if partitions else groups.starts()  # the clusters' order ranges are read one at a time
-    if combine_layout(folder, groups.count, partitions or groups.partitions, max(sizes), spans).per_file < 2:
-        return groups
-    layout = combine(run_tasks, folder, groups.names(), partitions or groups.partitions, f"{desc} combine",
-                     largest_bytes=max(sizes), spans=spans, records=records)
     combined = dict(groups.combined)
-    combined[folder.name] = layout
+    combined[folder.name] = files
     return dataclasses.replace(groups, combined=tuple(sorted(combined.items())))
 
 
@@ -275,148 +291,6 @@ def _lookup(nodes: pa.Table, orders: np.ndarray, columns: Sequence[str]) -> pa.T
     return nodes.select([c for c in columns if c in nodes.column_names]).take(pa.array(at, pa.int64()))
 
 
-class _ShingleCache:
-    """Shingle sets recomputed in this worker process, kept for the next verify task of the same run (a
-    document near the threshold with many partners is checked by several tasks): least recently used out
-    beyond `budget` bytes. Keyed by the run's `KeySource.run` (a fresh id per resolve), so a later run in
-    the same process, whose blocks may differ, never reads an earlier one's sets. Only speed depends on it:
-    each entry keeps its text's size (and a block read whole, that block's bytes), and a frame's read is costed over
-    all the documents a call wants, so a task's reported reads do not depend on the process."""
-
-    def __init__(self, budget: int = 256 * 2**20) -> None:
-        self.budget, self.used = budget, 0
-        self.sets: collections.OrderedDict[tuple[str, int], tuple[np.ndarray, int, int]] = collections.OrderedDict()
-
-    def get(self, key: tuple[str, int]) -> tuple[np.ndarray, int, int] | None:
-        found = self.sets.get(key)
-        if found is not None:
-            self.sets.move_to_end(key)
-        return found
-
-    def put(self, key: tuple[str, int], value: tuple[np.ndarray, int, int]) -> None:
-        self.sets[key] = value
-        self.used += value[0].nbytes
-        while self.used > self.budget and self.sets:
-            self.used -= self.sets.popitem(last=False)[1][0].nbytes
-
-
-_SHINGLES = _ShingleCache()
-
-
-EXACT_READ_BYTES = 64 << 20  # frames one batched read holds at most: the texts a verify task holds at once stay
-# bounded, while a batch still has far more ranges than the connection pool (a frame is a compressed document)
-
-
-def text_shingle_sets(source: KeySource, orders: np.ndarray, senders: np.ndarray, at: np.ndarray,
-                      nbytes: np.ndarray, config: MinHashConfig) -> tuple[dict[int, np.ndarray], dict[str, Any]]:
-    """The shingle sets of `orders`, recomputed from their text (`senders[i]`: index into `source.senders`),
-    none for the documents this process already computed in this run (`_ShingleCache`). The documents whose
-    place in their read block is known (`at`, `nbytes`; -1 where not) are read by their own ranges, the ranges of
-    many blocks in one batched read (`read_blocks_texts`: all in flight at once on an object store), a batch per
-    EXACT_READ_BYTES of frames; the others (a block that holds its text itself: an `eval.source` block) by one read
-    of their block file. Also the bytes each distinct document's read takes (its frame and the gap before it in its
-    range, `_read_costs`; its block's text where it has no frame), the bytes of the texts, the documents and the
-    requests (ranges), for the resolve's summary: counted whether or not the cache spared the read; and
-    `read_seconds`, the reads' wall."""
-    out: dict[int, np.ndarray] = {}
-    read: dict[str, Any] = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0, "ranges_read": 0}
-    located, whole = [], []  # per block: (sender, rows to read, their costs, their requests)
-    for s in np.unique(senders).tolist():
-        mine = np.flatnonzero(senders == s)
-        mine = mine[np.unique(orders[mine], return_index=True)[1]]
-        costs, requests = _read_costs(at[mine], nbytes[mine])  # of all of them: the cache changes no count
-        wanted = []
-        for k, i in enumerate(mine.tolist()):
-            cached = _SHINGLES.get((source.run, int(orders[i])))
-            if cached is None:
-                wanted.append(k)
-            else:
-                out[int(orders[i])] = cached[0]
-                _count(read, int(costs[k]) if costs[k] >= 0 else cached[2], cached[1], int(requests[k]))
-        if wanted:
-            rows = mine[wanted]
-            (located if (at[rows] >= 0).all() else whole).append((s, rows, costs[wanted], requests[wanted]))
-    seconds = 0.0
-    batches = [(_located_texts, part) for part in _by_frame_bytes(located, nbytes)] + [(_block_texts, [b]) for b in whole]
-    for texts_of, part in batches:
-        started = time.perf_counter()
-        texts = texts_of(source, part, orders, at, nbytes)
-        seconds += time.perf_counter() - started
-        _shingle(source, part, texts, orders, config, out, read)
-    read["read_seconds"] = round(seconds, 6)
-    return out, read
-
-
-_Wanted = tuple[int, np.ndarray, np.ndarray, np.ndarray]  # a block's (sender, rows to read, their costs, their requests)
-
-
-def _by_frame_bytes(located: list[_Wanted], nbytes: np.ndarray) -> list[list[_Wanted]]:
-    """`located` cut into runs of blocks whose wanted frames hold at most EXACT_READ_BYTES (a block at least)."""
-    parts: list[list[_Wanted]] = []
-    held = 0
-    for block in located:
-        size = int(nbytes[block[1]].sum())
-        if not parts or held + size > EXACT_READ_BYTES:
-            parts.append([])
-            held = 0
-        parts[-1].append(block)
-        held += size
-    return parts
-
-
-def _located_texts(source: KeySource, part: list[_Wanted], orders: np.ndarray, at: np.ndarray, nbytes: np.ndarray) -> pa.Array:
-    """The texts of each block's rows, read by their frames' ranges: every block's in one batched read."""
-    frames = [(source.senders[s].rsplit("/", 1)[1], at[rows], nbytes[rows]) for s, rows, _, _ in part]
-    return pa.array([t for texts in read_blocks_texts(location(source.work), frames) for t in texts], pa.large_string())
-
-
-def _block_texts(source: KeySource, part: list[_Wanted], orders: np.ndarray, at: np.ndarray, nbytes: np.ndarray) -> pa.Array:
-    """The texts of the rows of a block that holds its text itself (`part`: that one block), by one read of its file;
-    their costs (-1, unknown until now) become the block's text bytes (in place)."""
-    [(s, rows, costs, _)] = part
-    folder, name = source.senders[s].rsplit("/", 1)
-    table = block_documents(location(source.work), folder, name, ["order", "text"])
-    texts = table.column("text").take(pc.index_in(pa.array(orders[rows], pa.int64()), value_set=table.column("order")))
-    costs[costs < 0] = int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)
-    return (texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts).cast(pa.large_string())
-
-
-def _shingle(source: KeySource, part: list[_Wanted], texts: pa.Array, orders: np.ndarray, config: MinHashConfig,
-             out: dict[int, np.ndarray], read: dict[str, Any]) -> None:
-    """The shingle sets of `part`'s documents (`texts`, in its order) into `out` and the cache; their reads counted."""
-    rows = np.concatenate([rows for _, rows, _, _ in part])
-    costs = np.concatenate([costs for _, _, costs, _ in part]).tolist()
-    requests = np.concatenate([requests for _, _, _, requests in part]).tolist()
-    sizes = pc.binary_length(texts).to_numpy(zero_copy_only=False).tolist()
-    for order, shingles, cost, size, request in zip(orders[rows].tolist(), shingle_sets(texts, config), costs, sizes, requests):
-        out[order] = shingles
-        _SHINGLES.put((source.run, order), (shingles, int(size), int(cost)))
-        _count(read, int(cost), int(size), int(request))
-
-
-def _read_costs(at: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per document of one block, as `read_texts` reads them all: the bytes its read takes (its frame and the gap
-    before it within its range; a range's documents add up to the range) and whether it starts a range (a request).
-    Without locators (the block holds its text itself): one read of the whole block, its bytes unknown here (-1)."""
-    if len(at) == 0 or (at < 0).any():
-        return np.full(len(at), -1, np.int64), (np.arange(len(at)) == 0).astype(np.int64)
-    group, _, _ = frame_ranges(at, nbytes)
-    by_at = np.argsort(at, kind="stable")
-    ends = (at + nbytes)[by_at]  # a block's frames never overlap: in block order a range grows by end - previous end
-    first = np.r_[True, group[by_at][1:] != group[by_at][:-1]]
-    costs, requests = np.empty(len(at), np.int64), np.empty(len(at), np.int64)
-    costs[by_at] = np.where(first, nbytes[by_at], ends - np.r_[0, ends[:-1]])
-    requests[by_at] = first
-    return costs, requests
-
-
-def _count(read: dict[str, int], cost: int, size: int, request: int) -> None:
-    read["documents_read"] += 1
-    read["bytes_read"] += cost
-    read["text_bytes"] += size
-    read["ranges_read"] += request
-
-
 def _locators(table: pa.Table, suffix: str = "") -> tuple[np.ndarray, np.ndarray]:
     """The `text_at`/`text_bytes` columns (of a node lookup or a pair's first document) as arrays, -1 where
     the document's block holds its text itself (its nodes carry no locator)."""
@@ -484,18 +358,27 @@ def _not_yet_connected(edge_u: np.ndarray, edge_v: np.ndarray, u: np.ndarray, v:
     return np.fromiter((find(a) != find(b) for a, b in zip(pu.tolist(), pv.tolist())), dtype=bool, count=len(u))
 
 
-def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) -> dict[str, Any]:
-    """The pairs whose second document is in group g, decided: by the signatures, then the ones too near
-    the threshold by the exact Jaccard of their text's shingles. Edges -> `edges_folder/gNNN`."""
-    _, pairs_folder, source, config, edges_folder = shared
-    pairs_root, edges_root, groups = location(pairs_folder), location(edges_folder), source.groups
+DECIDED_SCHEMA = pa.schema([("u", pa.int64()), ("v", pa.int64()), ("near", pa.bool_())])
+# a document a group's exact check wants: its block (`sender`: index into `KeySource.senders`), where its frame is in
+# the block's read block (-1: the block holds its text itself) and the group that wants it
+WANTED_SCHEMA = pa.schema([("order", pa.int64()), ("sender", pa.int32()), ("text_at", pa.int64()),
+                           ("text_bytes", pa.int64()), ("group", pa.int32())])
+# a wanted document's text on its way to its group: the zstd frame as its read block stores it (`blocks.text_frames`),
+# the smallest form of it (shingle sets of 64-bit hashes are larger than the text itself); its group decompresses it,
+# which checks the frame's checksum, naming the read block (`sender`) when it does not hold
+FRAME_SCHEMA = pa.schema([("order", pa.int64()), ("sender", pa.int32()), ("frame", pa.large_binary())])
+DECIDED, WANTED, FRAMES = "decided", "wanted", "frames"  # the exact check's folders, beside pairs-v/
 
-    def work() -> dict[str, Any]:
-        pairs = groups.read(pairs_root / "pairs-v", g)
-        if pairs is None or pairs.num_rows == 0:
-            size = send_edges(edges_root, np.empty(0, np.int64), np.empty(0, np.int64), config.partitions, f"g{g:03d}")
-            return {"edges": 0, "checked": 0, "near": 0, "bytes_read": 0, "text_bytes": 0, "documents_read": 0,
-                    "ranges_read": 0, "read_seconds": 0.0, "bytes": size}
+
+def decide_task(shared: tuple[str, str, KeySource, MinHashConfig], g: int) -> dict[str, Any]:
+    """The pairs whose second document is in group g, decided by the signatures: the sure edges and the pairs too
+    near the threshold to tell (less those the sure edges already connect) -> `decided/gNNN.arrow`; the documents of
+    those pairs -> `wanted/gNNN.shuffle`, partitioned by the block that holds their text (its sender index)."""
+    _, pairs_folder, source, config = shared
+    pairs_root, groups = location(pairs_folder), source.groups
+    decided, wanted, checked, connected = DECIDED_SCHEMA.empty_table(), WANTED_SCHEMA.empty_table(), 0, 0
+    pairs = groups.read(pairs_root / "pairs-v", g)
+    if pairs is not None and pairs.num_rows:
         u, v = pairs.column("u").to_numpy(), pairs.column("v").to_numpy()
         found = _lookup(source.nodes(g), v, ["signature", "sender", "text_at", "text_bytes"])
         edge, near = estimate_masks(signature_values(pairs.column("sig_u"), config.num_perm),
@@ -504,35 +387,196 @@ def verify_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) 
         # edge could not change the components (dense clusters of near-identical pages are mostly such)
         rows = np.flatnonzero(near)
         rows = rows[_not_yet_connected(u[edge], v[edge], u[rows], v[rows])]
-        near_u, near_v = u[rows], v[rows]
-        read = {"bytes_read": 0, "text_bytes": 0, "documents_read": 0, "ranges_read": 0, "read_seconds": 0.0}
-        if len(rows):
-            orders = np.r_[near_u, near_v]
-            senders = np.r_[pairs.column("sender_u").to_numpy()[rows], found.column("sender").to_numpy()[rows]]
-            at_u, bytes_u = _locators(pairs, "_u")
-            at_v, bytes_v = _locators(found)
-            sets, read = text_shingle_sets(source, orders, senders, np.r_[at_u[rows], at_v[rows]],
-                                           np.r_[bytes_u[rows], bytes_v[rows]], config)
-            near_u, near_v = exact_edges(near_u, near_v, lambda wanted: {o: sets[o] for o in wanted.tolist()}, config.threshold)
-        a, b = np.r_[u[edge], near_u], np.r_[v[edge], near_v]
-        size = send_edges(edges_root, a, b, config.partitions, f"g{g:03d}")
-        return {"edges": int(len(a)), "checked": int(len(rows)), "near": int(len(near_u)),
-                "near_connected": int(near.sum() - len(rows)), **read, "bytes": size}
+        checked, connected = len(rows), int(near.sum() - len(rows))
+        decided = pa.table({"u": np.r_[u[edge], u[rows]], "v": np.r_[v[edge], v[rows]],
+                            "near": np.r_[np.zeros(int(edge.sum()), bool), np.ones(len(rows), bool)]}, schema=DECIDED_SCHEMA)
+        wanted = _wanted(pairs, found, rows, g)
+    write_work_table(pairs_root / DECIDED / f"g{g:03d}.arrow", decided)
+    size = write_shuffle(pairs_root / WANTED / f"g{g:03d}.shuffle", wanted, wanted.column("sender").to_numpy(),
+                         len(source.senders))
+    nbytes = wanted.column("text_bytes").to_numpy()
+    return {"checked": checked, "near_connected": connected, "wanted": wanted.num_rows,
+            "wanted_bytes": int(nbytes[nbytes > 0].sum()), "bytes": size}
 
+
+def _wanted(pairs: pa.Table, found: pa.Table, rows: np.ndarray, g: int) -> pa.Table:
+    """The distinct documents of the pairs at `rows` (first documents from `pairs`, second from their node rows
+    `found`), with their frames' places and the group that wants them."""
+    at_u, bytes_u = _locators(pairs, "_u")
+    at_v, bytes_v = _locators(found)
+    orders = np.r_[pairs.column("u").to_numpy()[rows], pairs.column("v").to_numpy()[rows]]
+    senders = np.r_[pairs.column("sender_u").to_numpy()[rows], found.column("sender").to_numpy()[rows]]
+    at, nbytes = np.r_[at_u[rows], at_v[rows]], np.r_[bytes_u[rows], bytes_v[rows]]
+    first = np.unique(orders, return_index=True)[1]
+    return pa.table({"order": orders[first], "sender": senders[first].astype(np.int32), "text_at": at[first],
+                     "text_bytes": nbytes[first], "group": np.full(len(first), g, np.int32)}, schema=WANTED_SCHEMA)
+
+
+@dataclass(frozen=True)
+class Fetches:
+    """The exact check's fetch tasks: the `blocks` (the key senders, in their order) in `count` runs of adjacent
+    blocks, one task each, so that a block's wanted frames are read once, by one task, for every group."""
+
+    blocks: int
+    count: int
+
+    def range(self, f: int) -> tuple[int, int]:
+        return f * self.blocks // self.count, (f + 1) * self.blocks // self.count
+
+    def starts(self) -> list[int]:
+        return [self.range(f)[0] for f in range(self.count)]
+
+    def names(self) -> list[str]:
+        return [f"f{f:05d}" for f in range(self.count)]
+
+
+FETCH_BYTES = 64 << 20  # wanted frames a fetch task sends on, about: what a task holds, and few tasks when little is wanted
+FETCH_GAP = 1 << 20  # a fetch reads across gaps up to this between wanted frames: skipping fewer bytes than a request
+# could carry in its latency saves less than the request costs, and a fetch serves every group at once
+
+
+EXACT_READ_BYTES = 64 << 20  # ranges one batched read holds at most: the frames a fetch task holds at once stay
+# bounded, while a batch still has far more ranges than the connection pool when many are wanted
+
+
+def fetch_frames(run_tasks: RunTasks, folder: Location, pairs_root: Location, source: KeySource,
+                 decided: Sequence[dict[str, Any]], desc: str) -> tuple[Combined | SenderFiles | None, list[dict[str, Any]]]:
+    """The wanted documents (`decide_task`) exchanged to fetch tasks by block, each block's frames read once in a few
+    ranges (`fetch_task`), and sent on to the groups that want them: where the groups read their frames (None when
+    no group wants any) and the fetch tasks' results (their reads)."""
+    wanted_bytes = sum(x.get("wanted_bytes", 0) for x in decided)
+    if not any(x.get("wanted", 0) for x in decided):
+        remove_tree(pairs_root / WANTED)
+        return None, []
+    blocks = len(source.senders)
+    fetches = Fetches(blocks, max(1, min(blocks, -(-wanted_bytes // FETCH_BYTES))))
+    wanted = exchange(run_tasks, pairs_root / WANTED, source.groups.names(), blocks, decided, f"{desc} wanted",
+                      spans=fetches.starts())
+    fetched = run_tasks(fetch_task, (str(folder), str(pairs_root), source, wanted, fetches), [(f,) for f in range(fetches.count)],
+                        f"{desc} fetch", record=record_in("records", "fetch"))
+    remove_tree(pairs_root / WANTED)  # consumed: every fetch task's record is written
+    frames = exchange(run_tasks, pairs_root / FRAMES, fetches.names(), source.groups.count, fetched, f"{desc} frames")
+    return frames, fetched
+
+
+def fetch_task(shared: tuple[str, str, KeySource, Combined | SenderFiles, Fetches], f: int) -> dict[str, Any]:
+    """The frames wanted from fetch f's blocks, each distinct document's read once (`read_frames`) -> one row per
+    group that wants it in `frames/fNNNNN.shuffle`, partitioned by group. Its record holds its wall and its reads'."""
     started = time.perf_counter()
-    result = work()
+    _, pairs_folder, source, wanted_files, fetches = shared
+    lo, hi = fetches.range(f)
+    wanted = wanted_files.read(lo, WANTED_SCHEMA, through=hi)
+    orders = wanted.column("order").to_numpy()
+    _, first, inverse = np.unique(orders, return_index=True, return_inverse=True)  # a document wanted by many groups
+    frames, read = read_frames(source, wanted.take(pa.array(first, pa.int64())))
+    table = pa.table({"order": orders, "sender": wanted.column("sender"),
+                      "frame": pa.array(frames, pa.large_binary()).take(pa.array(inverse.reshape(-1), pa.int64()))},
+                     schema=FRAME_SCHEMA)
+    size = write_shuffle(location(pairs_folder) / FRAMES / f"{fetches.names()[f]}.shuffle", table,
+                         wanted.column("group").to_numpy(), source.groups.count)
     # the task's wall beside its reads' (`read_seconds`) and requests (`ranges_read`), in its record only: the
     # resolve's summary holds what every run of the same input repeats
-    return {**result, "seconds": round(time.perf_counter() - started, 6)}
+    return {**read, "rows": table.num_rows, "bytes": size, "seconds": round(time.perf_counter() - started, 6)}
+
+
+def read_frames(source: KeySource, wanted: pa.Table) -> tuple[list[bytes], dict[str, Any]]:
+    """The frame of each of `wanted`'s documents (distinct, `WANTED_SCHEMA`). Located ones by ranges of their read
+    blocks (`read_blocks_frames`, merged across gaps up to FETCH_GAP), many blocks in one batched read (all in flight
+    at once on an object store), a batch per EXACT_READ_BYTES of ranges; the others (a block that holds its text
+    itself: an `eval.source` block) by one read of their block file, their texts made frames. Also the reads: the
+    bytes of the ranges, the bytes of the texts, the documents, the requests and `read_seconds`, their wall."""
+    senders, at = wanted.column("sender").to_numpy(), wanted.column("text_at").to_numpy()
+    nbytes, orders = wanted.column("text_bytes").to_numpy(), wanted.column("order").to_numpy()
+    frames: list[bytes] = [b""] * wanted.num_rows
+    read = {"bytes_read": 0, "text_bytes": 0, "documents_read": wanted.num_rows, "ranges_read": 0}
+    started = time.perf_counter()
+    located, whole = _by_block(senders, at)
+    for batch in _by_range_bytes(located, at, nbytes, read):
+        blocks = [(_block_name(source, s), at[rows], nbytes[rows]) for s, rows in batch]
+        for (_, rows), got in zip(batch, read_blocks_frames(location(source.work), blocks, gap=FETCH_GAP, waste=math.inf)):
+            for i, frame in zip(rows.tolist(), got):
+                frames[i] = frame
+    read["text_bytes"] += sum(zstandard.frame_content_size(frames[i]) for _, rows in located for i in rows.tolist())
+    for s, rows in whole:
+        folder, name = source.senders[s].rsplit("/", 1)
+        table = block_documents(location(source.work), folder, name, ["order", "text"])
+        texts = table.column("text").take(pc.index_in(pa.array(orders[rows], pa.int64()), value_set=table.column("order")))
+        values = [t.encode() for t in texts.to_pylist()]
+        for i, frame in zip(rows.tolist(), text_frames(values)):
+            frames[i] = frame
+        read["ranges_read"] += 1
+        read["bytes_read"] += int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)
+        read["text_bytes"] += sum(map(len, values))
+    read["read_seconds"] = round(time.perf_counter() - started, 6)
+    return frames, read
+
+
+def _by_block(senders: np.ndarray, at: np.ndarray) -> tuple[list[tuple[int, np.ndarray]], list[tuple[int, np.ndarray]]]:
+    """The rows of each block, in block order: (those whose frames are located, those of blocks read whole)."""
+    by_sender = np.argsort(senders, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, senders[by_sender][1:] != senders[by_sender][:-1], True])
+    located, whole = [], []
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        rows = by_sender[a:b]
+        (located if (at[rows] >= 0).all() else whole).append((int(senders[rows[0]]), rows))
+    return located, whole
+
+
+def _by_range_bytes(located: list[tuple[int, np.ndarray]], at: np.ndarray, nbytes: np.ndarray,
+                    read: dict[str, Any]) -> list[list[tuple[int, np.ndarray]]]:
+    """`located` cut into runs of blocks whose ranges (as the fetch merges them) hold at most EXACT_READ_BYTES (a
+    block at least); the ranges and their bytes counted into `read`."""
+    parts: list[list[tuple[int, np.ndarray]]] = []
+    held = 0
+    for block in located:
+        _, starts, ends = frame_ranges(at[block[1]], nbytes[block[1]], FETCH_GAP, math.inf)
+        size = int((ends - starts).sum())
+        read["ranges_read"] += len(starts)
+        read["bytes_read"] += size
+        if not parts or held + size > EXACT_READ_BYTES:
+            parts.append([])
+            held = 0
+        parts[-1].append(block)
+        held += size
+    return parts
+
+
+def _block_name(source: KeySource, s: int) -> str:
+    return source.senders[s].rsplit("/", 1)[1]
+
+
+def check_task(shared: tuple[str, str, KeySource, MinHashConfig, str, Combined | SenderFiles | None], g: int) -> dict[str, Any]:
+    """Group g's decided pairs (`decide_task`): the sure edges, and the near pairs whose exact Jaccard of shingle
+    sets, recomputed from the frames the fetch tasks sent (`frames/`), reaches the threshold. Edges ->
+    `edges_folder/gNNN`."""
+    _, pairs_folder, source, config, edges_folder, frames = shared
+    decided = read_work_table(location(pairs_folder) / DECIDED / f"g{g:03d}.arrow")
+    u, v = decided.column("u").to_numpy(), decided.column("v").to_numpy()
+    near = decided.column("near").to_numpy(zero_copy_only=False)
+    near_u, near_v = u[near], v[near]
+    if len(near_u):
+        sets = _shingle_sets(source, frames.read(g, FRAME_SCHEMA), config)
+        near_u, near_v = exact_edges(near_u, near_v, lambda wanted: {o: sets[o] for o in wanted.tolist()}, config.threshold)
+    a, b = np.r_[u[~near], near_u], np.r_[v[~near], near_v]
+    size = send_edges(location(edges_folder), a, b, config.partitions, f"g{g:03d}")
+    return {"edges": int(len(a)), "near": int(len(near_u)), "bytes": size}
+
+
+def _shingle_sets(source: KeySource, frames: pa.Table, config: MinHashConfig) -> dict[int, np.ndarray]:
+    """Each document's shingle set (by order) from its frame; a frame that does not decompress names its read block."""
+    work = location(source.work)
+    paths = [read_block_path(work, _block_name(source, s)) for s in frames.column("sender").to_pylist()]
+    texts = decompress_frames(frames.column("frame").to_pylist(), paths)
+    return dict(zip(frames.column("order").to_pylist(), shingle_sets(pa.array(texts, pa.large_string()), config)))
 
 
 def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, source: KeySource, config: MinHashConfig,
                  edges_folder: Location, desc: str, sent: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Decide the candidate pairs in `pairs_folder/pairs-u/` (one shuffle file per group of
     `source.groups`, by first document; `sent`: the results of the tasks that wrote them, with their
-    `bytes`, for the exchange): `attach_task` then `verify_task` (their records in `folder/records/`);
-    the edges end in `edges_folder` (one shuffle file per group, partitioned by source). Returns the
-    counts and `largest_bytes`, the largest edges file."""
+    `bytes`, for the exchange): `attach_task`, `decide_task`, the fetch tasks (`fetch_frames`), then `check_task`
+    (their records in `folder/records/`); the edges end in `edges_folder` (one shuffle file per group, partitioned
+    by source). Returns the counts and `largest_bytes`, the largest edges file."""
     pairs_root = location(pairs_folder)
     groups = exchange_groups(run_tasks, pairs_root / "pairs-u", source.groups, sent, f"{desc} pairs")
     shared = (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config, str(edges_folder))
@@ -540,19 +584,27 @@ def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, 
     attached = run_tasks(attach_task, shared, parts, f"{desc} attach", record=record_in("records", "attach"))
     remove_tree(pairs_root / "pairs-u")  # consumed: every attach task's record is written
     groups = exchange_groups(run_tasks, pairs_root / "pairs-v", groups, attached, f"{desc} attach")
-    shared = (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config, str(edges_folder))
-    checked = run_tasks(verify_task, shared, parts, f"{desc} verify", record=record_in("records", "verify"))
+    decided = run_tasks(decide_task, (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config),
+                        parts, f"{desc} decide", record=record_in("records", "decide"))
     remove_tree(pairs_root / "pairs-v")  # consumed (its signatures are the resolve's largest files)
-    return _edges_summary(checked)
+    frames, fetched = fetch_frames(run_tasks, folder, pairs_root, source, decided, desc)
+    checked = run_tasks(check_task, (str(folder), str(pairs_folder), source, config, str(edges_folder), frames), parts,
+                        f"{desc} check", record=record_in("records", "check"))
+    remove_tree(pairs_root / DECIDED)  # consumed, as the frames are
+    remove_tree(pairs_root / FRAMES)
+    return _edges_summary(checked, decided, fetched)
 
 
-def _edges_summary(results: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """What the tasks that wrote the components' input edges report: the edges, the exact check's pairs and its
-    reads (the texts' frames, beside the bytes of the texts they held; none without verification), the largest file."""
-    total = lambda key: sum(x.get(key, 0) for x in results)
-    return {"edges": total("edges"), "exact_checked": total("checked"), "exact_bytes_read": total("bytes_read"),
-            "exact_text_bytes": total("text_bytes"), "exact_documents_read": total("documents_read"),
-            "exact_ranges_read": total("ranges_read"), "largest_bytes": max((x.get("bytes", 0) for x in results), default=0)}
+def _edges_summary(results: Sequence[dict[str, Any]], decided: Sequence[dict[str, Any]] = (),
+                   fetched: Sequence[dict[str, Any]] = ()) -> dict[str, int]:
+    """What the tasks that wrote the components' input edges report (`results`): the edges and the largest file;
+    the exact check's pairs (`decided`) and its reads (`fetched`: the frames' ranges, beside the bytes of the texts
+    they held; none without verification)."""
+    total = lambda rows, key: sum(x.get(key, 0) for x in rows)
+    return {"edges": total(results, "edges"), "exact_checked": total(decided, "checked"),
+            "exact_bytes_read": total(fetched, "bytes_read"), "exact_text_bytes": total(fetched, "text_bytes"),
+            "exact_documents_read": total(fetched, "documents_read"), "exact_ranges_read": total(fetched, "ranges_read"),
+            "largest_bytes": max((x.get("bytes", 0) for x in results), default=0)}
 
 
 def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
@@ -656,7 +708,7 @@ def clusters_task(shared: tuple[str, str, Groups, OrderRanges], _: int = 0) -> d
 class NearDedupStage(MinHashStage, GlobalStage):
     """Near dedup as a global stage: `MinHashStage`'s keys, resolved by this module's tasks."""
 
-    locates_text = True  # the exact check reads its documents' text by range (`text_shingle_sets`)
+    locates_text = True  # the exact check reads its documents' text by range (`read_frames`)
 
     def tasks(self, documents: int) -> int:
         return resolve_groups(self.config.partitions, documents).count
@@ -687,7 +739,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
                       record=record_in("records", "groups"))[0]
     groups = Groups(**first)
     parts = groups.items()
-    source = KeySource(str(folder), str(folder.parent), tuple(senders), run=uuid.uuid4().hex, groups=groups)
+    source = KeySource(str(folder), str(folder.parent), tuple(senders), groups=groups)
     combine_keys(run_tasks, source, stage.name)
     found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs",
                       record=record_in("records", "pairs"))
@@ -734,8 +786,8 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
         "exact_checked": verified["exact_checked"],
         "exact_bytes_read": verified["exact_bytes_read"],  # the exact check's reads (the documents' frames)
         "exact_text_bytes": verified["exact_text_bytes"],  # and the bytes of the texts they held
-        "exact_documents_read": verified["exact_documents_read"],  # once per verify task
-        "exact_ranges_read": verified["exact_ranges_read"],  # its requests: neighbouring frames share one
+        "exact_documents_read": verified["exact_documents_read"],  # once per fetch task: for every group that wants it
+        "exact_ranges_read": verified["exact_ranges_read"],  # its requests: a block's wanted frames share a few
         "edges": edges,
         "rounds": rounds,
         "groups": groups.record(),  # the grouping (the eval split's near check reads its keys by it)
