@@ -160,4 +160,4 @@ def select(run: Run, plan: Plan, blocks: list[tuple[int, int]], total: Counters,
     cfg = plan.cfg
     return selection.select(run.tasks("selection", task_memory(plan, "block")), plan.work, plan.out, block_inputs(plan, blocks),
                             cfg.diversity, cfg.mixture, total, held.not_for_training() if held else None, cfg.selection,
-                            plan.segments[-1].name)
+                            plan.segments[-1].name, plan.cwd, task_memory(plan, "block"))

@@ -51,6 +51,12 @@ class FastTextScorer:
             raise ValueError(f"it has no label {self.label!r} (its labels: {', '.join(labels[:10])}); set "
                              "selection.fasttext_label to the label of what you want kept")
 
+    @staticmethod
+    def unload() -> None:
+        """Let go of the models this process has loaded (the driver's, once it has checked a file: only the tasks
+        that score keep one)."""
+        _loaded.cache_clear()
+
     def flops_per_word(self) -> float:
         """A multiply-add per dimension for each input vector a word adds (the word and its word n-grams)."""
         args = self.model.f.getArgs()

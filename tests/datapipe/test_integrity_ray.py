@@ -238,6 +238,8 @@ KINDS = {  # kind: one file of it
     'work/model_select/excluded/uN-bN.arrow': 'work/model_select/excluded/u000000-b00000.arrow',
     'work/model_select/hist/uN-bN.arrow': 'work/model_select/hist/u000000-b00000.arrow',
     'work/model_select/model.npz': 'work/model_select/model.npz',
+    'work/model_select/sample/combined-N.shuffle': 'work/model_select/sample/combined-00000.shuffle',
+    'work/model_select/sample/uN-bN.shuffle': 'work/model_select/sample/u000000-b00000.shuffle',
     'work/model_select/uN-bN.arrow': 'work/model_select/u000000-b00000.arrow',
     'work/read/uN-bN.arrow': 'work/read/u000000-b00000.arrow',
     'work/run.json': 'work/run.json',
@@ -299,3 +301,18 @@ def test_a_finished_folder_with_a_damaged_manifest_or_stats_says_how_to_recover(
     (out / "manifest.json").unlink()  # the recovery it names
     _run(_config(out, killed.inputs), LocalExecutor())
     assert _checksums(out) == _checksums(killed.ref)
+
+
+def test_a_damaged_model_file_stops_with_the_paragraph_and_its_copy_for_later_runs_is_written_again(killed, tmp_path) -> None:
+    """Resumed after the fit's record: the model's work copy damaged any way is the paragraph naming it (its recovery:
+    the same shards); the copy in OUT/selection/ damaged any way is written again from the work copy, byte for byte."""
+    saved, published = "work/model_select/model.npz", "selection/model.npz"
+    fitted = (killed.first_with(saved) / published).read_bytes()
+    for how in MODES:
+        stopped = _resume_damaged(killed, saved, how, tmp_path / f"work-{how}")
+        assert stopped is not None and saved in str(stopped)
+        assert _resume_damaged(killed, published, how, tmp_path / f"out-{how}") is None
+        assert (tmp_path / f"out-{how}" / "out" / published).read_bytes() == fitted
+    shutil.rmtree(tmp_path / "work-cut" / "out" / "work")  # the recovery the paragraph names
+    killed.resume_on_ray(tmp_path / "work-cut" / "out")
+    assert _checksums(tmp_path / "work-cut" / "out") == _checksums(killed.ref)

@@ -158,9 +158,10 @@ def _ray():
 
 
 def test_a_kill_between_the_model_s_two_writes_still_leaves_the_model_for_later_runs(
-        finished: Path, tmp_path: Path, monkeypatch, ray_local) -> None:
-    """On Ray: the run is stopped right after the first of the model's two files is written; the resumed run
-    finishes with OUT/selection/model.npz, the model the uninterrupted run saved."""
+        finished: Path, tmp_path: Path, monkeypatch) -> None:
+    """The fit task is stopped right after the first of the model's two files is written, before its record; the
+    resumed run fits again and finishes with OUT/selection/model.npz, the model the uninterrupted run saved. (In this
+    process: the patched write is the fit task's, which on Ray runs in a worker.)"""
     from datapipe.curation.phases import model_selection
 
     written, write = [], model_selection.atomic_write_bytes
@@ -174,12 +175,69 @@ def test_a_kill_between_the_model_s_two_writes_still_leaves_the_model_for_later_
     out = tmp_path / "out"
     monkeypatch.setattr(model_selection, "atomic_write_bytes", stop_after_the_first)
     with pytest.raises(KeyboardInterrupt):
-        _run(_config(out), executor=_ray())
+        _run(_config(out))
+    assert written == [out / "selection" / "model.npz"] and not (out / "work" / "model_select" / "records" / "fit.json").exists()
     monkeypatch.setattr(model_selection, "atomic_write_bytes", write)
-    _run(_config(out), executor=_ray())
+    _run(_config(out))
     again = SelectionModel.from_bytes((out / "selection" / "model.npz").read_bytes())
     before = SelectionModel.from_bytes((finished / "selection" / "model.npz").read_bytes())
     assert again.method == before.method and np.array_equal(again.knots, before.knots)
+
+
+class _Recording(LocalExecutor):
+    """The local executor, noting each step's name, task count, declared memory and results; it stops the run (a
+    kill) as `stop_at` starts."""
+
+    def __init__(self, stop_at: str | None = None) -> None:
+        super().__init__()
+        self.stop_at, self.steps = stop_at, []
+
+    def run_tasks(self, fn, shared, items, desc, *, memory=None):
+        if self.stop_at is not None and desc.endswith(self.stop_at):
+            raise KeyboardInterrupt
+        results = super().run_tasks(fn, shared, items, desc, memory=memory)
+        self.steps.append((desc, getattr(fn, "__name__", ""), len(items), memory, results))
+        return results
+
+
+def test_the_fit_is_one_recorded_task_and_no_document_reaches_the_driver(finished: Path, tmp_path: Path) -> None:
+    """The sample goes to work files (a task's result holds counts only) and the fit is one task that leaves its
+    record; killed as scoring starts, the resumed run finds the fit done by that record (its model files stay as they
+    were) and writes the uninterrupted run's shards."""
+    out = tmp_path / "out"
+    first = _Recording(stop_at="selection score")
+    with pytest.raises(KeyboardInterrupt):
+        _run(_config(out), first)
+    steps = {desc: (fn, n, results) for desc, fn, n, _, results in first.steps}
+    assert steps["selection sample"][2] and all(len(json.dumps(r)) < 200 for r in steps["selection sample"][2])
+    assert steps["selection fit"][:2] == ("fit_task", 1) and steps["selection fit"][2][0][1] is False
+    model_files = [out / "selection" / "model.npz", out / "work" / "model_select" / "model.npz"]
+    fitted = [p.read_bytes() for p in model_files]
+    again = _Recording()
+    _run(_config(out), again)
+    (fit,) = [results for desc, _, _, _, results in again.steps if desc == "selection fit"]
+    assert fit[0][1] is True and fit[0][0] == steps["selection fit"][2][0][0]  # found done: its record's result
+    assert [p.read_bytes() for p in model_files[:1]] == fitted[:1]
+    assert [s["sha256"] for s in read_manifest(out)["shards"]] == [s["sha256"] for s in read_manifest(finished)["shards"]]
+
+
+def test_a_model_file_without_its_record_is_fitted_again(finished: Path, tmp_path: Path) -> None:
+    """Killed as scoring starts, the fit's record deleted and another sound model put in its place (a file a plain
+    exists() check would trust): the resumed run fits again and writes the uninterrupted run's shards."""
+    import dataclasses
+
+    from datapipe.core.workfiles import checked
+
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        _run(_config(out), _Recording(stop_at="selection score"))
+    work = out / "work" / "model_select"
+    (work / "records" / "fit.json").unlink(missing_ok=True)
+    other = dataclasses.replace(SelectionModel.from_bytes((finished / "selection" / "model.npz").read_bytes()), seed=7)
+    (work / "model.npz").write_bytes(checked(other.to_bytes()))
+    _run(_config(out))
+    assert [s["sha256"] for s in read_manifest(out)["shards"]] == [s["sha256"] for s in read_manifest(finished)["shards"]]
+    assert SelectionModel.from_bytes((out / "selection" / "model.npz").read_bytes()).seed == 0
 
 
 def _saved_model(finished: Path, tmp_path: Path, damage) -> Path:
@@ -269,3 +327,34 @@ def test_a_fasttext_model_that_is_not_a_local_file_is_refused_at_planning(tmp_pa
         with pytest.raises(ConfigError, match=rf"selection.model: '{model}' .*is not a file on this machine"):
             _run(cfg)
         assert not (tmp_path / "out" / "run.json").exists()
+
+
+def test_a_fasttext_model_s_tasks_declare_its_file_s_memory(tmp_path: Path) -> None:
+    """The tasks that load a fastText model (the fit, which scores the sample, and the scoring) ask for their block's
+    memory plus the model file's size; the tasks that do not load it (apply) ask for the block's alone."""
+    import os
+
+    from tiny_fasttext import train
+
+    model = train(tmp_path / "ft")
+    executor = _Recording()
+    _run(_config(tmp_path / "out", target=None, method="fasttext", model=str(model)), executor)
+    memory = {desc: declared for desc, _, _, declared, _ in executor.steps}
+    assert memory["selection apply"] > 0
+    assert memory["selection score"] == memory["selection apply"] + os.path.getsize(model)
+    assert memory["selection fit"] >= memory["selection apply"] + os.path.getsize(model)
+
+
+def test_the_ray_executor_gives_a_task_the_memory_it_declares(ray_local) -> None:
+    """What a phase declares (`memory=`) is the Ray `memory` resource its task holds while it runs."""
+
+    def assigned(_shared):
+        import ray
+
+        return ray.get_runtime_context().get_assigned_resources()
+
+    declared = 300 * 2**20
+    (resources,) = _ray().run_tasks(assigned, None, [()], "probe", memory=declared)
+    assert resources.get("memory") == declared and resources.get("CPU") == 1
+    (resources,) = _ray().run_tasks(assigned, None, [()], "probe")
+    assert "memory" not in resources

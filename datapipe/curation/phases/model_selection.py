@@ -1,29 +1,42 @@
 """Selection by a model, the first step of selection: score every training document, keep the best-scored ones.
 
-1. model    fit once in the driver (`stages.selection.fit`) on the target documents (`selection.target`, at
-            most `target_docs`) against a seeded sample of the training documents (about `sample_docs`, taken by
-            one task per block), or loaded from `selection.model` (for `fasttext`, an existing fastText classifier
-            whose scores of the sample give the knots); saved checked as work/model_select/model.npz
-            (a resumed run reuses it) and as OUT/selection/model.npz for later runs;
-2. score    one task per block scores its training documents (their text, the last segment's) and writes the
+Every step is tasks with records, like every phase's (`run_loop`): a resumed run skips a step by its records
+alone, and the driver holds no document and fits nothing.
+
+1. sample   one task per block takes its part of a seeded sample of the training documents (about `sample_docs`;
+            id and text) into a shuffle file of one partition, and the files are combined (`shuffle.combine`);
+2. fit      one task reads the target documents (`selection.target`, at most `target_docs`) and the combined
+            sample in block order, fits the model (`stages.selection.fit`), or reads it from `selection.model`
+            (for `fasttext`, an existing fastText classifier whose scores of the sample give the knots), and writes
+            it to OUT/selection/model.npz, for later runs, then checked to work/model_select/model.npz; its record
+            carries the model's sha256, its costs and the histogram's edges. A model file without its record is
+            fitted again;
+3. publish  one task checks both copies against the fit's record: a damaged work copy is a `DamagedWorkFile`
+            (the run's recovery paragraph), a damaged or missing OUT copy is written again from the work copy;
+4. score    one task per block scores its training documents (their text, the last segment's) and writes the
             assignment file of the exact cut (`phases/cuts.py`: one group, or one per domain; rank from score);
-3. cut      `keep_fraction` / `keep_tokens`: the exact cut to the token budget, filled: the documents in score order
+5. cut      `keep_fraction` / `keep_tokens`: the exact cut to the token budget, filled: the documents in score order
             up to and including the one that crosses it (a long document at the cut does not leave the budget
             short); `threshold`: none needed;
-4. apply    one task per block: which rows stay (work/model_select/excluded/<block>.arrow, 1 = not for training
+6. apply    one task per block: which rows stay (work/model_select/excluded/<block>.arrow, 1 = not for training
             any more, with the rows held out before), the dropped documents' records (stage = the method's
             name, e.g. `dsir`), the scores (OUT/selection/scores/<block>.parquet: id, domain, num_tokens, score, kept) and a
             histogram of the scores per domain, all and kept.
+A `fasttext` model's tasks (fit, score) declare its file's size beside their block's memory, so that Ray does not
+put more of them on a node than its memory holds.
 Diversity sampling and the mixture then see only the rows kept here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import os
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -31,20 +44,23 @@ import pyarrow.compute as pc
 
 from datapipe.core.config import ConfigError
 from datapipe.core.shards import atomic_write_bytes, atomic_write_table
-from datapipe.core.storage import Location, location
-from datapipe.core.workfiles import checked, read_work_bytes, read_work_table, write_work_table
+from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, Combined, combine, write_shuffle
+from datapipe.core.storage import Location, absolute, is_url, location
+from datapipe.core.workfiles import DamagedWorkFile, checked, read_work_bytes, read_work_table, write_work_table
 from datapipe.curation.blocks import block_documents
 from datapipe.curation.config import ReadConfig, SelectionConfig
 from datapipe.curation.counters import Counters
-from datapipe.curation.phase import record_in
+from datapipe.curation.phase import RunTasks, record_in
 from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, cuts, held_rows
-from datapipe.curation.readers import plan_units, read_unit
+from datapipe.curation.phases.read import working_dir
+from datapipe.curation.readers import InputUnit, plan_units, read_unit
 from stages import diversity
 from stages.selection import STAGE_NAMES, FastTextScorer, SelectionModel, fit
 
 FOLDER = "model_select"
 ALL = "*"  # the one group of a corpus-wide budget
 HIST_BINS = 20  # score histogram bins per domain, between the corpus sample's 1st and 99th percentiles
+FIT_BYTES_PER_TEXT_BYTE = 8  # the fit task's memory, about, per byte of its texts (the texts, then their n-grams)
 
 
 def _documents(work: Location, segment: str, block: str) -> tuple[pa.Table, list[str]]:
@@ -56,22 +72,28 @@ def _documents(work: Location, segment: str, block: str) -> tuple[pa.Table, list
     return tokens, texts.column("text").to_pylist()
 
 
-def sample_task(shared: tuple[str, str, RowCopies | None, float, int], block: str) -> dict[str, list[str]]:
-    """The block's part of the corpus sample: training rows whose seeded rank falls below `rate`."""
+SAMPLE_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.large_string())])
+
+
+def sample_task(shared: tuple[str, str, RowCopies | None, float, int], block: str) -> dict[str, Any]:
+    """The block's part of the corpus sample: its training rows whose seeded rank falls below `rate` (id, text), sent
+    to work/model_select/sample/<block>.shuffle (one partition: the fit reads them all, in block order)."""
     work, segment, held_out, rate, seed = location(shared[0]), *shared[1:]
     started = time.process_time()
     tokens, texts = _documents(work, segment, block)
     ids = tokens.column("id").to_pylist()
     chosen = diversity.seeded_rank(ids, seed) < np.uint64(int(rate * 2**64)) if rate < 1.0 else np.ones(len(ids), dtype=bool)
-    take = chosen & ~held_rows(held_out, block, len(ids))
-    return {"ids": [ids[i] for i in np.flatnonzero(take)], "texts": [texts[i] for i in np.flatnonzero(take)],
-            "cpu_seconds": time.process_time() - started}
+    take = np.flatnonzero(chosen & ~held_rows(held_out, block, len(ids)))
+    table = pa.table({"id": [ids[i] for i in take], "text": [texts[i] for i in take]}, schema=SAMPLE_SCHEMA)
+    size = write_shuffle(work / FOLDER / "sample" / f"{block}{SHUFFLE_SUFFIX}", table, np.zeros(len(take), np.int64), 1)
+    text_bytes = int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)
+    return {"documents": len(take), "bytes": size, "text_bytes": text_bytes, "cpu_seconds": time.process_time() - started}
 
 
-def read_target(cfg: SelectionConfig) -> list[str]:
-    """The first `target_docs` documents of `selection.target`, or a ConfigError naming it."""
+def read_target(cfg: SelectionConfig, units: Sequence[InputUnit]) -> list[str]:
+    """The first `target_docs` documents of `selection.target` (planned as `units`), or a ConfigError naming it."""
     texts: list[str] = []
-    for unit_index, unit in enumerate(plan_units([cfg.target], "selection.target")):
+    for unit_index, unit in enumerate(units):
         for batch, _ in read_unit(unit, unit_index, cfg.target, ReadConfig()):
             texts += batch.column("text").to_pylist()[: cfg.target_docs - len(texts)]
             if len(texts) >= cfg.target_docs:
@@ -94,6 +116,7 @@ def check_selection_files(cfg: SelectionConfig) -> None:
                               "what you train for (their text in the input's text field)")
     if cfg.model is not None and cfg.method == "fasttext":
         fasttext_scorer(cfg)
+        FastTextScorer.unload()  # the driver scores nothing: it keeps no model in memory for the run
     elif cfg.model is not None:
         read_model_file(cfg)
 
@@ -134,43 +157,114 @@ def read_model_file(cfg: SelectionConfig) -> SelectionModel:
     return model
 
 
-def fit_model(run_tasks: Callable[..., list[Any]], work: Location, out_dir: Location, names: list[str], segment: str,
-              cfg: SelectionConfig, training_docs: int, held_out: RowCopies | None) -> SelectionModel:
-    saved, published = work / FOLDER / "model.npz", out_dir / "selection" / "model.npz"
-    if saved.exists():  # fit by this run before it was stopped
-        data = read_work_bytes(saved).to_pybytes()
-        atomic_write_bytes(published, data)  # its copy for later runs again: the same bytes, whatever became of it
-        return SelectionModel.from_bytes(data)
-    if cfg.model is not None and cfg.method != "fasttext":
-        model = read_model_file(cfg)
-    else:
-        target = read_target(cfg) if cfg.target is not None else []
-        rate = cfg.sample_docs / max(training_docs, 1)
-        parts = run_tasks(sample_task, (str(work), segment, held_out, rate, cfg.seed), [(b,) for b in names], "selection sample")
-        started = time.process_time()
-        ids = [i for p in parts for i in p["ids"]]
-        scorer = fasttext_scorer(cfg) if cfg.method == "fasttext" else None
-        model = fit(cfg.method, target, [t for p in parts for t in p["texts"]], ids, cfg.seed, scorer)
-        cpu = time.process_time() - started + sum(p["cpu_seconds"] for p in parts)
-        model = dataclasses.replace(model, fit_cpu_seconds=cpu)
+@dataclass(frozen=True)
+class FitInputs:
+    """What the fit task (`fit_task`) reads."""
+
+    work: str
+    out_dir: str
+    cfg: SelectionConfig
+    cwd: str  # the driver's working folder: a relative target or model path is read from there
+    target_units: tuple[InputUnit, ...]  # `selection.target` as planned in the driver (none for a saved model)
+    sample: Combined | None  # the corpus sample (id, text; in block order); None for a saved model, which is read
+    sample_cpu_seconds: float  # what taking the sample cost, charged to the fit
+
+
+def _fit_record(inputs: FitInputs) -> Location:
+    return location(inputs.work) / FOLDER / "records" / "fit.json"
+
+
+def _model_files(inputs: FitInputs) -> tuple[Location, Location]:
+    """(the checked work copy the scoring tasks read, the copy for later runs in OUT/selection/)."""
+    return location(inputs.work) / FOLDER / "model.npz", location(inputs.out_dir) / "selection" / "model.npz"
+
+
+def _fitted(inputs: FitInputs) -> SelectionModel:
+    """The run's model: `selection.model`'s saved one as it is, or one fit on the target against the sample."""
+    cfg = inputs.cfg
+    if inputs.sample is None:
+        return read_model_file(cfg)
+    started = time.process_time()
+    sample = inputs.sample.read(0, SAMPLE_SCHEMA)
+    target = read_target(cfg, inputs.target_units) if cfg.target is not None else []
+    scorer = fasttext_scorer(cfg) if cfg.method == "fasttext" else None
+    model = fit(cfg.method, target, sample.column("text").to_pylist(), sample.column("id").to_pylist(), cfg.seed, scorer)
+    return dataclasses.replace(model, fit_cpu_seconds=time.process_time() - started + inputs.sample_cpu_seconds)
+
+
+def fit_task(inputs: FitInputs) -> dict[str, Any]:
+    """Fit (or read) the model and write both its copies; the record carries the model's sha256, its costs and the
+    score histogram's inner edges (between the sample's 1st and 99th percentiles), all the driver needs of it."""
+    local = any(p is not None and not is_url(p) for p in (inputs.cfg.model, inputs.cfg.target and inputs.cfg.target.path))
+    with working_dir(inputs.cwd) if local else contextlib.nullcontext():
+        model = _fitted(inputs)
     data = model.to_bytes()
-    # the copy for later runs first: a run killed between the two writes fits again and writes both
+    saved, published = _model_files(inputs)
+    # the copy for later runs first: a run killed between the two writes has no record, and fits again
     atomic_write_bytes(published, data)
     atomic_write_bytes(saved, checked(data))
-    return model
+    edges = np.linspace(model.knots[40], model.knots[-41], HIST_BINS + 1)
+    return {"path": f"{FOLDER}/model.npz", "sha256": hashlib.sha256(data).hexdigest(), "fit_flops": model.fit_flops,
+            "fit_cpu_seconds": model.fit_cpu_seconds, "edges": edges.tolist()}
+
+
+def publish_task(inputs: FitInputs, sha256: str) -> None:
+    """Both copies of the model as the fit's record says: the work copy checked (a damaged one is a DamagedWorkFile,
+    which the run turns into its recovery paragraph), the copy for later runs written again from it when it was cut,
+    changed or deleted since."""
+    saved, published = _model_files(inputs)
+    data = read_work_bytes(saved).to_pybytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise DamagedWorkFile(saved, "it is not the model its fit task recorded")
+    try:
+        same = hashlib.sha256(published.read_bytes()).hexdigest() == sha256
+    except FileNotFoundError:
+        same = False
+    if not same:
+        atomic_write_bytes(published, data)
+
+
+def fasttext_bytes(cfg: SelectionConfig) -> int:
+    """The memory a `fasttext` model takes in a task: its file's size (fastText loads its matrices as they are
+    stored); 0 for the other methods, whose models are small."""
+    return os.path.getsize(absolute(cfg.model)) if cfg.method == "fasttext" else 0
+
+
+def fit_model(run_tasks: RunTasks, work: Location, out_dir: Location, names: list[str], segment: str, cfg: SelectionConfig,
+              training_docs: int, held_out: RowCopies | None, cwd: str, task_bytes: int) -> dict[str, Any]:
+    """The fit's record (`fit_task`), after the sample's tasks and before the publish task. `task_bytes`: a block
+    task's memory, the base of the fit's."""
+    sample, cpu, text_bytes = None, 0.0, 0
+    if cfg.model is None or cfg.method == "fasttext":
+        rate = cfg.sample_docs / max(training_docs, 1)
+        parts = run_tasks(sample_task, (str(work), segment, held_out, rate, cfg.seed), [(b,) for b in names],
+                          "selection sample", record=record_in(f"{FOLDER}/records", "sample"))
+        sample = combine(run_tasks, work / FOLDER / "sample", names, 1, "selection sample combine",
+                         largest_bytes=max((p["bytes"] for p in parts), default=1), records=work / FOLDER / "records")
+        cpu, documents = sum(p["cpu_seconds"] for p in parts), sum(p["documents"] for p in parts)
+        text_bytes = sum(p["text_bytes"] for p in parts)
+        if cfg.target is not None:  # the target's documents, at the sample's mean size
+            text_bytes += text_bytes * cfg.target_docs // max(documents, 1)
+    units = tuple(plan_units([cfg.target], "selection.target")) if cfg.target is not None else ()
+    inputs = FitInputs(str(work), str(out_dir), cfg, cwd, units, sample, cpu)
+    memory = task_bytes + FIT_BYTES_PER_TEXT_BYTE * text_bytes + fasttext_bytes(cfg)
+    (fitted,) = run_tasks(fit_task, inputs, [()], "selection fit", record=_fit_record, memory=memory)
+    run_tasks(publish_task, inputs, [(fitted["sha256"],)], "selection publish")
+    return fitted
 
 
 @functools.lru_cache(maxsize=1)
-def _model(path: str) -> SelectionModel:
-    """One model per worker process, loaded by its first task (the driver's fit, shipped through the work folder)."""
+def _model(path: str, sha256: str) -> SelectionModel:
+    """One model per worker process, loaded by its first task (the fit's, from the work folder); keyed by its
+    checksum too, so a worker that outlives a refit never scores with the model before it."""
     return SelectionModel.from_bytes(read_work_bytes(path).to_pybytes())
 
 
-def score_task(shared: tuple[str, str, RowCopies | None, bool], block: str) -> dict[str, str]:
+def score_task(shared: tuple[str, str, RowCopies | None, bool, str], block: str) -> dict[str, str]:
     """Score the block's training rows -> work/model_select/<block>.arrow (the cut's assignments, plus `score`)."""
-    work, segment, held_out, per_domain = location(shared[0]), *shared[1:]
+    work, segment, held_out, per_domain, sha256 = location(shared[0]), *shared[1:]
     started = time.process_time()
-    model = _model(str(work / FOLDER / "model.npz"))
+    model = _model(str(work / FOLDER / "model.npz"), sha256)
     tokens, texts = _documents(work, segment, block)
     rows = np.flatnonzero(~held_rows(held_out, block, tokens.num_rows))
     sub = tokens.take(pa.array(rows, pa.int64()))
@@ -229,15 +323,18 @@ def _drops(out_dir: Location, block: str, input_index: int, dropped: pa.Table, s
     return counters
 
 
-def select_by_model(run_tasks: Callable[..., list[Any]], work: Location, out_dir: Location, blocks: list[tuple[str, int]],
-                    segment: str, cfg: SelectionConfig, totals: dict[str, list[int]], counters: Counters,
-                    held_out: RowCopies | None) -> tuple[RowCopies, dict[str, Any]]:
+def select_by_model(run_tasks: RunTasks, work: Location, out_dir: Location, blocks: list[tuple[str, int]], segment: str,
+                    cfg: SelectionConfig, totals: dict[str, list[int]], counters: Counters, held_out: RowCopies | None,
+                    cwd: str, task_bytes: int) -> tuple[RowCopies, dict[str, Any]]:
     """The rows not for training after selection by a model (those held out before included) and a report for the
-    stats. `totals`: training [documents, tokens] per domain. Updates `counters`."""
+    stats. `totals`: training [documents, tokens] per domain. Updates `counters`. `cwd`: where relative paths of the
+    recipe are read from; `task_bytes`: a block task's memory."""
     names = [b for b, _ in blocks]
-    model = fit_model(run_tasks, work, out_dir, names, segment, cfg, sum(n for n, _ in totals.values()), held_out)
-    scored = run_tasks(score_task, (str(work), segment, held_out, cfg.per_domain), [(b,) for b in names], "selection score",
-                       record=record_in(FOLDER, "score", first_item_only=True))
+    fitted = fit_model(run_tasks, work, out_dir, names, segment, cfg, sum(n for n, _ in totals.values()), held_out, cwd,
+                       task_bytes)
+    scored = run_tasks(score_task, (str(work), segment, held_out, cfg.per_domain, fitted["sha256"]), [(b,) for b in names],
+                       "selection score", record=record_in(FOLDER, "score", first_item_only=True),
+                       memory=task_bytes + fasttext_bytes(cfg))
     group_cuts, report = None, {}
     if cfg.threshold is None:
         group_tokens = {d: k for d, (_, k) in totals.items()} if cfg.per_domain else {ALL: sum(k for _, k in totals.values())}
@@ -247,7 +344,7 @@ def select_by_model(run_tasks: Callable[..., list[Any]], work: Location, out_dir
         group_cuts, report, kept_tokens = cuts(run_tasks, work, FOLDER, names, budgets, held_out)
         for g, entry in report.items():
             entry.update(budget_tokens=budgets[g].value, tokens_in=group_tokens[g], tokens_kept=kept_tokens[g])
-    edges = np.linspace(model.knots[40], model.knots[-41], HIST_BINS + 1)
+    edges = np.array(fitted["edges"], np.float64)
     edges[0], edges[-1] = -np.inf, np.inf  # the outer bins take the tails
     items = [(b, i, input_index) for i, (b, input_index) in enumerate(blocks)]
     results = run_tasks(apply_task, (str(work), str(out_dir), held_out, cfg.method, group_cuts, cfg.threshold, edges.tolist()),
@@ -261,8 +358,8 @@ def select_by_model(run_tasks: Callable[..., list[Any]], work: Location, out_dir
             h[1] += kept
     summary = {"method": cfg.method, "stage": STAGE_NAMES[cfg.method], "groups": report,
                # what selection cost, charged to the data by `datapipe experiment` (flops_with_scoring)
-               "flops": model.fit_flops + sum(r["flops"] for r in scored),
-               "cpu_seconds": round(model.fit_cpu_seconds + sum(r["cpu_seconds"] for r in scored), 3),
+               "flops": fitted["fit_flops"] + sum(r["flops"] for r in scored),
+               "cpu_seconds": round(fitted["fit_cpu_seconds"] + sum(r["cpu_seconds"] for r in scored), 3),
                "histogram": {"edges": [round(float(e), 6) for e in edges[1:-1]],
                              "domains": {d: {"all": h[0].tolist(), "kept": h[1].tolist()} for d, h in sorted(histograms.items())}}}
     return RowCopies(str(work / FOLDER / "excluded"), "excluded"), summary

@@ -47,12 +47,12 @@ def read_task(plan: Plan, unit_index: int) -> dict[str, Any]:
     unit = plan.units[unit_index]
     inp = plan.cfg.inputs[unit.input_index]
     # A URL input needs no working folder (the driver's may not exist on this node).
-    with _working_dir(plan.cwd) if not is_url(inp.path) else contextlib.nullcontext():
+    with working_dir(plan.cwd) if not is_url(inp.path) else contextlib.nullcontext():
         return _read(plan, unit_index, unit, inp)
 
 
 @contextlib.contextmanager
-def _working_dir(path: str) -> Iterator[None]:
+def working_dir(path: str) -> Iterator[None]:
     # Safe in a worker: a Ray worker process runs one task at a time. The driver (`EarlyReader`) is there already.
     before = os.getcwd()
     if before == path:

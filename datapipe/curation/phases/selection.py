@@ -29,6 +29,7 @@ copies, and neither step sees them.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import numpy as np
@@ -229,12 +230,15 @@ def select(
     held_out: RowCopies | None = None,
     by_model: SelectionConfig | None = None,
     segment: str = "",
+    cwd: str = "",
+    task_bytes: int = 0,
 ) -> tuple[RowCopies | None, dict[str, Any]]:
     """Copies per row of every block (None when no step is enabled and nothing is held out) and a
     report for the manifest and stats. `blocks` are (block name, input index) in order. Updates
     `counters` (dropped documents leave `kept`). `held_out` (per row, > 0) marks rows that are not
     training data (the eval split and its copies): they get 0 copies here, are neither sampled nor
-    counted in the mixture, and are recorded by whoever held them out."""
+    counted in the mixture, and are recorded by whoever held them out. `cwd` and `task_bytes` (a block task's
+    memory) are selection by a model's (`select_by_model`)."""
     by_model = by_model if by_model is not None and by_model.enabled else None
     if not (div_config.enabled or mix_config.enabled or held_out or by_model):
         return None, {}
@@ -243,7 +247,7 @@ def select(
     report: dict[str, Any] = {}
     if by_model is not None:  # first: diversity and the mixture see only what the model keeps
         held_out, report["model_selection"] = select_by_model(run_tasks, work, out_dir, blocks, segment, by_model, totals,
-                                                              counters, held_out)
+                                                              counters, held_out, cwd or os.getcwd(), task_bytes)
         totals = _totals(run_tasks, work, names, held_out)
     cuts: dict[str, Cut] = {}
     natural = {d: k for d, (_, k) in totals.items()}  # the mixture's tokens: after diversity sampling
