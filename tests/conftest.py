@@ -9,7 +9,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -97,34 +97,44 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class Cluster(NamedTuple):
+    address: str
+    env: dict[str, str]  # the environment to run a driver in
+    homes: list[Path]  # the head's and the worker node's working folders
+
+
 @pytest.fixture(scope="session")
-def two_node_cluster():
-    """`ray start --head` plus a second `ray start --address` on this machine: two raylets, one CPU each; yields
-    (address, the environment to run a driver in). One for the session (starting it costs ~15 s): each test runs
-    its own driver, a job of its own, on it."""
+def two_node_cluster(tmp_path_factory):
+    """`ray start --head` plus a second `ray start --address` on this machine: two raylets, one CPU each, each
+    with its own --temp-dir and working folder and started without the object-storage settings (the tasks get
+    those from the driver), as nodes that share no folder would be; yields (address, the environment to run a
+    driver in) and the nodes' working folders. One for the session (starting it costs ~15 s): each test runs its own
+    driver, a job of its own."""
     ray_bin = shutil.which("ray")
     if ray_bin is None:
         pytest.skip("the ray command is not installed")
     port = _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
-    temp = Path("/tmp") / f"ray-dp-{port}"  # the socket paths must stay short
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_"))}
+    env.update({"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"})
+    temps = [Path("/tmp") / f"ray-dp-{port}-{role}" for role in ("head", "node")]  # socket paths must stay short
+    homes = [tmp_path_factory.mktemp("head-node"), tmp_path_factory.mktemp("worker-node")]
     head = subprocess.run(
         [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-         "--disable-usage-stats", f"--temp-dir={temp}"],
-        env=env, capture_output=True, text=True, timeout=120,
+         "--disable-usage-stats", f"--temp-dir={temps[0]}"],
+        cwd=homes[0], env=env, capture_output=True, text=True, timeout=120,
     )
     if head.returncode != 0:
         pytest.skip(f"Ray cannot start a head node here: {head.stderr[-500:]}")
-    address = next((line.split("--address='")[1].split("'")[0] for line in head.stderr.splitlines() + head.stdout.splitlines()
-                    if "--address='" in line), f"127.0.0.1:{port}")
+    address = f"127.0.0.1:{port}"
     try:
         worker = subprocess.run(
-            [ray_bin, "start", f"--address={address}", "--num-cpus=1", "--disable-usage-stats"],
-            env=env, capture_output=True, text=True, timeout=120,
+            [ray_bin, "start", f"--address={address}", "--num-cpus=1", "--disable-usage-stats", f"--temp-dir={temps[1]}"],
+            cwd=homes[1], env=env, capture_output=True, text=True, timeout=120,
         )
         if worker.returncode != 0:
             pytest.skip(f"Ray cannot start a second node here: {worker.stderr[-500:]}")
-        yield address, env
+        yield Cluster(address, {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}, homes)
     finally:
-        stop_cluster([str(temp), f"address={address}"])
-        shutil.rmtree(temp, ignore_errors=True)
+        stop_cluster([str(t) for t in temps] + [f"address={address}"])
+        for t in temps:
+            shutil.rmtree(t, ignore_errors=True)

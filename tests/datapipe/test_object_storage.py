@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import uuid
@@ -19,7 +17,7 @@ import pytest
 
 from datapipe.core.workfiles import read_record, write_record
 
-from helpers import ASSETS, STALL_S, small_config, stop_cluster
+from helpers import ASSETS, STALL_S, small_config
 from datapipe.core.schema import empty_dropped
 from datapipe.core.shards import read_manifest
 from datapipe.core.storage import location
@@ -199,48 +197,10 @@ def test_the_exact_check_keeps_its_range_requests_in_flight_at_once(s3_server, m
 # ---------------------------------------------------------------- a two-node cluster without a shared folder
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def two_nodes_own_folders(tmp_path):
-    """A head and a worker node (`ray start`, one CPU each), each with its own --temp-dir and working
-    folder, started without the object-storage settings: the tasks get those from the driver."""
-    ray_bin = shutil.which("ray")
-    if ray_bin is None:
-        pytest.skip("the ray command is not installed")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_"))}
-    env.update({"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"})
-    temps = [Path("/tmp") / f"ray-dp-{port}-{role}" for role in ("head", "node")]  # socket paths must stay short
-    homes = [tmp_path / "head-node", tmp_path / "worker-node"]
-    for home in homes:
-        home.mkdir()
-    head = subprocess.run(
-        [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-         "--disable-usage-stats", f"--temp-dir={temps[0]}"],
-        cwd=homes[0], env=env, capture_output=True, text=True, timeout=120)
-    if head.returncode != 0:
-        pytest.skip(f"Ray cannot start a head node here: {head.stderr[-500:]}")
-    address = f"127.0.0.1:{port}"
-    try:
-        node = subprocess.run(
-            [ray_bin, "start", f"--address={address}", "--num-cpus=1", "--disable-usage-stats", f"--temp-dir={temps[1]}"],
-            cwd=homes[1], env=env, capture_output=True, text=True, timeout=120)
-        if node.returncode != 0:
-            pytest.skip(f"Ray cannot start a second node here: {node.stderr[-500:]}")
-        yield address
-    finally:
-        stop_cluster([str(t) for t in temps] + [f"address={address}"])
-        for t in temps:
-            shutil.rmtree(t, ignore_errors=True)
-
-
 @pytest.mark.cluster
-def test_two_node_cluster_without_a_shared_folder_curates_s3_to_s3(tmp_path, s3_input, two_nodes_own_folders):
+def test_two_node_cluster_without_a_shared_folder_curates_s3_to_s3(tmp_path, s3_input, two_node_cluster):
+    """The session's cluster: its nodes have their own working folders and no object-storage settings."""
+    address, _, homes = two_node_cluster
     prefix, inp = s3_input
     driver = tmp_path / "driver"
     driver.mkdir()
@@ -253,10 +213,10 @@ def test_two_node_cluster_without_a_shared_folder_curates_s3_to_s3(tmp_path, s3_
     assert ref.returncode == 0, ref.stderr[-3000:]
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
     out = f"{prefix}/cluster"
-    run = subprocess.run(cli + ["--ray-address", two_nodes_own_folders, "--output", out], cwd=driver, env=env,
+    run = subprocess.run(cli + ["--ray-address", address, "--output", out], cwd=driver, env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert read_manifest(out) == read_manifest(tmp_path / "ref")
     assert sorted(p.name for p in driver.iterdir()) == ["cfg.yaml"]  # nothing written in the driver's folder
-    for home in (tmp_path / "head-node", tmp_path / "worker-node"):
+    for home in homes:
         assert list(home.iterdir()) == []  # nor in the nodes'

@@ -61,7 +61,7 @@ def test_a_worker_that_dies_mid_stage_is_retried(tmp_path, slice_input, ray_loca
 
 @pytest.mark.cluster
 def test_two_node_cluster_gives_the_same_shards(tmp_path, two_node_cluster):
-    address, env = two_node_cluster
+    address, env, _ = two_node_cluster
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text(
         f"inputs: [{{path: '{ASSETS / 'corpus_slice.jsonl'}', domain_field: source}}]\n"

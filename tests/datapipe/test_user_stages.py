@@ -336,13 +336,13 @@ def test_worker_modules_are_the_users_files_not_installed_or_own_packages(tmp_pa
 
 @pytest.mark.cluster
 def test_a_filter_in_a_file_of_the_users_runs_on_a_ray_cluster(tmp_path, two_node_cluster):
-    address, env = two_node_cluster
+    address, env, _ = two_node_cluster
     mods, work = tmp_path / "mods", tmp_path / "work"  # the module is on the driver's path only, not the workers'
     mods.mkdir()
     work.mkdir()
     (mods / "cluster_user_filters.py").write_text(FILTER)
     recipe = _recipe(tmp_path, "[{path: 'cluster_user_filters:ShortDocs', args: {min_words: 200}}]")
-    # selection by a model too: its model is fit in the driver and read by the cluster's workers from the work folder
+    # selection by a model too: its model is fit in a task and read by the cluster's other tasks from the work folder
     cmd = [sys.executable, "-m", "datapipe", "curate", str(recipe), "--no-progress", "--ray-address", address,
            "--set", f"ray.stall_timeout_s={STALL_S}", "--set", "selection.method=classifier",
            "--set", f"selection.target.path={ASSETS / 'target_code.jsonl'}", "--set", "selection.keep_fraction=0.5"]
