@@ -140,7 +140,9 @@ class Tally:
         return sum(self.by_status.values())
 
     def summary(self, shuffle_detail: bool = False) -> dict[str, Any]:
-        records = sorted(k for k in self.written if k.endswith(".json") and "/work/" in f"/{k}")
+        # a task's record lies in a phase's folder below work/ (work/run.json, the run's identity, is not one)
+        records = sorted(k for k in self.written if k.endswith(".json") and "/work/" in f"/{k}"
+                         and "/" in f"/{k}".split("/work/", 1)[1])
         senders = sorted(k for k in self.written | set(self.range_read) if k.endswith(".shuffle"))
         shuffle_reads = sum(n for k, n in self.range_read.items() if k.endswith(".shuffle"))
         kinds = Counter(_DIGITS.sub("N", k.split("/work/", 1)[1].split("/", 1)[1]) for k in records)

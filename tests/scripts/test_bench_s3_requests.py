@@ -103,6 +103,15 @@ def test_classify_by_phase_and_folder():
     assert c("/bench/run/work/read/a0/u000000-b00002.arrow") == ("work/read", "work/read/blocks")
 
 
+def test_the_runs_identity_copy_in_work_is_no_task_record():
+    from scripts.bench_s3_requests import Tally
+
+    tally = Tally()
+    for key in ("run/work/run.json", "run/work/minhash/records/fetch-0.json"):
+        tally.add(Request("PUT", f"/bench/{key}", "", 200), key, listing=False)
+    assert tally.summary()["task_records_by_name"] == {"records/fetch-N.json": 1}
+
+
 def test_shuffle_requests_are_held_against_senders_plus_receivers():
     """A folder's requests beside 4 x (its shuffle files + the reading step's tasks + its combine tasks)."""
     from scripts.bench_s3_requests import count_lines, shuffle_bounds
