@@ -167,6 +167,20 @@ def test_an_embedded_ray_starts_without_its_idle_head_processes_and_only_during_
     assert (Node.start_monitor, Node.start_api_server) == originals  # a Ray this process starts later is Ray's as usual
 
 
+def test_an_embedded_ray_starts_with_its_metrics_off_and_the_driver_keeps_its_environment(monkeypatch):
+    import ray
+
+    seen = {}
+    monkeypatch.delenv("RAY_enable_metrics_collection", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(os.environ))  # what the processes it starts inherit
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2})
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    RayExecutor(progress=False).shutdown()
+    assert seen["RAY_enable_metrics_collection"] == "0" and seen["TOKENIZERS_PARALLELISM"] == "false"
+    assert "RAY_enable_metrics_collection" not in os.environ
+
+
 # ------------------------------------------------------------------------------ an embedded Ray dies with its driver
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux's")

@@ -2,8 +2,8 @@
 
 Without the autoscaler's monitor and the dashboard's head (`_without_idle_head_processes`), with the raylet's
 children dying with it (`_dying_with_the_raylet`, `_DIE_WITH_THE_RAYLET`), in the workers' environment
-(`_environment`), and without Ray's token-authentication notice (`_DropTokenAuthNotice`). With other internals
-(another Ray version) each patch steps aside and Ray starts as usual.
+(`_environment`) with Ray's metrics off (`_EMBEDDED_RAY_ENV`), and without Ray's token-authentication notice
+(`_DropTokenAuthNotice`). With other internals (another Ray version) each patch steps aside and Ray starts as usual.
 """
 
 from __future__ import annotations
@@ -28,6 +28,13 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+# Ray's own settings (`RAY_<config name>`) for the processes an embedded `ray.init` starts: no metrics recorded or
+# exported, which only a dashboard or a Prometheus scrape would read, and an embedded Ray has neither; without them
+# the raylet, the agents and the workers spend less CPU per task (BENCHMARKS.md, the whole quickstart recipe against
+# datasketch's near dedup).
+_EMBEDDED_RAY_ENV = {"RAY_enable_metrics_collection": "0"}
 
 
 @contextlib.contextmanager

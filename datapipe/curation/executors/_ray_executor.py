@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from datapipe.core.config import ConfigError, RunStopped
 from datapipe.core.storage import storage_env
 from datapipe.curation.executors._embedded import (
+    _EMBEDDED_RAY_ENV,
     _RAY_AUTH_LOGGER,
     _DropTokenAuthNotice,
     _dying_with_the_raylet,
@@ -332,7 +333,8 @@ class RayExecutor:
                 auth_log.addFilter(notice)
                 try:
                     # (the storage settings are in _WORKER_ENV already)
-                    with _environment(_WORKER_ENV), _without_idle_head_processes(), _dying_with_the_raylet():
+                    with _environment({**_WORKER_ENV, **_EMBEDDED_RAY_ENV}), _without_idle_head_processes(), \
+                            _dying_with_the_raylet():
                         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                                  **({"runtime_env": shipped} if shipped else {}), **kwargs)
                 finally:
