@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 from datapipe.core.config import ConfigError
+from datapipe.loader import kernels
 
 SPLIT, TRUNCATE, DROP = "split", "truncate", "drop"
 POLICIES = (SPLIT, TRUNCATE, DROP)
@@ -160,17 +161,37 @@ class BFDPacker:
         self._buffer: list[Piece] = []
         self._bins: dict[int, _Bin] = {}
         self._next_bin = 0
+        # state_dict's lists, built on the first call after a change: the loader takes a state every batch and
+        # most batches change nothing here. States share them, so they are never mutated, only replaced
+        self._state: dict[str, Any] | None = None
 
     def push(self, piece: Piece) -> list[Row]:
         if not 0 < piece.length <= self.seq_len:
             raise ValueError(f"piece.length must be in [1, seq_len={self.seq_len}], got {piece.length!r}")
         self._buffer.append(piece)
+        self._state = None
         if len(self._buffer) >= self.lookahead:
             return self._pack(final=False)
         return []
 
+    def extend(self, pieces: Sequence[Piece]) -> None:
+        """`push` of many pieces that leave the buffer short of `lookahead`, so no pack is due."""
+        if len(self._buffer) + len(pieces) >= self.lookahead:
+            raise ValueError(f"extend must leave the buffer under lookahead={self.lookahead} pieces, got "
+                             f"{len(pieces)} pieces onto {len(self._buffer)}; push them one by one")
+        for piece in pieces:
+            if not 0 < piece.end - piece.start <= self.seq_len:
+                raise ValueError(f"piece.length must be in [1, seq_len={self.seq_len}], got {piece.length!r}")
+        self._buffer += pieces
+        self._state = None
+
     def flush(self) -> list[Row]:
         return self._pack(final=True)
+
+    @property
+    def room(self) -> int:
+        """How many pieces the buffer takes before the next one packs it."""
+        return self.lookahead - len(self._buffer)
 
     @property
     def pending_pieces(self) -> int:
@@ -179,6 +200,7 @@ class BFDPacker:
     def _pack(self, *, final: bool) -> list[Row]:
         items = sorted(self._buffer, key=lambda p: (-p.length, p.seq, p.start))
         self._buffer = []
+        self._state = None
         # (room left, bin id), sorted: bisect finds the tightest bin that fits; ties go to the older bin.
         rooms = sorted((self.seq_len - b.used, b.id) for b in self._bins.values())
         closed: list[_Bin] = []
@@ -215,11 +237,14 @@ class BFDPacker:
         return rows
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "buffer": [p.to_list() for p in self._buffer],
-            "bins": [[b.id, b.age, [p.to_list() for p in b.pieces]] for b in self._bins.values()],
-            "next_bin": self._next_bin,
-        }
+        if self._state is None:
+            self._state = {
+                "buffer": [p.to_list() for p in self._buffer],
+                "bins": [[b.id, b.age, [p.to_list() for p in b.pieces]] for b in self._bins.values()],
+                "next_bin": self._next_bin,
+            }
+        return {"buffer": list(self._state["buffer"]), "bins": list(self._state["bins"]),
+                "next_bin": self._state["next_bin"]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._buffer = [Piece.from_list(p) for p in state["buffer"]]
@@ -227,6 +252,7 @@ class BFDPacker:
         for bin_id, age, pieces in state["bins"]:
             self._bins[int(bin_id)] = _Bin(int(bin_id), [Piece.from_list(p) for p in pieces], int(age))
         self._next_bin = int(state["next_bin"])
+        self._state = None
 
 
 def pack(
@@ -269,24 +295,26 @@ def compact_batch(
     batch_size = len(rows) if batch_size is None else batch_size
     if len(rows) > batch_size:
         raise ValueError(f"rows must number at most batch_size={batch_size}, got {len(rows)!r}")
-    input_ids = np.full((batch_size, seq_len), pad_id, dtype=dtype)
+    input_ids = np.empty((batch_size, seq_len), dtype=dtype)  # every slot is written once: a piece or padding
     seg_doc: list[int] = []
     seg_len: list[int] = []
     seg_last: list[int] = []
     for r in range(batch_size):
-        off = 0
+        off, out = 0, input_ids[r]
         for p in rows[r] if r < len(rows) else ():
             toks = tokens_of(p.doc)
-            n = p.length
+            start, end = p.start, p.end
+            n = end - start
             if off + n > seq_len:
                 raise ValueError(f"row {r} holds more than seq_len={seq_len} tokens")
-            input_ids[r, off : off + n] = toks[p.start : p.end]
+            out[off : off + n] = toks[start:end]
             seg_doc.append(p.doc)
             seg_len.append(n)
             # a cut piece: its last token predicts the document's next token (same document)
-            seg_last.append(int(toks[p.end]) if p.end < p.doc_len else IGNORE_INDEX)
+            seg_last.append(int(toks[end]) if end < p.doc_len else IGNORE_INDEX)
             off += n
         if off < seq_len:
+            out[off:] = pad_id
             seg_doc.append(-1)
             seg_len.append(seq_len - off)
             seg_last.append(IGNORE_INDEX)
@@ -304,22 +332,21 @@ def expand_batch(input_ids: np.ndarray, seg_doc: np.ndarray, seg_len: np.ndarray
     [cu_seqlens[i], cu_seqlens[i + 1])): the attention segments, distinct even where two copies of
     one document sit side by side with equal `doc_ids`."""
     shape = input_ids.shape
-    ids = input_ids.reshape(-1).astype(np.int64, copy=False)  # the loader's own int64 batch is not copied again
-    cu = np.zeros(len(seg_len) + 1, dtype=np.int64)
-    np.cumsum(seg_len, out=cu[1:])
-    if cu[-1] != ids.size:
-        raise ValueError(f"seg_len must sum to input_ids.size={ids.size}, got {int(cu[-1])!r}")
-    doc_ids = np.repeat(seg_doc, seg_len)
-    segment_ids = np.repeat(np.arange(len(seg_len), dtype=np.int64), seg_len)
-    position_ids = np.arange(ids.size, dtype=np.int64)
-    position_ids -= np.repeat(cu[:-1], seg_len)
-    labels = np.empty_like(ids)
-    labels[:-1] = ids[1:]  # within a segment, each token predicts the next ...
-    labels[cu[1:] - 1] = seg_last_label  # ... but a segment's last token predicts nothing outside it
-    for s in np.flatnonzero(seg_doc < 0).tolist():  # padding (a row's end): its segments, not a mask of every token
-        labels[cu[s]:cu[s + 1]] = IGNORE_INDEX
+    ids = np.ascontiguousarray(input_ids.reshape(-1), dtype=np.int64)  # the loader's own int64 batch is not copied
+    seg_doc, seg_len, seg_last_label = (np.ascontiguousarray(a, dtype=np.int64)
+                                        for a in (seg_doc, seg_len, seg_last_label))
+    if len(seg_len) != len(seg_doc) or len(seg_len) != len(seg_last_label):
+        raise ValueError(f"seg_doc, seg_len and seg_last_label must have one entry per segment, got "
+                         f"{len(seg_doc)}, {len(seg_len)} and {len(seg_last_label)}")
+    if seg_len.sum() != ids.size:
+        raise ValueError(f"seg_len must sum to input_ids.size={ids.size}, got {int(seg_len.sum())!r}")
+    if (seg_len < 1).any():  # an empty segment has no last token to label
+        raise ValueError(f"seg_len must be positive, got {int(seg_len.min())!r}")
+    labels, position_ids, doc_ids, segment_ids = (np.empty(ids.size, dtype=np.int64) for _ in range(4))
+    cu = np.empty(len(seg_len) + 1, dtype=np.int32)
+    kernels.expand(ids, seg_doc, seg_len, seg_last_label, labels, position_ids, doc_ids, segment_ids, cu)
     return {"input_ids": ids.reshape(shape), "labels": labels.reshape(shape), "position_ids": position_ids.reshape(shape),
-            "doc_ids": doc_ids.reshape(shape), "segment_ids": segment_ids.reshape(shape), "cu_seqlens": cu.astype(np.int32)}
+            "doc_ids": doc_ids.reshape(shape), "segment_ids": segment_ids.reshape(shape), "cu_seqlens": cu}
 
 
 def build_batch(

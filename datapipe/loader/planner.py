@@ -43,6 +43,12 @@ The document stream is a pure function of (seed, rank, world_size, position):
   last batch of a finite run can hold padding rows. The planner holds the shard of every piece
   from its draw until the batch after its own is planned (its tokens are built by then), so a
   piece waiting in the look-ahead never costs a reopen.
+- **Compiled runs.** Drawing a unit is a few arithmetic steps (choose the domain, take its next unit, cut it
+  into pieces, count), which cost more in Python than building the batch at long rows. So the planner draws
+  runs of units in one compiled call (`kernels.draw_units`) for as long as nothing else decides: it stops
+  before a weight change, an epoch's end, a window to load, a pass to start or a pack of the look-ahead
+  buffer, and the one-unit Python step (`_advance`) takes that unit. Prioritization draws in Python only.
+  Same units, same state: the tests compare both paths.
 
 The planner's state (a JSON-ready dict) is: the epoch, tokens drawn, per-domain (pass, window,
 unit, done), the sampler's credit and served tokens, the packer's buffered pieces and open bins,
@@ -63,6 +69,7 @@ from typing import Any
 import numpy as np
 
 from datapipe.core.config import ConfigError
+from datapipe.loader import kernels
 from datapipe.loader import online_mixing as om
 from datapipe.loader import prioritize as prio
 from datapipe.loader.packing import SPLIT, BFDPacker, Piece, Row, served_lengths, split_document
@@ -70,6 +77,7 @@ from datapipe.loader.reader import Layout, Reader, ShardHolds
 from datapipe.loader.schedule import Curriculum, DeficitSampler, MixtureSchedule
 
 _TAG_SHARDS, _TAG_WINDOW, _TAG_PRIO = 1, 2, 3
+_POLICY_CODES = {SPLIT: kernels.SPLIT, "truncate": kernels.TRUNCATE, "drop": kernels.DROP}
 
 
 def keyed_rng(*key: int) -> np.random.Generator:
@@ -218,7 +226,7 @@ class DomainStream:
         self.bounds = self._window_bounds()
         self.windows = len(self.bounds) - 1
         self._w = -1  # the window loaded
-        self._units: list[list[int]] = []  # its units in draw order: [doc, length, start, end]
+        self.units = np.zeros((0, 4), dtype=np.int64)  # its units in draw order: [doc, length, start, end]
         self._holds: ShardHolds | None = None  # the window's shards, held open while it is drawn from
 
     def _window_bounds(self) -> np.ndarray:
@@ -238,7 +246,11 @@ class DomainStream:
         w, u = pos
         if w != self._w:
             self._load_window(w)
-        return self._units[u], ((w, u + 1) if u + 1 < len(self._units) else (w + 1, 0))
+        return self.units[u].tolist(), ((w, u + 1) if u + 1 < len(self.units) else (w + 1, 0))
+
+    def loaded(self, pos: tuple[int, int]) -> np.ndarray | None:
+        """The units from position `pos` to its window's end, if that window is loaded (None: it is not)."""
+        return self.units[pos[1]:] if pos[0] == self._w else None
 
     def _load_window(self, w: int) -> None:
         a, b = int(self.bounds[w]), int(self.bounds[w + 1])
@@ -281,7 +293,7 @@ class DomainStream:
             units = np.column_stack([ids_[j], lens_[j], ustart, uend])
             if rng is not None:
                 units = units[rng.permutation(len(units))]
-        self._units = units.tolist()  # drawn one at a time: Python ints, not numpy rows
+        self.units = np.ascontiguousarray(units, dtype=np.int64)
         self._w = w
 
 
@@ -437,6 +449,75 @@ class Planner:
             self.holds.add(self.layout.shard_of(p.doc))
             self._queue(self.packer.push(p))
 
+    def _draw_run(self) -> int:
+        """Draw units into the packer's buffer as `_advance` would, many at once, until a unit needs `_advance`
+        itself (see `kernels.draw_units`): how many were drawn. Prioritization keeps to `_advance`."""
+        cfg = self.cfg
+        if cfg.prioritize or self._epoch_over():
+            return 0
+        tokens = self.tokens_drawn * cfg.world_size
+        steady = math.inf if self.mixing is not None else self.schedule.steady_until(tokens)
+        if steady <= tokens:
+            return 0
+        weights = self.weights()
+        cand = [not self.done[d] and d not in self.excluded and weights.get(d, 0.0) > 0 for d in self.domains]
+        total = sum(weights[d] for d, c in zip(self.domains, cand) if c)  # DeficitSampler.record's sum, in its order
+        share = np.array([weights[d] / total if c else 0.0 for d, c in zip(self.domains, cand)])
+        units, first, avail, ends = self._loaded_units(cand)
+        sampler = self.sampler
+        credit = np.array([sampler.credit[d] for d in self.domains], dtype=np.float64)
+        served = np.array([sampler.served[d] for d in self.domains], dtype=np.int64)
+        used = np.zeros(len(self.domains), dtype=np.int64)
+        counts = np.zeros(len(kernels.COUNTS), dtype=np.int64)
+        counts[:3] = self.tokens_drawn, self.epoch_tokens, self.next_seq
+        pieces = np.empty((self.packer.room, 6), dtype=np.int64)
+        policy = np.array([_POLICY_CODES[cfg.policies[d]] for d in self.domains], dtype=np.int64)
+        target = self.epoch_target if cfg.schedule is not None else -1
+        kernels.draw_units(units, first, avail, ends, np.array(cand), share, policy, credit, served, used, counts,
+                           pieces, cfg.seq_len, cfg.world_size, float(steady), target)
+        self._apply_run(used, credit.tolist(), served.tolist(), counts, pieces[:counts[-1]])
+        return int(used.sum())
+
+    def _loaded_units(self, cand: list[bool]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The next units of each candidate domain whose window is loaded, at most `lookahead` each (the most
+        one run can place unless drops), stacked: (units, first row, count, whether they end the window)."""
+        parts, first, avail, ends, at = [], [], [], [], 0
+        for d, c in zip(self.domains, cand):
+            st = self._streams.get(d)
+            rest = st.loaded(self.pos[d]) if c and st is not None and st.pass_ == self.passes[d] else None
+            part = rest[:self.cfg.lookahead] if rest is not None else np.zeros((0, 4), dtype=np.int64)
+            parts.append(part)
+            first.append(at)
+            avail.append(len(part))
+            ends.append(rest is not None and self.pos[d][1] + len(part) == len(st.units))
+            at += len(part)
+        return (np.concatenate(parts) if len(parts) > 1 else parts[0], np.array(first, dtype=np.int64),
+                np.array(avail, dtype=np.int64), np.array(ends))
+
+    def _apply_run(self, used: np.ndarray, credit: list[float], served: list[int], counts: np.ndarray,
+                   pieces: np.ndarray) -> None:
+        """The planner's state after a compiled run: positions (and, past a window's end, what `_draw` and
+        `_advance` do there), the sampler, the counters, and the pieces pushed to the packer."""
+        for d, k in zip(self.domains, used.tolist()):
+            if k:
+                st, (w, u) = self._streams[d], self.pos[d]
+                self.pos[d] = (w, u + k) if u + k < len(st.units) else (w + 1, 0)
+                if self.pos[d][0] >= st.windows:
+                    if self.cfg.schedule is not None:
+                        self.passes[d] += 1
+                        self.pos[d] = (0, 0)
+                    else:
+                        self.done[d] = True
+        self.sampler.credit = dict(zip(self.domains, credit))
+        self.sampler.served = dict(zip(self.domains, served))
+        c = dict(zip(kernels.COUNTS, counts.tolist()))
+        self.tokens_drawn, self.epoch_tokens, self.next_seq = c["tokens_drawn"], c["epoch_tokens"], c["next_seq"]
+        for key in ("docs_drawn", "docs_split", "docs_truncated", "docs_dropped", "tokens_dropped"):
+            self.counters[key] += c[key]
+        for s in self.layout.shards_of(pieces[:, 0]).tolist():
+            self.holds.add(s)
+        self.packer.extend([Piece(*p) for p in pieces.tolist()])  # the run stopped short of a pack
+
     def _queue(self, rows: list[Row]) -> None:
         self.pending += rows
         self._pending_lists += [[p.to_list() for p in row] for row in rows]
@@ -481,7 +562,8 @@ class Planner:
         self._handed = []
         first_epoch = self.epoch
         while len(self.pending) < bs and not self.finished:
-            self._advance()
+            if not self._draw_run():  # the compiled loop stopped at a unit that needs the one-unit step
+                self._advance()
             if self.epoch > first_epoch + 2 and not self.pending:  # whole epochs without a document
                 raise ConfigError(f"rank {self.cfg.rank} of world_size={self.cfg.world_size} gets no documents "
                                   f"from this manifest; use a smaller world_size")

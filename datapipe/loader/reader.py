@@ -83,6 +83,10 @@ class Layout:
         """The shard that holds global document `doc`."""
         return bisect.bisect_right(self._offsets, doc) - 1
 
+    def shards_of(self, docs: np.ndarray) -> np.ndarray:
+        """`shard_of` of each of many documents at once."""
+        return np.searchsorted(self.offsets, docs, side="right") - 1
+
 
 class ShardError(ConfigError):
     """A shard that is missing or does not match its manifest entry (size, checksum or token ids); the message

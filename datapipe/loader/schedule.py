@@ -109,6 +109,17 @@ class MixtureSchedule:
             raw = {d: wa[d] + (wb[d] - wa[d]) * frac for d in self.domains}
         return _normalise(raw)
 
+    def steady_until(self, tokens: float) -> float:
+        """The global token count before which `weights_at` stays what it is at `tokens` (`tokens` itself
+        where the weights move with every token: between two phases of a linear or cosine schedule)."""
+        phases = self.phases
+        i = 0
+        while i + 1 < len(phases) and phases[i + 1].start_tokens <= tokens:
+            i += 1
+        if i + 1 == len(phases):
+            return math.inf
+        return phases[i + 1].start_tokens if self.interpolation == "constant" else tokens
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "interpolation": self.interpolation,
