@@ -398,8 +398,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--text-bytes", type=float, default=1e12)
     parser.add_argument("--cores", type=int, default=256)
     parser.add_argument("--near-share", type=float, default=0.05,
-                        help="documents near the threshold, each read by two verify tasks: 2 x share reads a "
-                        "document (measured: 0.021 on the scale benchmark's near-threshold corpus, 0.67 on the shared corpus)")
+                        help="documents near the threshold, each wanted by the two groups of its pairs: 2 x share wanted "
+                        "a document, each block's read once by its fetch task (measured, as wanted rows a document: 0.021 on "
+                        "the scale benchmark's near-threshold corpus, 0.67 on the shared corpus)")
     parser.add_argument("--no-eval", action="store_true", help="leave out the eval split (configs/web.yaml ships it on)")
     parser.add_argument("--cpu-run", default=None, help="scripts.bench_layout --cpu's JSON: CPU per byte of web.yaml on real "
                         "text (default: the scale run's CPU)")
