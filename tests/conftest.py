@@ -91,6 +91,14 @@ def s3_server(tmp_path_factory):
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """The tests of the two-node cluster run in one test process (`--dist loadgroup`), which starts it once."""
+    for item in items:
+        if "two_node_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("two_node_cluster"))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
