@@ -8,35 +8,9 @@ file (numba's `cache=True`, like Python's own `__pycache__`), so a later process
 
 from __future__ import annotations
 
-import warnings
-from typing import Any, Callable
-
-import numba
 import numpy as np
 
-
-def _identity(x: Any) -> Any:
-    return x
-
-
-def _can_cache() -> bool:
-    """Whether numba can cache compiled code for this file: beside it, or in the user's cache folder."""
-    try:
-        numba.njit(cache=True)(_identity)
-    except RuntimeError as e:  # numba finds no writable folder for its cache
-        warnings.warn(f"near dedup's compiled loops cannot be cached ({e}): each process compiles them. Set "
-                      "NUMBA_CACHE_DIR to a writable folder to compile them once", stacklevel=2)
-        return False
-    return True
-
-
-_CACHE = _can_cache()
-
-
-def _compiled(**options: Any) -> Callable[[Callable], Callable]:
-    """numba's `njit`, cached where `_can_cache` found a folder (else compiled in each process: the same
-    results, slower to start)."""
-    return numba.njit(cache=_CACHE, nogil=True, **options)
+from datapipe.core.compiled import compiled as _compiled
 
 
 # MurmurHash3's finalizer, as `stages.minhash.fmix` has it (which cannot lend its table: it must not import numba)

@@ -8,39 +8,15 @@ this file (numba's `cache=True`), so a later process loads them instead.
 
 from __future__ import annotations
 
-import warnings
-from typing import Any, Callable
-
-import numba
 import numpy as np
+
+from datapipe.core.compiled import compiled as _compiled
 
 IGNORE_INDEX = -100  # packing.IGNORE_INDEX (packing imports this module, so the value is written twice)
 SPLIT, TRUNCATE, DROP = 0, 1, 2  # the long-document policies, by code
 # what `draw_units` counts, in the order of its `counts` array
 COUNTS = ("tokens_drawn", "epoch_tokens", "next_seq", "docs_drawn", "docs_split", "docs_truncated", "docs_dropped",
           "tokens_dropped", "pieces")
-
-
-def _identity(x: Any) -> Any:
-    return x
-
-
-def _can_cache() -> bool:
-    """Whether numba can cache compiled code for this file: beside it, or in the user's cache folder."""
-    try:
-        numba.njit(cache=True)(_identity)
-    except RuntimeError as e:  # numba finds no writable folder for its cache
-        warnings.warn(f"the loader's compiled loops cannot be cached ({e}): each process compiles them. Set "
-                      "NUMBA_CACHE_DIR to a writable folder to compile them once", stacklevel=2)
-        return False
-    return True
-
-
-_CACHE = _can_cache()
-
-
-def _compiled(**options: Any) -> Callable[[Callable], Callable]:
-    return numba.njit(cache=_CACHE, nogil=True, **options)
 
 
 @_compiled(inline="always")

@@ -168,10 +168,11 @@ from numba.core import caching
 caching.CacheImpl._locator_classes = []  # as if no folder numba could cache in were writable
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    from stages import minhash_kernels
+    from stages import minhash_kernels  # noqa: F401 - its loops, compiled without a cache
+from datapipe.core import compiled
 from stages.minhash import MinHashConfig, shingle_hashes64
 flat, counts = shingle_hashes64(["One two, three four five six.", "", "x"], MinHashConfig())
-print(json.dumps([minhash_kernels._CACHE, [str(w.message) for w in caught], flat.tolist(), counts.tolist()]))
+print(json.dumps([compiled.CACHE, [str(w.message) for w in caught], flat.tolist(), counts.tolist()]))
 """
 
 
