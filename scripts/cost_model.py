@@ -12,10 +12,10 @@ Inputs (both kept in benchmarks/, with the commands that made them in BENCHMARKS
 
 The model (its assumptions are flags, listed in BENCHMARKS.md, "Cost model"):
 - **Layout** as the runner chooses it: blocks M = text / `auto_block_bytes`, partitions by `auto_partitions`,
-  near dedup's groups G (`resolve_groups`: one per partition at scale), every exchange laid out by
-  `shuffle.combine_layout` (senders merged into at most RECEIVER_FILES groups, each cut into partition ranges
-  where its files do not fit a combine task whole; resolve steps of SMALL_EXCHANGE groups or fewer read each
-  other's files directly), losers gathered by at most 256 groups of input units.
+  near dedup's groups G (`resolve_groups`: one per partition at scale), every exchange laid out as the run's one
+  exchange lays it out (`exchange.layout`: the senders' own files where a receiver reads few and the requests stay
+  within 4 x (senders + receivers), else merged into at most RECEIVER_FILES groups, each cut into partition ranges
+  where its files do not fit a combine task whole), losers gathered by at most 256 groups of input units.
 - **CPU**: each parallel phase's measured CPU (seconds x workers) grows with the larger of the document and
   byte ratios and spreads over the cores, then **wave tails**: T tasks on C cores run in ceil(T/C) waves, and
   the last task of a phase takes `--straggler` x a mean task. Serial: Ray's start, the driver's writes, the
@@ -44,12 +44,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from datapipe.core.shuffle import Combined, average_sender_bytes, combine_layout
+from datapipe.core import exchange
+from datapipe.core.exchange import Combined, Exchange, average_sender_bytes
 from datapipe.core.storage import PREFIXES
 from datapipe.curation.config import auto_block_bytes, auto_partitions
-from datapipe.curation.exchange import LOSER_BYTES
+from datapipe.curation.losers import LOSER_BYTES
 from datapipe.curation.phases.eval_split import CANDIDATE_BYTES, CHOOSE_TASKS as EVAL_CHOOSE_TASKS
-from datapipe.curation.phases.near_dedup import FETCH_BYTES, FETCH_GAP, GROUP_DOCS, SMALL_EXCHANGE, key_bytes
+from datapipe.curation.phases.near_dedup import FETCH_BYTES, FETCH_GAP, GROUP_DOCS, key_bytes
 from stages.exact_dedup import KEY_BYTES
 from stages.minhash import MinHashConfig
 
@@ -79,31 +80,36 @@ def layout(docs: float, text_bytes: float, units: int | None = None, blocks: int
             "exact_keys_bytes": average_sender_bytes(int(docs), m, KEY_BYTES)}
 
 
+def _layout(senders: int, receivers: int, largest_bytes: float, partitions: int | None = None) -> Any:
+    """`exchange.layout` of `senders` files of `largest_bytes` each to `receivers` (each a span of adjacent partitions
+    where there are more `partitions` than receivers)."""
+    partitions = partitions or receivers
+    spans = tuple(i * partitions // receivers for i in range(receivers)) if receivers != partitions else None
+    return exchange.layout(Exchange("x", "x", tuple(str(i) for i in range(senders)), partitions, int(largest_bytes),
+                                    spans=spans))
+
+
 def _exchange(senders: int, receivers: int, largest_bytes: float, partitions: int | None = None) -> dict[str, int]:
-    """Requests of a two-level exchange laid out as `shuffle.combine_layout` lays it out: each sender's file written
-    once, its range read by each combine task of its group (a header and a range), the combined files written (and
-    their records), each receiver reading a header and a range of each file of its range. `largest_bytes` None: not
-    combined, every receiver reads every sender's file."""
-    if largest_bytes is None:
+    """Requests of an exchange laid out as `exchange.layout` lays it out: each sender's file written once; combined,
+    its range read by each combine task of its group (a header and a range), the combined files written (and their
+    records), each receiver reading a header and a range of each file of its range; else each receiver reading a
+    header and a range of every sender's file."""
+    lay = _layout(senders, receivers, largest_bytes, partitions)
+    if not isinstance(lay, Combined):
         return {"spread": senders + 2 * senders * receivers, "plain": 0}
-    lay: Combined = combine_layout("x", senders, partitions or receivers, int(largest_bytes))
     ranges = len(lay.starts)
     return {"spread": senders + 2 * senders * ranges + lay.groups * ranges + 2 * lay.groups * receivers,
             "plain": 2 * lay.groups * ranges}
 
 
-def _step_bytes(step_bytes: float, groups: int) -> float | None:
-    """`exchange_groups`: a step's group files combined (`_largest`)."""
+def _step_bytes(step_bytes: float, groups: int) -> float:
+    """A resolve step's largest group file (`_largest`)."""
     return _largest(step_bytes, groups, groups)
 
 
-def _largest(step_bytes: float, senders: int, partitions: int) -> float | None:
-    """`near_dedup.exchange`: a step's sender files combined at the largest file's size (taken as 1.5 x the mean);
-    none (None) at SMALL_EXCHANGE senders or fewer, or where two files do not fit one combine task."""
-    largest = 1.5 * step_bytes / senders
-    if senders <= SMALL_EXCHANGE or combine_layout("x", senders, partitions, int(largest)).per_file < 2:
-        return None
-    return largest
+def _largest(step_bytes: float, senders: int, partitions: int) -> float:
+    """A step's largest sender file, taken as 1.5 x the mean (what its exchange is laid out by)."""
+    return 1.5 * step_bytes / senders
 
 
 def _add(*parts: dict[str, int]) -> dict[str, int]:
@@ -208,7 +214,8 @@ def eval_requests(lay: dict[str, int], docs: float, near_share: float, frame_rat
     m, g = lay["blocks"], lay["groups"]
     choose = min(m, EVAL_CHOOSE_TASKS)
     candidates = max(1, int(fraction * docs / m)) * CANDIDATE_BYTES
-    buckets = 2 * g * min(g, combine_layout("x", m, lay["partitions_near"], lay["near_keys_bytes"]).groups)
+    keys = _layout(m, g, lay["near_keys_bytes"], lay["partitions_near"])
+    buckets = 2 * g * min(g, keys.groups if isinstance(keys, Combined) else m)
     return _add({"plain": 3 * 3 * m + 7 * m}, {"spread": m}, _exchange(m, choose, candidates), {"plain": 3 * choose + 3},
                 {"spread": buckets + g, "plain": 2 * g}, step(_step_bytes(1e3 * g, g)), step(_step_bytes(1e3 * g, g)),
                 exact_check_requests(lay, docs, near_share * fraction, frame_ratio), _exchange(g, 1, 1000), {"plain": 3})

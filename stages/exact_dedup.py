@@ -21,7 +21,7 @@ import xxhash
 from datapipe.core.config import check, note
 from datapipe.core.workfiles import write_work_table
 from datapipe.core.storage import Location, location
-from datapipe.core.shuffle import Combined, average_sender_bytes, combine
+from datapipe.core.exchange import Exchange, Received, average_sender_bytes, route
 from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 
 MIN_PARTITIONS = 16  # `partitions: auto` never goes below this
@@ -68,14 +68,14 @@ class ExactDedupStage(GlobalStage):
 
     def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str],
                 documents: int = 0) -> dict[str, Any]:
-        """The senders' key files (`folder/keys/<block>.shuffle`) combined a group at a time (`combine`: requests
+        """The senders' key files (`folder/keys/<block>.shuffle`) routed to the partitions (`exchange.route`: requests
         grow as blocks + partitions), then one task per partition: `folder/losers-tNNN.arrow` from partition p of
-        every combined file."""
+        the received files."""
         items = [(p,) for p in range(self.config.partitions)]
-        keys = folder / "keys"
-        combined = combine(run_tasks, keys, [s.rsplit("/", 1)[-1] for s in senders], self.config.partitions,
-                           f"{self.name} combine", largest_bytes=average_sender_bytes(documents, len(senders), KEY_BYTES))
-        done = run_tasks(partition_task, (str(folder), combined), items, f"{self.name} resolve",
+        names = tuple(s.rsplit("/", 1)[-1] for s in senders)
+        keys = route(run_tasks, Exchange(self.name, str(folder / "keys"), names, self.config.partitions,
+                                         average_sender_bytes(documents, len(senders), KEY_BYTES)))
+        done = run_tasks(partition_task, (str(folder), keys), items, f"{self.name} resolve",
                          record=partition_record)
         return {"removed": sum(r["losers"] for r in done)}
 
@@ -104,16 +104,16 @@ class ExactDedupStage(GlobalStage):
         )
 
 
-def partition_record(shared: tuple[str, Combined], partition: int) -> Location:
+def partition_record(shared: tuple[str, Received], partition: int) -> Location:
     """Where a partition task's record goes (the run loop checks it): `folder/losers-tNNN.json`."""
     return location(shared[0]) / f"losers-t{partition:03d}.json"
 
 
-def partition_task(shared: tuple[str, Combined], partition: int) -> dict[str, int]:
-    """The losers of one partition (its rows of every combined key file), written to `folder/losers-tNNN.arrow`
+def partition_task(shared: tuple[str, Received], partition: int) -> dict[str, int]:
+    """The losers of one partition (its rows of every key file, as routed), written to `folder/losers-tNNN.arrow`
     (t = the partition); their count."""
-    folder, combined = shared
-    keys = combined.read(partition)
+    folder, received = shared
+    keys = received.read(partition)
     losers = ExactDedupStage.partition_losers(keys) if keys is not None else LOSER_SCHEMA.empty_table()
     write_work_table(location(folder) / f"losers-t{partition:03d}.arrow", losers)
     return {"losers": losers.num_rows}

@@ -23,18 +23,15 @@ leaves no file, and a file's bytes depend only on its rows: resume gives identic
 
 from __future__ import annotations
 
-import bisect
 import struct
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from datapipe.core.shards import atomic_write_bytes
-from datapipe.core.storage import Location, RemotePath, cat_ranges, location, remove_files, spread
+from datapipe.core.storage import Location, RemotePath, cat_ranges, location, spread
 from datapipe.core.workfiles import DamagedWorkFile, digest
 
 MAGIC = b"DPSHUF02"
@@ -238,137 +235,3 @@ def shuffle_files(folder: str | Location, senders: Sequence[str]) -> list[Locati
     """The shuffle files of the named senders in `folder` (no listing: the senders are known)."""
     folder = location(folder)
     return [folder / f"{name}{SUFFIX}" for name in senders]
-
-
-# ------------------------------------------------------------------------- combining senders
-
-COMBINE_SENDERS = 1024  # sender files one combine task merges, at most, unless more are needed for RECEIVER_FILES
-COMBINE_BYTES = 1 << 30  # bytes of sender files one combine task holds at most (its senders' ranges, then their merge)
-RECEIVER_FILES = 64  # files a receiver reads, at most: the senders are merged into this many groups or fewer
-
-
-@dataclass(frozen=True)
-class Combined:
-    """Where the receivers of a two-level exchange read (`combine`): the senders, `per_file` to a group, merged
-    into one file per group and partition range. A range is a run of adjacent partitions (`starts[r]` up to the
-    next start); with one range a file holds every partition. A receiver of partition p reads the files of p's
-    range, one per group: at most RECEIVER_FILES, whatever the senders' count or bytes."""
-
-    folder: str
-    partitions: int
-    senders: int
-    per_file: int
-    starts: tuple[int, ...] = (0,)
-
-    @property
-    def groups(self) -> int:
-        return -(-self.senders // self.per_file)
-
-    def range_of(self, p: int) -> int:
-        return bisect.bisect_right(self.starts, p) - 1
-
-    def bounds(self, r: int) -> tuple[int, int]:
-        return self.starts[r], self.starts[r + 1] if r + 1 < len(self.starts) else self.partitions
-
-    def name(self, r: int, k: int) -> str:
-        return combined_name(k) if len(self.starts) == 1 else f"combined-r{r:03d}-{k:05d}"
-
-    def files(self, r: int) -> list[Location]:
-        """The files of range r, one per group."""
-        return shuffle_files(self.folder, [self.name(r, k) for k in range(self.groups)])
-
-    def read(self, p: int, schema: pa.Schema | None = None, *, through: int | None = None, **kwargs: Any) -> pa.Table | None:
-        """`read_shuffle` of partition p (or p to `through` - 1) from the files holding it: one range of each file of
-        its range, file by file (a span over several ranges: range by range; `combine`'s `spans` avoid that)."""
-        end = p + 1 if through is None else through
-        tables = []
-        for r in range(self.range_of(p), self.range_of(end - 1) + 1):
-            lo, hi = self.bounds(r)
-            tables.append(read_shuffle(self.files(r), max(p, lo), self.partitions, schema, through=min(end, hi), **kwargs))
-        return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
-
-
-@dataclass(frozen=True)
-class SenderFiles:
-    """The senders' own shuffle files, read directly by every receiver: an exchange too small to combine."""
-
-    folder: str
-    names: tuple[str, ...]
-    partitions: int
-
-    def read(self, p: int, schema: pa.Schema | None = None, **kwargs: Any) -> pa.Table | None:
-        return read_shuffle(shuffle_files(self.folder, self.names), p, self.partitions, schema, **kwargs)
-
-
-def combine_layout(folder: str | Location, senders: int, partitions: int, largest_bytes: int,
-                   spans: Sequence[int] | None = None) -> Combined:
-    """How `senders` files of at most `largest_bytes` each are merged. As many senders to a group as fit one combine
-    task's COMBINE_BYTES whole (three times over: the ranges read, the merged table, its bytes), but never fewer
-    than make RECEIVER_FILES groups; where a group's files do not fit whole, its combine is cut into partition
-    ranges, one task each, so a task holds COMBINE_BYTES at most (the partitions are hashes: a range holds its
-    share of the bytes). `spans`: the partitions a receiver's span may start at (default: any), which the
-    ranges' starts are taken from, so a receiver's span lies in one range."""
-    largest = max(int(largest_bytes), 1)
-    fit = COMBINE_BYTES // (3 * largest)
-    per_file = max(-(-senders // RECEIVER_FILES), min(max(senders, 1), COMBINE_SENDERS, max(1, fit)))
-    cuts = sorted(set(spans)) if spans is not None else list(range(partitions))
-    ranges = max(1, min(len(cuts), -(-3 * per_file * largest // COMBINE_BYTES)))
-    starts = tuple(cuts[i * len(cuts) // ranges] for i in range(ranges)) if ranges > 1 else (0,)
-    return Combined(str(folder), partitions, senders, per_file, starts)
-
-
-def average_sender_bytes(documents: int, senders: int, bytes_per_document: int) -> int:
-    """The average sender's bytes: `documents` over `senders`, `bytes_per_document` each (a combine's estimate
-    where its senders do not report their files' bytes)."""
-    return max(1, documents // max(senders, 1)) * bytes_per_document
-
-
-def combine_task(shared: tuple[Combined, str | None, str], r: int, k: int, names: list[str]) -> dict[str, int]:
-    """Merge range r of the shuffle files `folder/<name>.shuffle` (group k's senders) into one file with the same
-    partitions (those outside the range empty): each sender's range is read whole (one range after its header),
-    and within a partition the rows keep the senders' order, so a receiver of one partition reads exactly the rows
-    it read from the senders. With `source_column`, an int32 column of that name holds each row's sender: its
-    index among all senders."""
-    layout, source_column, _ = shared
-    lo, hi = layout.bounds(r)
-    table = read_shuffle(shuffle_files(layout.folder, names), lo, layout.partitions, through=hi,
-                         partition_column="partition", source_column=source_column)
-    if source_column is not None:
-        first = pa.scalar(k * layout.per_file, pa.int32())
-        at = table.schema.get_field_index(source_column)
-        table = table.set_column(at, source_column, pc.add(table.column(source_column), first))
-    part = table.column("partition").to_numpy().astype(np.int64)
-    write_shuffle(location(layout.folder) / f"{layout.name(r, k)}{SUFFIX}", table.drop(["partition"]), part,
-                  layout.partitions)
-    return {"rows": table.num_rows}
-
-
-def combined_name(index: int) -> str:
-    return f"combined-{index:05d}"
-
-
-def combine_record(shared: tuple[Combined, str | None, str], r: int, k: int, *_: object) -> Location:
-    """In the records folder `combine` was given (not in the combined folder: a phase may delete a consumed folder
-    whole, and its combine stays done)."""
-    layout = shared[0]
-    return location(shared[2]) / f"combine-{location(layout.folder).name}-{layout.name(r, k).removeprefix('combined-')}.json"
-
-
-def combine(run_tasks: Callable[..., list], folder: str | Location, senders: Sequence[str], partitions: int, desc: str,
-            *, largest_bytes: int, spans: Sequence[int] | None = None, source_column: str | None = None,
-            records: str | Location | None = None) -> Combined:
-    """A two-level exchange: `senders`' files in `folder` (each at most `largest_bytes`) merged by combine tasks, one
-    per group of senders and partition range (`combine_layout`); where the receivers read (`Combined`). A receiver
-    then makes two requests per file of its range, at most RECEIVER_FILES of them, not two per sender: requests grow
-    as senders x ranges + receivers, not as senders x receivers, and a combine task holds at most COMBINE_BYTES. The
-    senders' files are deleted once every combine task is done, so the keys are not kept twice. `records`: where
-    the combine tasks' records go (`<folder's parent>/records` unless given: outside any folder deleted while they
-    count)."""
-    layout = combine_layout(folder, len(senders), partitions, largest_bytes, spans)
-    groups = [list(senders[i : i + layout.per_file]) for i in range(0, len(senders), layout.per_file)]
-    records = location(records) if records is not None else location(folder).parent / "records"
-    items = [(r, k, g) for r in range(len(layout.starts)) for k, g in enumerate(groups)]
-    run_tasks(combine_task, (layout, source_column, str(records)), items, desc, record=combine_record)
-    # every combine task has left its record: the senders' files are read by no one now (a resume skips the combines)
-    remove_files([spread(p) for p in shuffle_files(folder, senders)])
-    return layout

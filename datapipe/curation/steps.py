@@ -12,7 +12,7 @@ from datapipe.core.shards import ShardInfo, atomic_write_json, build_manifest, r
 from datapipe.core.storage import location
 from datapipe.curation.config import config_hash, result_affecting
 from datapipe.curation.counters import Counters
-from datapipe.curation.exchange import route_losers
+from datapipe.curation.losers import route_losers
 from datapipe.curation.phases import eval_split, selection, unique_ids
 from datapipe.curation.phases.read import EarlyReader, read_phase
 from datapipe.curation.phases.segment import segment_phase

@@ -64,10 +64,10 @@ def test_every_exchange_cut_into_partition_ranges_writes_the_same_golden_outputs
     """Where a combine task cannot hold its group's files whole (large keys at scale), the exchange cuts each group
     into partition ranges; forced here at every exchange (a task's budget below one file, two files a receiver),
     the run's outputs are byte for byte the same."""
-    from datapipe.core import shuffle
+    from datapipe.core import exchange
 
-    monkeypatch.setattr(shuffle, "COMBINE_BYTES", 1)
-    monkeypatch.setattr(shuffle, "RECEIVER_FILES", 2)
+    monkeypatch.setattr(exchange, "COMBINE_BYTES", 1)
+    monkeypatch.setattr(exchange, "RECEIVER_FILES", 2)
     cfg = from_dict(CurateConfig, {"inputs": [{"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}],
                                    **EVERY_SWITCH, "output": {**EVERY_SWITCH["output"], "dir": str(tmp_path / "out"),
                                                               "keep_work": True}})

@@ -224,11 +224,12 @@ def one_group(tmp_path_factory):
     return path, tmp / "one", result
 
 
-@pytest.mark.parametrize("desc, after", [(None, 0), ("minhash attach combine", 0), ("minhash wanted combine", 0), ("minhash members combine", 0)])
+@pytest.mark.parametrize("desc, after", [(None, 0), ("minhash attach combine", 0), ("minhash fetch", 0), ("minhash members combine", 0)])
 def test_group_files_are_combined_for_their_readers_and_a_kill_there_resumes(tmp_path, monkeypatch, one_group, desc, after):
     """Eight groups (one per partition): each step's eight group files are merged by a combine task into one
-    (`exchange_groups`), which the next step's receivers read (two requests each, not two per group); the
-    clusters and shards are those of one group, and a run killed in a combine resumes to them."""
+    (`exchange_groups`), which the next step's receivers read (two requests each, not two per group); the one fetch
+    task reads the eight groups' wanted files directly (fewer requests than a combine); the clusters and shards are
+    those of one group, and a run killed in a combine or in the fetch resumes to them."""
     path, one, _ = one_group
     monkeypatch.setattr(near_dedup, "GROUP_DOCS", 1)
     if desc is not None:
@@ -245,7 +246,7 @@ def test_group_files_are_combined_for_their_readers_and_a_kill_there_resumes(tmp
     assert many.stats["global_stages"]["minhash"]["tasks"] == 8
     combined = dict(steps)
     assert combined["minhash pairs combine"] == combined["minhash attach combine"] == combined["minhash members combine"] == 1
-    assert combined["minhash wanted combine"] == 1  # the wanted documents too, on their way to the fetch tasks
+    assert combined["minhash fetch"] == 1 and "minhash wanted combine" not in combined
     assert read_manifest(tmp_path / "many") == read_manifest(one)
     a = pq.read_table(tmp_path / "many" / "near_duplicates" / "clusters.parquet")
     assert a.equals(pq.read_table(one / "near_duplicates" / "clusters.parquet"))
@@ -329,7 +330,8 @@ def test_a_fetch_reads_a_blocks_spread_frames_in_one_range_for_every_group(tmp_p
     few wants (RANGE_WASTE) are one range for a fetch (FETCH_GAP), which reads for every group at once."""
     from datapipe.curation.blocks import frame_ranges
     from datapipe.curation.phases.near_dedup import KeySource, fetch_task, Fetches, FRAME_SCHEMA
-    from datapipe.core.shuffle import SenderFiles, read_shuffle, write_shuffle
+    from datapipe.core.exchange import SenderFiles
+    from datapipe.core.shuffle import read_shuffle, write_shuffle
     from datapipe.testing.read_blocks import write_read_blocks
 
     rng = np.random.default_rng(2)

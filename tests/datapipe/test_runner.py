@@ -263,7 +263,7 @@ class _DriverReads(LocalExecutor):
         self.in_task = False
         self.driver_reads: list[str] = []
         import datapipe.core.workfiles as workfiles
-        from datapipe.curation import exchange
+        from datapipe.curation import losers
         from datapipe.curation.phases import eval_split, near_dedup, selection, unique_ids
         from datapipe.curation.phases import shards
 
@@ -274,7 +274,7 @@ class _DriverReads(LocalExecutor):
                 self.driver_reads.append(str(path))
             return real(path)
 
-        for module in (exchange, shards, selection, eval_split, near_dedup, unique_ids):
+        for module in (losers, shards, selection, eval_split, near_dedup, unique_ids):
             monkeypatch.setattr(module, "read_work_table", spy)
         import datapipe.core.shuffle as shuffle
         real_shuffle = shuffle.read_shuffle
@@ -284,7 +284,8 @@ class _DriverReads(LocalExecutor):
                 self.driver_reads.extend(str(p) for p in paths)
             return real_shuffle(paths, *args, **kwargs)
 
-        for module in (shuffle, exchange):  # the rest read through shuffle.Combined and shuffle.SenderFiles
+        import datapipe.core.exchange as exchange
+        for module in (shuffle, exchange, losers):  # the rest read through exchange.Combined and exchange.SenderFiles
             monkeypatch.setattr(module, "read_shuffle", spy_shuffle)
 
     def run_tasks(self, fn, shared, items, desc, **kwargs):
@@ -350,8 +351,8 @@ def test_a_resumed_run_says_how_much_work_it_reused(tmp_path, slice_input):
     found = re.fullmatch(r"resumed: (\d+) of \d+ tasks were already done \(read (\d+)/\2, exact dedup (\d+)/\3, "
                          rf"filters \+ crash {seg1}/{seg0}, tokenize 0/(\d+), shards 0/\d+\)", line)
     assert found, line
-    # the tokenizer's sample (a task a block, one combine, one training task), then a tokenize task a block
-    assert int(found[4]) == seg0 + 1 + 1 + seg0
+    # the tokenizer's sample (a task a block; the one training task reads their files: no combine), a tokenize task a block
+    assert int(found[4]) == seg0 + 1 + seg0
     # one unit, the ids' combine task and 3 id partitions; the blocks and the resolve
     assert int(found[2]) == 1 + 1 + 3 and int(found[3]) > seg0
     assert result.resumed_tasks == int(found[1]) == int(found[2]) + int(found[3]) + seg1
@@ -385,7 +386,7 @@ def test_keep_dropped_text_keeps_the_text_of_language_id_and_eval_split_drops(tm
 def test_losers_gathered_by_unit_group_are_the_same_whatever_the_grouping(tmp_path, monkeypatch):
     """Five input files with copies across them: each block reads its unit's losers from its group's one
     file (`gather_losers_task`); groups of 2 units and one unit each drop exactly the same documents."""
-    from datapipe.curation import exchange
+    from datapipe.curation import losers
 
     texts = [f"document {i} " + " ".join(f"w{(i * 7 + j) % 97}" for j in range(60)) for i in range(12)]
     for f in range(5):
@@ -393,7 +394,7 @@ def test_losers_gathered_by_unit_group_are_the_same_whatever_the_grouping(tmp_pa
         (tmp_path / f"part-{f}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     outputs = {}
     for groups in (2, 256):
-        monkeypatch.setattr(exchange, "UNIT_GROUPS", groups)
+        monkeypatch.setattr(losers, "UNIT_GROUPS", groups)
         cfg = small_config(tmp_path / f"g{groups}", [{"path": str(tmp_path / "part-*.jsonl"), "domain": "web"}], filters={},
                            dedup={"exact": {"enabled": True}, "minhash": {"enabled": True}})
         outputs[groups] = curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)

@@ -92,15 +92,20 @@ def test_objects_grow_with_the_tasks_not_with_tasks_times_partitions(tmp_path, s
     few, many = (_objects(tmp_path / f"p{p}" / "work") for p in (3, 24))
     blocks = len(list((tmp_path / "p3" / "work" / "read").glob("*.arrow")))
     assert blocks > 10
-    # map side: one key file per block and kind, whatever the partition count (it was blocks x partitions), each
-    # read by a combine task; the receivers read the combined files (small keys: one), and the block
+    # map side: one key file per block and kind, whatever the partition count (it was blocks x partitions). Where
+    # each of 3 or 24 receivers would read every block's file (2 x blocks x partitions requests, past 4 x (blocks +
+    # partitions)), a combine task reads them; the receivers read the combined file (small keys: one), and the block
     # files, which no one reads after, are deleted: the keys are not kept twice
-    for folder in ("minhash/buckets", "exact_dedup/keys", "ids/keys"):
+    for folder in ("exact_dedup/keys", "ids/keys"):
         for p in (3, 24):
             names = sorted(f.name for f in (tmp_path / f"p{p}" / "work" / folder).iterdir())
             assert names == ["combined-00000.shuffle"], folder
         kind = folder.rsplit("/", 1)[1]
         assert len(list((tmp_path / "p3" / "work" / folder).parent.glob(f"records/combine-{kind}-*.json"))) == 1, folder
+    # near dedup's one group reads each block's buckets once: fewer requests than a combine, so none ran
+    for p in (3, 24):
+        assert len(list((tmp_path / f"p{p}" / "work" / "minhash" / "buckets").iterdir())) == blocks
+    assert not list((tmp_path / "p3" / "work" / "minhash" / "records").glob("combine-*.json"))
     # the resolve's tasks follow the documents, not the partitions (`near_dedup.resolve_groups`): this
     # small corpus is one group either way, its nodes gathered once into one file (the block files removed)
     assert [len(list((tmp_path / f"p{p}" / "work" / "minhash" / "nodes-by-group").iterdir())) for p in (3, 24)] == [1, 1]
@@ -155,84 +160,3 @@ def test_a_damaged_file_is_named_never_read_wrong(tmp_path, how, partitions):
     path.unlink()
     with pytest.raises(DamagedWorkFile, match="missing"):
         read_shuffle([path], 0, partitions)
-
-
-def _write_senders(folder, names, partitions, rng) -> int:
-    """Senders' files of up to 30 rows each, spread over `partitions`; the largest file's bytes."""
-    largest = 0
-    for i, name in enumerate(names):
-        n = int(rng.integers(0, 30))
-        table = pa.table({"order": np.arange(n, dtype=np.int64) + 100 * i, "key": [f"{name}-{j}" for j in range(n)]})
-        largest = max(largest, write_shuffle(folder / f"{name}.shuffle", table, rng.integers(0, partitions, size=n), partitions))
-    return largest
-
-
-@pytest.mark.parametrize("receiver_files, per_file, ranges", [(64, 2, 1), (2, 3, 2)])
-def test_combined_senders_give_each_receiver_the_same_rows_in_the_same_order(tmp_path, monkeypatch, receiver_files,
-                                                                             per_file, ranges):
-    """The two-level exchange: 5 senders' files merged as many to a group as fit a combine task's bytes (2 here);
-    where that leaves more groups than a receiver may read (RECEIVER_FILES), larger groups cut into partition
-    ranges, one task each. Every partition reads the same rows, in the same order, from the combined files as from
-    the 5 senders' (so receivers' outputs do not change), and never more than RECEIVER_FILES files."""
-    from datapipe.core import shuffle
-
-    rng = np.random.default_rng(0)
-    names = [f"b{i}" for i in range(5)]
-    largest = _write_senders(tmp_path, names, 4, rng)
-    monkeypatch.setattr(shuffle, "COMBINE_BYTES", 6 * largest + 1)  # two files fit a task whole
-    monkeypatch.setattr(shuffle, "RECEIVER_FILES", receiver_files)
-    calls = []
-
-    def run_tasks(fn, shared, items, desc, record=None):
-        calls.append(len(items))
-        return [fn(shared, *item) for item in items]
-
-    direct = [read_shuffle(shuffle.shuffle_files(tmp_path, names), p, 4) for p in range(4)]
-    combined = shuffle.combine(run_tasks, tmp_path, names, 4, "combine", largest_bytes=largest)
-    groups = -(-5 // per_file)
-    assert (combined.per_file, len(combined.starts), combined.groups) == (per_file, ranges, groups)
-    assert calls == [groups * ranges] and groups <= receiver_files
-    for p in range(4):
-        assert combined.read(p).equals(direct[p])
-    span = combined.read(1, through=4).to_pylist()  # over both ranges when there are two: the same rows
-    assert sorted(span, key=str) == sorted((r for p in (1, 2, 3) for r in direct[p].to_pylist()), key=str)
-    # the senders' files, read by no one now, are gone; a second call (a resume: every combine recorded) is a no-op
-    assert sorted(f.name for f in tmp_path.iterdir()) == sorted(f"{combined.name(r, k)}.shuffle"
-                                                                 for r in range(ranges) for k in range(groups))
-
-
-def test_the_layout_for_a_terabyte_keeps_receivers_to_a_few_files_and_tasks_within_memory():
-    """At the planner's layout for 1 TB (16,384 block files of near-dedup keys, ~9 MB each, 1,165 partitions) a
-    receiver reads at most RECEIVER_FILES files, and no combine task holds more than COMBINE_BYTES (a third of it
-    for its senders' ranges); small files merge as many to a group as a task takes."""
-    from datapipe.core import shuffle
-
-    big = shuffle.combine_layout("keys", 16_384, 1_165, 9_000_000)
-    assert big.groups <= shuffle.RECEIVER_FILES
-    share = big.per_file * 9_000_000 / len(big.starts)  # a range's share of its group's bytes
-    assert 3 * share <= shuffle.COMBINE_BYTES * 1.01 and len(big.starts) > 1
-    small = shuffle.combine_layout("keys", 16_384, 1_165, 2_000)
-    assert (small.per_file, len(small.starts)) == (shuffle.COMBINE_SENDERS, 1)
-    aligned = shuffle.combine_layout("keys", 16_384, 1_165, 9_000_000, spans=range(0, 1_165, 5))
-    assert all(s % 5 == 0 for s in aligned.starts)
-
-
-def test_a_combined_file_keeps_each_rows_sender_among_all_senders(tmp_path, monkeypatch):
-    """With `source_column`, the combined files hold each row's sender (its index among all senders), as reading the
-    senders' own files with `source_column` gives it."""
-    from datapipe.core import shuffle
-
-    names = [f"b{i}" for i in range(5)]
-    for i, name in enumerate(names):
-        write_shuffle(tmp_path / f"{name}.shuffle", pa.table({"order": np.arange(6, dtype=np.int64) + 10 * i}),
-                      np.arange(6) % 3, 3)
-    direct = [read_shuffle(shuffle.shuffle_files(tmp_path, names), p, 3, source_column="sender") for p in range(3)]
-    largest = max(os.path.getsize(tmp_path / f"{name}.shuffle") for name in names)
-    monkeypatch.setattr(shuffle, "COMBINE_BYTES", 6 * largest + 1)  # two to a group
-    monkeypatch.setattr(shuffle, "RECEIVER_FILES", 2)  # so three to a group, in two ranges
-    combined = shuffle.combine(lambda fn, shared, items, desc, record=None: [fn(shared, *i) for i in items],
-                               tmp_path, names, 3, "combine", largest_bytes=largest, source_column="sender")
-    assert (combined.per_file, len(combined.starts)) == (3, 2)
-    for p in range(3):
-        got = combined.read(p)
-        assert got.to_pylist() == direct[p].to_pylist()

@@ -20,8 +20,6 @@ def test_a_fetch_reads_a_blocks_wanted_frames_in_a_few_ranges():
 
 
 def test_an_exchange_grows_as_senders_times_ranges_plus_receivers_once_combined():
-    # not combined: every receiver reads a header and a range of every sender's file: 2 x 10 x 5, plus the 10 writes
-    assert _exchange(10, 5, None) == {"spread": 10 + 100, "plain": 0}
     # 256 small files fit one combine task: 256 writes, 256 ranges read (2 requests each), 1 combined file (and its
     # record's 2), and each of 5 receivers reads 2 ranges of it
     assert _exchange(256, 5, 1000) == {"spread": 256 + 512 + 1 + 10, "plain": 2}
@@ -30,12 +28,14 @@ def test_an_exchange_grows_as_senders_times_ranges_plus_receivers_once_combined(
     assert _exchange(16_384, 1_165, 9e6) == {"spread": 16_384 + 2 * 16_384 * 7 + 448 + 2 * 64 * 1_165, "plain": 896}
 
 
-def test_resolve_steps_combine_past_a_few_groups():
-    assert _step_bytes(1e9, 4) is None  # 2 G^2 <= 8 G: each reads every file
-    assert _step_bytes(1e6, 100) == 1.5e4  # small files: combined, at 1.5 x the mean file
-    # 1.5 GB files: one does not fit a combine task whole, but 1,000 files are more than a receiver may read: combined
-    # 16 to a group, each cut into partition ranges
-    assert _step_bytes(1e12, 1000) == 1.5e9
+def test_an_exchange_reads_the_senders_files_directly_while_that_stays_within_the_bound():
+    # 4 senders, 4 receivers: each receiver reads a header and a range of every file, 2 x 4 x 4 <= 4 x (4 + 4)
+    assert _exchange(4, 4, 1e6) == {"spread": 4 + 32, "plain": 0}
+    # 5 and 5: 50 > 40, so combined into one file: 5 written, their 5 ranges read, 1 file (and its record), 5 x 2 reads
+    assert _exchange(5, 5, 1e6) == {"spread": 5 + 10 + 1 + 10, "plain": 2}
+    # 1.5 GB files: no two fit a combine task, and 10 are few enough for a receiver to read them all
+    assert _exchange(10, 10, 1.5e9) == {"spread": 10 + 200, "plain": 0}
+    assert _step_bytes(1e6, 100) == 1.5e4  # a step's largest group file: 1.5 x the mean
 
 
 def test_the_layout_is_the_runners_and_the_exact_check_reads_by_block():

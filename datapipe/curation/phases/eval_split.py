@@ -54,7 +54,8 @@ from datapipe.core.shards import atomic_write_table
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.curation.config import EvalSplitConfig
 from datapipe.curation.counters import Counters
-from datapipe.core.shuffle import Combined, SenderFiles, combine, write_shuffle
+from datapipe.core.exchange import Exchange, Received, largest_sent, route
+from datapipe.core.shuffle import write_shuffle
 from datapipe.curation.phases import near_dedup
 from datapipe.curation.blocks import block_documents
 from datapipe.curation.phase import record_in
@@ -196,7 +197,7 @@ def near_copies(run_tasks: Callable[..., list[Any]], work: Location, config: Min
                      "eval_split near copies", record=record_in(RECORDS, "near"))[0]["copies"]
 
 
-def near_task(shared: tuple[str, int, Combined | SenderFiles]) -> dict[str, int]:
+def near_task(shared: tuple[str, int, Received]) -> dict[str, int]:
     """work/eval/near.arrow: (order, eval_order, eval_id) of each training document near an eval document, from
     the edges, with the first eval document in input order named."""
     work, partitions, files = location(shared[0]), shared[1], shared[2]
@@ -273,7 +274,7 @@ def source_bucket_task(shared: tuple[str, str, str, MinHashConfig], part: int) -
 
 CANDIDATE_SCHEMA = pa.schema([("order", pa.int64()), ("rank", pa.uint64()), ("id", pa.string()),
                               ("domain", pa.string()), ("num_tokens", pa.int64()), ("hash", pa.binary(16))])
-CANDIDATE_BYTES = 96  # a candidate's row, about: what sizes a combine task's share
+CANDIDATE_BYTES = 96  # a candidate's row, about: what sizes a choose task's memory
 CHOOSE_TASKS = 64  # domain partitions, at most: every candidate of a domain meets in one choose task
 
 
@@ -298,15 +299,16 @@ def candidate_task(shared: tuple[str, str, EvalSplitConfig, int], block: str) ->
     table = pa.table([orders, pa.array(rank).take(rows), *meta.take(rows).columns, hashes], schema=CANDIDATE_SCHEMA)
     domains = table.column("domain").combine_chunks()
     partition = _domain_partition(domains, partitions)
-    write_shuffle(work / EVAL_DIR / "candidates" / f"{block}.shuffle", table, partition, partitions)
-    return {"candidates": table.num_rows, "by_partition": np.bincount(partition, minlength=partitions).tolist()}
+    size = write_shuffle(work / EVAL_DIR / "candidates" / f"{block}.shuffle", table, partition, partitions)
+    return {"candidates": table.num_rows, "by_partition": np.bincount(partition, minlength=partitions).tolist(),
+            "bytes": size}
 
 
-def choose_task(shared: tuple[str, Combined, EvalSplitConfig], p: int) -> dict[str, int]:
-    """The eval documents of the domains of partition p: their candidates from the combined candidates files,
+def choose_task(shared: tuple[str, Received, EvalSplitConfig], p: int) -> dict[str, int]:
+    """The eval documents of the domains of partition p: their candidates from the candidates files as routed,
     chosen by `chosen_mask`, written to work/eval/chosen/pNNN.arrow (order, id, domain, num_tokens, hash)."""
-    work, combined, config = location(shared[0]), shared[1], shared[2]
-    table = combined.read(p, CANDIDATE_SCHEMA)
+    work, candidates, config = location(shared[0]), shared[1], shared[2]
+    table = candidates.read(p, CANDIDATE_SCHEMA)
     table = table.sort_by([("order", "ascending")])
     mask = chosen_mask(table.column("rank").to_numpy(), np.array(table.column("domain").to_pylist(), dtype=object),
                        table.column("num_tokens").to_numpy(), table.column("order").to_numpy(), config)
@@ -435,16 +437,15 @@ def source_held_task(shared: tuple[str, str]) -> dict[str, Any]:
 def _chosen(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], segment: str,
             config: EvalSplitConfig) -> dict[str, dict[str, int]]:
     """The documents chosen by the seeded hash of their id (see `chosen_mask`): each block's candidates sent by domain
-    (`candidate_task`), the blocks' files combined, one task per domain partition choosing (`choose_task`), one
+    (`candidate_task`), the blocks' files routed (`exchange.route`), one task per domain partition choosing (`choose_task`), one
     gathering the chosen into work/eval/held.arrow (`held_task`). Per domain, the chosen documents and tokens."""
     partitions = max(1, min(CHOOSE_TASKS, len(names)))
     found = run_tasks(candidate_task, (str(work), segment, config, partitions), [(b,) for b in names],
                       "eval_split candidates", record=record_in(RECORDS, "candidates"))
-    largest = max((f["candidates"] for f in found), default=0) * CANDIDATE_BYTES
-    combined = combine(run_tasks, work / EVAL_DIR / "candidates", names, partitions, "eval_split candidates combine",
-                       largest_bytes=largest, records=work / RECORDS)
+    candidates = route(run_tasks, Exchange("eval_split candidates", str(work / EVAL_DIR / "candidates"), tuple(names),
+                                           partitions, largest_sent(found), records=str(work / RECORDS)))
     largest = int(np.sum([f["by_partition"] for f in found], axis=0).max()) if found else 0  # a domain's share
-    chosen = run_tasks(choose_task, (str(work), combined, config), [(p,) for p in range(partitions)],
+    chosen = run_tasks(choose_task, (str(work), candidates, config), [(p,) for p in range(partitions)],
                        "eval_split choose", record=record_in(RECORDS, "choose"),
                        memory=CHOOSE_BASE_BYTES + 4 * largest * CANDIDATE_BYTES)
     run_tasks(held_task, (str(work), partitions), [()], "eval_split held", record=record_in(RECORDS, "held"),
@@ -476,8 +477,9 @@ def _near_source(run_tasks: Callable[..., list[Any]], work: Location, names: lis
     gathered by its groups, `near_dedup_groups` from its summary), or, when near dedup did not run (or the split
     is another run's), keys made here."""
     if near_dedup_segment is not None and near_dedup_groups is not None and not config.source:
-        return near_dedup.KeySource(str(work / "minhash"), str(work), tuple(f"{near_dedup_segment}/{b}" for b in names),
-                                    gathered=True, groups=near_dedup.Groups(**near_dedup_groups))
+        return near_dedup.as_routed(near_dedup.KeySource(str(work / "minhash"), str(work),
+                                                         tuple(f"{near_dedup_segment}/{b}" for b in names), gathered=True,
+                                                         groups=near_dedup.Groups(**near_dedup_groups)))
     source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names))
     documents = sum(r["rows"] for r in run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names],
                                                  "eval_split minhash", record=record_in(RECORDS, "buckets")))

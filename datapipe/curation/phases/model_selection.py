@@ -4,8 +4,8 @@ Every step is tasks with records, like every phase's (`run_loop`): a resumed run
 alone, and the driver holds no document and fits nothing.
 
 1. sample   one task per block takes its part of a seeded sample of the training documents (about `sample_docs`;
-            id and text) into a shuffle file of one partition, and the files are combined (`shuffle.combine`);
-2. fit      one task reads the target documents (`selection.target`, at most `target_docs`) and the combined
+            id and text) into a shuffle file of one partition, routed to the fit by the exchange (`exchange.route`);
+2. fit      one task reads the target documents (`selection.target`, at most `target_docs`) and the routed
             sample in block order, fits the model (`stages.selection.fit`), or reads it from `selection.model`
             (for `fasttext`, an existing fastText classifier whose scores of the sample give the knots), and writes
             it to OUT/selection/model.npz, for later runs, then checked to work/model_select/model.npz; its record
@@ -44,7 +44,8 @@ import pyarrow.compute as pc
 
 from datapipe.core.config import ConfigError
 from datapipe.core.shards import atomic_write_bytes, atomic_write_table
-from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, Combined, combine, write_shuffle
+from datapipe.core.exchange import Exchange, Received, largest_sent, route
+from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, write_shuffle
 from datapipe.core.storage import Location, absolute, is_url, location
 from datapipe.core.workfiles import DamagedWorkFile, checked, read_work_bytes, read_work_table, write_work_table
 from datapipe.curation.blocks import block_documents
@@ -166,7 +167,7 @@ class FitInputs:
     cfg: SelectionConfig
     cwd: str  # the driver's working folder: a relative target or model path is read from there
     target_units: tuple[InputUnit, ...]  # `selection.target` as planned in the driver (none for a saved model)
-    sample: Combined | None  # the corpus sample (id, text; in block order); None for a saved model, which is read
+    sample: Received | None  # the corpus sample (id, text; in block order); None for a saved model, which is read
     sample_cpu_seconds: float  # what taking the sample cost, charged to the fit
 
 
@@ -239,8 +240,8 @@ def fit_model(run_tasks: RunTasks, work: Location, out_dir: Location, names: lis
         rate = cfg.sample_docs / max(training_docs, 1)
         parts = run_tasks(sample_task, (str(work), segment, held_out, rate, cfg.seed), [(b,) for b in names],
                           "selection sample", record=record_in(f"{FOLDER}/records", "sample"))
-        sample = combine(run_tasks, work / FOLDER / "sample", names, 1, "selection sample combine",
-                         largest_bytes=max((p["bytes"] for p in parts), default=1), records=work / FOLDER / "records")
+        sample = route(run_tasks, Exchange("selection sample", str(work / FOLDER / "sample"), tuple(names), 1,
+                                           largest_sent(parts), records=str(work / FOLDER / "records")))
         cpu, documents = sum(p["cpu_seconds"] for p in parts), sum(p["documents"] for p in parts)
         text_bytes = sum(p["text_bytes"] for p in parts)
         if cfg.target is not None:  # the target's documents, at the sample's mean size

@@ -66,7 +66,8 @@ import zstandard
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.shards import replacing
 from datapipe.core.workfiles import read_work_table, write_work_table
-from datapipe.core.shuffle import (Combined, SenderFiles, average_sender_bytes, combine, combine_layout, write_shuffle)
+from datapipe.core.exchange import Combined, Exchange, Received, SenderFiles, average_sender_bytes, largest_sent, layout, route
+from datapipe.core.shuffle import write_shuffle
 from datapipe.core.storage import Location, location, remove_tree
 from datapipe.curation.blocks import (block_documents, decompress_frames, frame_ranges, read_block_path,
                                       read_blocks_frames, text_frames)
@@ -107,18 +108,21 @@ class KeySource:
     senders: tuple[str, ...]
     gathered: bool = False  # the nodes were gathered into one file per group (`gather_nodes_task`)
     groups: "Groups | None" = None  # the resolve's tasks (`resolve_groups`)
+    received: tuple[tuple[str, Received], ...] = ()  # where the exchange put each kind's keys (`route_keys`)
 
-    @property
-    def combined(self) -> bool:
-        return self.groups is not None and self.groups.key_bytes > 0
+    def key_exchange(self, kind: str, desc: str = "near dedup keys") -> Exchange:
+        """The exchange of the keys of `kind` to the groups, laid out at the groups' estimate of a sender's bytes (the
+        nodes keep each row's sender, which the exact check needs)."""
+        return Exchange(f"{desc} {kind}", str(location(self.keys) / kind), tuple(s.rsplit("/", 1)[-1] for s in self.senders),
+                        self.groups.partitions, self.groups.key_bytes, spans=tuple(self.groups.starts()),
+                        source_column="sender" if kind == "nodes" else None)
 
-    def key_files(self, kind: str, partitions: int) -> Combined | SenderFiles:
-        """The key files of `kind` a receiver reads: the combined ones (`combine_keys`), else one per sender."""
-        folder = location(self.keys) / kind
-        if self.combined:
-            return combine_layout(folder, len(self.senders), self.groups.partitions, self.groups.key_bytes,
-                                  spans=self.groups.starts())
-        return SenderFiles(str(folder), tuple(s.rsplit("/", 1)[-1] for s in self.senders), partitions)
+    def key_files(self, kind: str, partitions: int) -> Received:
+        """The key files of `kind` a receiver reads: where the exchange put them (`route_keys`), else one per sender."""
+        if (received := dict(self.received).get(kind)) is not None:
+            return received
+        return SenderFiles(str(location(self.keys) / kind), tuple(s.rsplit("/", 1)[-1] for s in self.senders), partitions,
+                           "sender" if kind == "nodes" else None)
 
     def read(self, kind: str, p: int, partitions: int, **kwargs: Any) -> pa.Table | None:
         return self.key_files(kind, partitions).read(p, **kwargs)
@@ -129,8 +133,7 @@ class KeySource:
         if self.gathered:
             return read_work_table(location(self.keys) / GATHERED / f"g{g:03d}.arrow")
         lo, hi = self.groups.range(g)
-        # a combined file holds each row's sender already (`combine_keys`)
-        nodes = self.read("nodes", lo, self.groups.partitions, source_column=None if self.combined else "sender", through=hi)
+        nodes = self.read("nodes", lo, self.groups.partitions, through=hi)
         if nodes is None:
             raise RuntimeError("near dedup: no nodes files in the work folder")
         return nodes
@@ -146,7 +149,7 @@ class Groups:
 
     partitions: int
     count: int
-    key_bytes: int = 0  # the map side's largest key file, estimated: what lays out `combine_keys`; 0: not combined
+    key_bytes: int = 0  # the map side's largest key file, estimated: what lays out the keys' exchange (`route_keys`)
     # the step folders (by name) whose group files were combined, and where to (`exchange_groups`)
     combined: tuple[tuple[str, Combined], ...] = ()
 
@@ -169,7 +172,7 @@ class Groups:
         lo, hi = self.range(g)
         return self.files(folder).read(lo, schema, through=hi)
 
-    def files(self, folder: Location, partitions: int | None = None) -> Combined | SenderFiles:
+    def files(self, folder: Location, partitions: int | None = None) -> Received:
         """The shuffle files of a step's folder its readers read: the combined ones, or one per group (of
         `partitions` partitions where not the groups')."""
         combined = dict(self.combined).get(folder.name)
@@ -180,35 +183,15 @@ class Groups:
         return {"partitions": self.partitions, "count": self.count, "key_bytes": self.key_bytes}
 
 
-SMALL_EXCHANGE = 4  # up to this many senders, each receiver reads every sender's file: 2 G^2 <= 4 x (G + G) requests
-
-
-def exchange(run_tasks: RunTasks, folder: Location, senders: Sequence[str], partitions: int,
-             results: Sequence[dict[str, Any]], desc: str, *, spans: Sequence[int] | None = None,
-             records: Location | None = None) -> Combined | SenderFiles:
-    """After a step whose tasks (`senders`) each wrote one shuffle file of `partitions` in `folder` (their results'
-    `bytes`): where its receivers read. The two-level exchange (`shuffle.combine`) past SMALL_EXCHANGE senders, laid
-    out from the largest file's size (`combine_layout`; `spans`: where a receiver's partitions start), so that each
-    receiver reads a few files, not one per sender: requests grow as senders + receivers while a combine holds at
-    most COMBINE_BYTES. `records`: the combine tasks' where not `shuffle.combine`'s own."""
-    direct = SenderFiles(str(folder), tuple(senders), partitions)
-    sizes = [int(r["bytes"]) for r in results if "bytes" in r]
-    if len(senders) <= SMALL_EXCHANGE or not sizes:  # (no sizes: a step recorded before the exchange existed)
-        return direct
-    if combine_layout(folder, len(senders), partitions, max(sizes), spans).per_file < 2:
-        return direct
-    return combine(run_tasks, folder, senders, partitions, f"{desc} combine", largest_bytes=max(sizes), spans=spans,
-                   records=records)
-
-
 def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, results: Sequence[dict[str, Any]],
                     desc: str, partitions: int | None = None, *, records: Location | None = None) -> Groups:
-    """`exchange` after a step whose G tasks each wrote one shuffle file in `folder`: the groups the next step's
-    readers then use. `partitions`: the files' own, where not the groups' (the clusters' order ranges, read one at a
-    time); `records`: the combine tasks' (`cc/rNNN/`'s go to the resolve's: `cc/` is deleted whole after the members)."""
+    """The exchange (`exchange.route`) after a step whose G tasks each wrote one shuffle file in `folder` (their
+    results' `bytes`): the groups the next step's readers then use. `partitions`: the files' own, where not the
+    groups' (the clusters' order ranges, read one at a time); `records`: the combine tasks' (`cc/rNNN/`'s go to the resolve's: `cc/` is deleted whole after the members)."""
     spans = None if partitions else groups.starts()  # a group reads its partitions as one range
-    files = exchange(run_tasks, folder, groups.names(), partitions or groups.partitions, results, desc, spans=spans,
-                     records=records)
+    files = route(run_tasks, Exchange(desc, str(folder), tuple(groups.names()), partitions or groups.partitions,
+                                      largest_sent(results), spans=None if spans is None else tuple(spans),
+                                      records=None if records is None else str(records)))
     if not isinstance(files, Combined):
         return groups
     combined = dict(groups.combined)
@@ -224,18 +207,24 @@ _KEY_BYTES = {"buckets": 16, "nodes": 40}  # bytes a document's keys take per ba
 
 def key_bytes(config: MinHashConfig, documents: int, senders: int) -> int:
     """A sender's key file's bytes, estimated (`shuffle.average_sender_bytes`) at the larger of a document's buckets
-    (one row per band) and its node (the signature): what lays out the keys' combine."""
+    (one row per band) and its node (the signature): what lays out the keys' exchange."""
     per_doc = max(_KEY_BYTES["buckets"] * config.lsh_params()[0], _KEY_BYTES["nodes"] + 4 * config.num_perm)
     return average_sender_bytes(documents, senders, per_doc)
 
 
-def combine_keys(run_tasks: RunTasks, source: KeySource, desc: str) -> None:
-    """The two-level exchange of the map side's buckets and nodes (`shuffle.combine`): receivers then read
-    at most RECEIVER_FILES files, not M (the nodes keep each row's sender, which the exact check needs)."""
-    names = [s.rsplit("/", 1)[-1] for s in source.senders]
-    for kind, column in (("buckets", None), ("nodes", "sender")):
-        combine(run_tasks, location(source.keys) / kind, names, source.groups.partitions, f"{desc} combine {kind}",
-                largest_bytes=source.groups.key_bytes, spans=source.groups.starts(), source_column=column)
+def route_keys(run_tasks: RunTasks, source: KeySource, desc: str) -> KeySource:
+    """The map side's buckets and nodes through the exchange to the groups (`exchange.route`): a receiver then reads
+    at most RECEIVER_FILES files, not M. The source that reads them where they went."""
+    return dataclasses.replace(source, received=tuple((kind, route(run_tasks, source.key_exchange(kind, desc)))
+                                                      for kind in KEY_KINDS))
+
+
+def as_routed(source: KeySource) -> KeySource:
+    """The source of keys that `route_keys` routed in an earlier step (the eval split reads near dedup's)."""
+    return dataclasses.replace(source, received=tuple((kind, layout(source.key_exchange(kind))) for kind in KEY_KINDS))
+
+
+KEY_KINDS = ("buckets", "nodes")
 
 
 def resolve_groups(partitions: int, documents: int) -> Groups:
@@ -440,7 +429,7 @@ EXACT_READ_BYTES = 64 << 20  # ranges one batched read holds at most: the frames
 
 
 def fetch_frames(run_tasks: RunTasks, folder: Location, pairs_root: Location, source: KeySource,
-                 decided: Sequence[dict[str, Any]], desc: str) -> tuple[Combined | SenderFiles | None, list[dict[str, Any]]]:
+                 decided: Sequence[dict[str, Any]], desc: str) -> tuple[Received | None, list[dict[str, Any]]]:
     """The wanted documents (`decide_task`) exchanged to fetch tasks by block, each block's frames read once in a few
     ranges (`fetch_task`), and sent on to the groups that want them: where the groups read their frames (None when
     no group wants any) and the fetch tasks' results (their reads)."""
@@ -450,16 +439,17 @@ def fetch_frames(run_tasks: RunTasks, folder: Location, pairs_root: Location, so
         return None, []
     blocks = len(source.senders)
     fetches = Fetches(blocks, max(1, min(blocks, -(-wanted_bytes // FETCH_BYTES))))
-    wanted = exchange(run_tasks, pairs_root / WANTED, source.groups.names(), blocks, decided, f"{desc} wanted",
-                      spans=fetches.starts())
+    wanted = route(run_tasks, Exchange(f"{desc} wanted", str(pairs_root / WANTED), tuple(source.groups.names()), blocks,
+                                       largest_sent(decided), spans=tuple(fetches.starts())))
     fetched = run_tasks(fetch_task, (str(folder), str(pairs_root), source, wanted, fetches), [(f,) for f in range(fetches.count)],
                         f"{desc} fetch", record=record_in("records", "fetch"))
     remove_tree(pairs_root / WANTED)  # consumed: every fetch task's record is written
-    frames = exchange(run_tasks, pairs_root / FRAMES, fetches.names(), source.groups.count, fetched, f"{desc} frames")
+    frames = route(run_tasks, Exchange(f"{desc} frames", str(pairs_root / FRAMES), tuple(fetches.names()),
+                                       source.groups.count, largest_sent(fetched)))
     return frames, fetched
 
 
-def fetch_task(shared: tuple[str, str, KeySource, Combined | SenderFiles, Fetches], f: int) -> dict[str, Any]:
+def fetch_task(shared: tuple[str, str, KeySource, Received, Fetches], f: int) -> dict[str, Any]:
     """The frames wanted from fetch f's blocks, each distinct document's read once (`read_frames`) -> one row per
     group that wants it in `frames/fNNNNN.shuffle`, partitioned by group. Its record holds its wall and its reads'."""
     started = time.perf_counter()
@@ -545,7 +535,7 @@ def _block_name(source: KeySource, s: int) -> str:
     return source.senders[s].rsplit("/", 1)[1]
 
 
-def check_task(shared: tuple[str, str, KeySource, MinHashConfig, str, Combined | SenderFiles | None], g: int) -> dict[str, Any]:
+def check_task(shared: tuple[str, str, KeySource, MinHashConfig, str, Received | None], g: int) -> dict[str, Any]:
     """Group g's decided pairs (`decide_task`): the sure edges, and the near pairs whose exact Jaccard of shingle
     sets, recomputed from the frames the fetch tasks sent (`frames/`), reaches the threshold. Edges ->
     `edges_folder/gNNN`."""
@@ -739,8 +729,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
                       record=record_in("records", "groups"))[0]
     groups = Groups(**first)
     parts = groups.items()
-    source = KeySource(str(folder), str(folder.parent), tuple(senders), groups=groups)
-    combine_keys(run_tasks, source, stage.name)
+    source = route_keys(run_tasks, KeySource(str(folder), str(folder.parent), tuple(senders), groups=groups), stage.name)
     found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs",
                       record=record_in("records", "pairs"))
     # the nodes, read by three later steps, are gathered once by group; the senders' files then go

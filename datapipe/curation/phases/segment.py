@@ -3,7 +3,7 @@
 One task per block and segment (`segment_task`) drops the previous global stage's losers, runs the segment's
 map stages (language id, filters, a user's stages) and sends the next global stage's keys. The global stage's
 resolve half then decides over all keys with its own tasks (`GlobalStage.resolve`, given the run loop's
-`run_tasks`), and its losers are routed back to the blocks (`datapipe.curation.exchange`); `datapipe.curation.run`
+`run_tasks`), and its losers are routed back to the blocks (`datapipe.curation.losers`); `datapipe.curation.run`
 drives the segments and resolves in order. So exact and near dedup
 are global across every file, worker and node, and a winner is the first document in input order.
 """
@@ -21,7 +21,7 @@ from datapipe.core.storage import Location
 from datapipe.curation.phases import unique_ids
 from datapipe.curation.blocks import LOCATOR_COLUMNS, READ, block_documents, write_view
 from datapipe.curation.counters import Counters
-from datapipe.curation.exchange import unit_losers
+from datapipe.curation.losers import unit_losers
 from datapipe.curation.phase import Phase
 from datapipe.curation.plan import Plan, Segment, block_name, stage_title, task_memory, text_bytes
 from datapipe.curation.config import CurateConfig

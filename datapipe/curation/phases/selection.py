@@ -37,7 +37,8 @@ import pyarrow as pa
 
 from datapipe.curation.counters import Counters
 from datapipe.core.shards import atomic_write_table
-from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, Combined, combine, write_shuffle
+from datapipe.core.exchange import Exchange, Received, largest_sent, route
+from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, write_shuffle
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curation.phase import record_in
@@ -95,12 +96,12 @@ def sample_task(shared: tuple[str, diversity.DiversityConfig, dict[str, int], Ro
     return {"documents": len(rows), "bytes": size}
 
 
-def fit_task(shared: tuple[str, Combined, diversity.DiversityConfig, dict[str, int]], index: int) -> dict[str, Any]:
+def fit_task(shared: tuple[str, Received, diversity.DiversityConfig, dict[str, int]], index: int) -> dict[str, Any]:
     """One sampled domain's k-means centroids, fit on its sample (every block's, in block order), as lists (a
     record is JSON: float32 values come back exactly); none without a sample."""
-    combined, config, doc_counts = shared[1:]
+    sample_files, config, doc_counts = shared[1:]
     d = list(config.domains)[index]
-    sample = combined.read(index, SAMPLE_SCHEMA)
+    sample = sample_files.read(index, SAMPLE_SCHEMA)
     column = sample.column("tokens").combine_chunks()
     values, offsets = column.values.to_numpy(), column.offsets.to_numpy()
     toks = [values[offsets[i]:offsets[i + 1]] for i in range(len(column))]
@@ -114,13 +115,13 @@ def fit_task(shared: tuple[str, Combined, diversity.DiversityConfig, dict[str, i
 def fit_centroids(run_tasks: Callable[..., list[Any]], work: Location, blocks: list[str], config: diversity.DiversityConfig,
                   doc_counts: dict[str, int], held_out: RowCopies | None = None) -> dict[str, np.ndarray]:
     """Per sampled domain: k-means centroids fit on at most `fit_docs` documents (seeded choice, taken by one task per
-    block, `sample_task`), never on `held_out` rows; the blocks' sample files combined, one task per domain fits
+    block, `sample_task`), never on `held_out` rows; the blocks' sample files routed (`exchange.route`), one task per domain fits
     (`fit_task`)."""
     parts = run_tasks(sample_task, (str(work), config, doc_counts, held_out), [(b,) for b in blocks], "diversity sample",
                       record=record_in("diversity/records", "sample"))
-    combined = combine(run_tasks, work / "diversity" / "sample", blocks, len(config.domains), "diversity sample combine",
-                       largest_bytes=max((p["bytes"] for p in parts), default=1), records=work / "diversity" / "records")
-    fits = run_tasks(fit_task, (str(work), combined, config, doc_counts), [(i,) for i in range(len(config.domains))],
+    sample_files = route(run_tasks, Exchange("diversity sample", str(work / "diversity" / "sample"), tuple(blocks),
+                                             len(config.domains), largest_sent(parts), records=str(work / "diversity" / "records")))
+    fits = run_tasks(fit_task, (str(work), sample_files, config, doc_counts), [(i,) for i in range(len(config.domains))],
                      "diversity fit", record=record_in("diversity/records", "fit"))
     return {f["domain"]: np.asarray(f["centroids"], dtype=np.float32) for f in fits if f["centroids"] is not None}
 

@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 import xxhash
 
 from datapipe.core.shards import atomic_write_bytes, shard_schema
-from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, Combined, combine, write_shuffle
+from datapipe.core.exchange import Exchange, Received, largest_sent, route
+from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, write_shuffle
 from datapipe.core.storage import Location, is_url, location
 from datapipe.core.workfiles import DamagedWorkFile, write_work_table
 from datapipe.curation.blocks import block_documents
@@ -54,24 +55,24 @@ def _sample_record(plan: Plan, unit: int, block: int, rate: float) -> Location:
     return plan.work / SAMPLE_DIR / "records" / f"sample-{block_name(unit, block)}.json"
 
 
-def train_task(shared: tuple[Plan, Combined]) -> dict[str, str]:
-    """The tokenizer trained on the combined sample files, in block order, written atomically to OUT/tokenizer.json;
+def train_task(shared: tuple[Plan, Received]) -> dict[str, str]:
+    """The tokenizer trained on the sample files (as routed), in block order, written atomically to OUT/tokenizer.json;
     its sha256 recorded, so that a resume can tell the file is still what the tokens were made with."""
-    plan, combined = shared
-    sample = combined.read(0, SAMPLE_SCHEMA)
+    plan, sample_files = shared
+    sample = sample_files.read(0, SAMPLE_SCHEMA)
     text = train_tokenizer(iter(sample.column("text").to_pylist()), plan.cfg.tokenizer).to_str().encode()
     atomic_write_bytes(plan.out / "tokenizer.json", text, durable=True)
     return {"path": "tokenizer.json", "sha256": hashlib.sha256(text).hexdigest()}
 
 
-def _train_record(shared: tuple[Plan, Combined]) -> Location:
+def _train_record(shared: tuple[Plan, Received]) -> Location:
     return shared[0].work / SAMPLE_DIR / "records" / "train.json"
 
 
 def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int, run_tasks: Callable[..., list[Any]]) -> tuple[str, str]:
     """(absolute path of the tokenizer.json, the path the manifest records). Trains one when the config names
     none, on a deterministic sample of the kept text (about `sample_bytes`): one task per block takes its part
-    (`sample_task`), their files are combined (`shuffle.combine`), one task trains (`train_task`)."""
+    (`sample_task`), their files reach it through the exchange (`exchange.route`), one task trains (`train_task`)."""
     tcfg = plan.cfg.tokenizer
     if tcfg.path is not None:
         return (tcfg.path if is_url(tcfg.path) else os.path.join(plan.cwd, tcfg.path)), tcfg.path
@@ -81,15 +82,15 @@ def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int
     parts = run_tasks(sample_task, plan, [(u, b, rate) for u, b in blocks], "tokenizer sample", record=_sample_record)
     names = [block_name(u, b) for u, b in blocks]
     records = plan.work / SAMPLE_DIR / "records"
-    combined = combine(run_tasks, plan.work / SAMPLE_DIR / "sample", names, 1, "tokenizer sample combine",
-                       largest_bytes=max((p["bytes"] for p in parts), default=1), records=records)
+    sample_files = route(run_tasks, Exchange("tokenizer sample", str(plan.work / SAMPLE_DIR / "sample"), tuple(names), 1,
+                                             largest_sent(parts), records=str(records)))
     sample_bytes = sum(p["text_bytes"] for p in parts)  # (the texts, not their compressed files)
     memory = task_memory(plan, "segment") + TRAIN_BYTES_PER_SAMPLE_BYTE * sample_bytes
-    (trained,) = run_tasks(train_task, (plan, combined), [()], "tokenizer train", record=_train_record, memory=memory)
+    (trained,) = run_tasks(train_task, (plan, sample_files), [()], "tokenizer train", record=_train_record, memory=memory)
     saved = plan.out / "tokenizer.json"
     if _sha256(saved) != trained["sha256"]:  # cut, changed or deleted since: trained again from the sample in work/
-        _train_record((plan, combined)).unlink()
-        (again,) = run_tasks(train_task, (plan, combined), [()], "tokenizer train", record=_train_record, memory=memory)
+        _train_record((plan, sample_files)).unlink()
+        (again,) = run_tasks(train_task, (plan, sample_files), [()], "tokenizer train", record=_train_record, memory=memory)
         if again["sha256"] != trained["sha256"]:  # never expected: training is deterministic
             raise DamagedWorkFile(saved, "it is not the tokenizer the work was tokenized with, and training again "
                                          "did not give that one back")

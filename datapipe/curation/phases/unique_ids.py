@@ -33,7 +33,8 @@ import xxhash
 
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.workfiles import read_work_table, write_work_table
-from datapipe.core.shuffle import SUFFIX, Combined, average_sender_bytes, combine, write_shuffle
+from datapipe.core.exchange import Exchange, Received, average_sender_bytes, route
+from datapipe.core.shuffle import SUFFIX, write_shuffle
 from datapipe.core.storage import Location
 
 KEY_SCHEMA = pa.schema([("id", pa.string()), ("order", pa.int64()), ("hash", pa.uint64())])
@@ -60,12 +61,12 @@ def write_keys(work: Location, block: str, table: pa.Table, partitions: int) -> 
     write_shuffle(work / FOLDER / "keys" / f"{block}{SUFFIX}", keys, (hashes % np.uint64(partitions)).astype(np.int64), partitions)
 
 
-def resolve(shared: tuple[Location, Combined], partition: int, partitions: int) -> dict[str, Any]:
-    """Name the renames of one hash partition of the ids (its rows of every block's key file, from the combined
-    files: `shared` is the work folder and where they are): write them per input unit and return
+def resolve(shared: tuple[Location, Received], partition: int, partitions: int) -> dict[str, Any]:
+    """Name the renames of one hash partition of the ids (its rows of every block's key file, as the exchange
+    routed them: `shared` is the work folder and where they are): write them per input unit and return
     {"renamed": n, "examples": [[id, new_id, order], ...] (the first few by order), "units": [the units renamed in]}."""
-    work, combined = shared
-    keys = combined.read(partition, KEY_SCHEMA)
+    work, received = shared
+    keys = received.read(partition, KEY_SCHEMA)
     renames = _renames(keys)
     units = pc.shift_right(renames.column("order"), ROW_BITS) if renames.num_rows else pa.array([], pa.int64())
     renamed_units = sorted(pc.unique(units).to_pylist())
@@ -85,11 +86,11 @@ KEY_BYTES = 64  # a document's id key, about (its id, order and hash): what size
 
 def resolve_ids(run_tasks: Callable[..., list[Any]], work: Location, blocks: list[str], partitions: int,
                 documents: int) -> list[dict[str, Any]]:
-    """Part of reading: the blocks' key files combined a group at a time (requests grow as blocks + partitions, not
-    blocks x partitions), then one task per hash partition of the ids names its renames (applied as segment 0 reads)."""
-    combined = combine(run_tasks, work / FOLDER / "keys", blocks, partitions, "unique_ids combine",
-                       largest_bytes=average_sender_bytes(documents, len(blocks), KEY_BYTES))
-    results = run_tasks(resolve, (work, combined), [(p, partitions) for p in range(partitions)], "unique_ids",
+    """Part of reading: the blocks' key files routed to the partitions (`exchange.route`: requests grow as blocks +
+    partitions, not blocks x partitions), then one task per hash partition of the ids names its renames (applied as segment 0 reads)."""
+    keys = route(run_tasks, Exchange("unique_ids", str(work / FOLDER / "keys"), tuple(blocks), partitions,
+                                     average_sender_bytes(documents, len(blocks), KEY_BYTES)))
+    results = run_tasks(resolve, (work, keys), [(p, partitions) for p in range(partitions)], "unique_ids",
                         record=resolved_record_at)
     # Written on every run from the records (a resumed run's too): a lost or damaged list is made again.
     files = sorted((u, _renames_file(p, partitions)) for p, r in enumerate(results) for u in r["units"])
@@ -98,7 +99,7 @@ def resolve_ids(run_tasks: Callable[..., list[Any]], work: Location, blocks: lis
     return results
 
 
-def resolved_record_at(shared: tuple[Location, Combined], partition: int, partitions: int) -> Location:
+def resolved_record_at(shared: tuple[Location, Received], partition: int, partitions: int) -> Location:
     return shared[0] / FOLDER / f"resolved-p{partition:03d}-of-{partitions:03d}.json"
 
 

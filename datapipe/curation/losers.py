@@ -1,4 +1,4 @@
-"""The exchange of a global decision: a global stage's losers, routed to the blocks that drop them.
+"""A global stage's losers, routed to the blocks that drop them.
 
 A global stage's resolve leaves its losers in `folder/losers-tNNN.arrow`, one file per resolve task, each holding
 documents of any input unit. Every block task of the next segment needs its own unit's losers, and no process
@@ -6,8 +6,8 @@ should hold them all. Two steps of tasks route them (`route_losers`):
 1. one task per losers file cuts it by input unit into one shuffle file (`split_losers_task`);
 2. one task per group of units gathers the group's range of every such file into one file (`gather_losers_task`),
 so a block task reads one range of one file (`unit_losers`), not a range of every losers file.
-The split files are combined (a two-level exchange, `shuffle.combine`) before the groups read them, so requests
-grow as losers files + groups + blocks, not losers files x groups or x blocks.
+The split files reach the groups through the one exchange (`datapipe.core.exchange.route`), so requests grow as
+losers files + groups + blocks, not losers files x groups or x blocks.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from datapipe.core.schema import ROW_BITS
-from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, Combined, combine, read_shuffle, write_shuffle
+from datapipe.core.exchange import Exchange, Received, largest_sent, route
+from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, read_shuffle, write_shuffle
 from datapipe.core.storage import Location, location
 from datapipe.core.workfiles import read_work_table
 from stages.base import LOSER_SCHEMA
@@ -27,22 +28,21 @@ LOSERS_BY_UNIT = "losers-by-unit"  # work/<global stage>/losers-by-unit/: losers
 UNIT_GROUPS = 256  # the losers of at most this many groups of input units: one file each (`gather_losers_task`)
 
 
-LOSER_BYTES = 48  # a loser's row, about (order, reason, kept id): what sizes a combine task's share
+LOSER_BYTES = 48  # a loser's row, about (order, reason, kept id): what the cost model sizes their exchange by
 
 
 def route_losers(run_tasks: Callable[..., list], folder: Location, tasks: int, units: int, stage: str) -> None:
     """Route the losers of the `tasks` files in `folder` (a global stage's work folder) to the `units` input units.
-    The split files are combined (`shuffle.combine`) before the groups gather them, so that a group reads a few
-    files, not one per resolve task."""
+    The split files reach the groups through the exchange (`exchange.route`), so that a group reads a few files,
+    not one per resolve task."""
     files = [f"losers-t{t:03d}" for t in range(tasks)]  # one per resolve task, always
     split = run_tasks(split_losers_task, (str(folder), units), [(f,) for f in files], f"{stage} losers by unit",
                       record=_split_record)
     groups = -(-units // _unit_group(units))
-    largest = max((x["losers"] for x in split), default=0) * LOSER_BYTES
-    # the ranges start at a group's first unit: a group reads one range of each combined file
-    combined = combine(run_tasks, folder / LOSERS_BY_UNIT, files, units, f"{stage} losers combine", largest_bytes=largest,
-                       spans=[_unit_range(g, units)[0] for g in range(groups)])
-    run_tasks(gather_losers_task, (str(folder), combined, units), [(g,) for g in range(groups)],
+    # a group's span starts at its first unit: it reads one range of each file
+    split_files = route(run_tasks, Exchange(f"{stage} losers", str(folder / LOSERS_BY_UNIT), tuple(files), units,
+                                            largest_sent(split), spans=tuple(_unit_range(g, units)[0] for g in range(groups))))
+    run_tasks(gather_losers_task, (str(folder), split_files, units), [(g,) for g in range(groups)],
               f"{stage} losers by unit group", record=_gather_record)
 
 
@@ -57,8 +57,8 @@ def split_losers_task(shared: tuple[str, int], stem: str) -> dict[str, int]:
     root = location(folder)
     losers = read_work_table(root / f"{stem}.arrow").sort_by([("order", "ascending")])
     unit = (losers.column("order").to_numpy() >> ROW_BITS).astype(np.int64)
-    write_shuffle(root / LOSERS_BY_UNIT / f"{stem}{SHUFFLE_SUFFIX}", losers, unit, units)
-    return {"losers": losers.num_rows}
+    size = write_shuffle(root / LOSERS_BY_UNIT / f"{stem}{SHUFFLE_SUFFIX}", losers, unit, units)
+    return {"losers": losers.num_rows, "bytes": size}
 
 
 def _unit_group(units: int) -> int:
@@ -72,18 +72,18 @@ def _unit_range(group: int, units: int) -> tuple[int, int]:
     return group * size, min(units, (group + 1) * size)
 
 
-def _gather_record(shared: tuple[str, Combined, int], group: int) -> Location:
+def _gather_record(shared: tuple[str, Received, int], group: int) -> Location:
     return location(shared[0]) / LOSERS_BY_UNIT / f"g{group:05d}.json"
 
 
-def gather_losers_task(shared: tuple[str, Combined, int], group: int) -> dict[str, int]:
-    """The losers of one group of input units, from the group's range of every combined split file (one read each:
+def gather_losers_task(shared: tuple[str, Received, int], group: int) -> dict[str, int]:
+    """The losers of one group of input units, from the group's range of every split file as routed (one read each:
     its units are adjacent partitions) into one file `losers-by-unit/gNNNNN.shuffle`, partitioned by the unit
     within the group."""
-    folder, combined, units = shared
+    folder, split_files, units = shared
     root = location(folder) / LOSERS_BY_UNIT
     u0, u1 = _unit_range(group, units)
-    losers = combined.read(u0, LOSER_SCHEMA, through=u1, partition_column="unit").sort_by([("order", "ascending")])
+    losers = split_files.read(u0, LOSER_SCHEMA, through=u1, partition_column="unit").sort_by([("order", "ascending")])
     unit = losers.column("unit").to_numpy().astype(np.int64) - u0
     write_shuffle(root / f"g{group:05d}{SHUFFLE_SUFFIX}", losers.drop(["unit"]), unit, u1 - u0)
     return {"losers": losers.num_rows}

@@ -1,0 +1,196 @@
+"""The one exchange: how the senders' shuffle files of a global step reach its receivers.
+
+Every global decision of a run moves rows the same way. A step's M sending tasks each write one shuffle file
+(`datapipe.core.shuffle`) holding its rows of all P partitions; R receiving tasks then read their partitions.
+`route(run_tasks, Exchange(...))` is the only place that decides how they read:
+
+- **directly**, each receiver reading its range of every sender's file, where that is few files a receiver and few
+  requests: at most RECEIVER_FILES senders and 2 M R <= 4 (M + R) (or where no two senders' files fit one merge);
+- else **combined** (a two-level exchange): combine tasks merge the senders, as many to a group as fit one task's
+  COMBINE_BYTES, into at most RECEIVER_FILES groups, each cut into partition ranges where its files do not fit a
+  task whole; a receiver reads one file of its range per group. Requests grow as M x ranges + R x groups, not
+  M x R, and a combine task holds at most COMBINE_BYTES. The senders' files go once every combine is done.
+
+Either way the receivers read the same rows in the same order, so the outputs do not depend on the choice. The
+combine tasks are recorded through `run_tasks` (the run loop checks the records), so a resumed run skips them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datapipe.core.shuffle import SUFFIX, read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.storage import Location, location, remove_files, spread
+
+COMBINE_SENDERS = 1024  # sender files one combine task merges, at most, unless more are needed for RECEIVER_FILES
+COMBINE_BYTES = 1 << 30  # bytes of sender files one combine task holds at most (its senders' ranges, then their merge)
+RECEIVER_FILES = 64  # files a receiver reads, at most: the senders are merged into this many groups or fewer
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One exchange as its sending step planned it: `senders` (names) each wrote `folder/<name>.shuffle` of
+    `partitions`, the largest `largest_bytes` (measured by the senders, or estimated where they do not say).
+    `spans`: the partitions a receiver's span starts at, where a receiver reads several adjacent partitions
+    (default: a receiver per partition). `source_column`: an int32 column of that name gives each row's sender
+    (its index in `senders`). `records`: where the combine tasks' records go (default `<folder's parent>/records`,
+    outside any folder deleted while they count)."""
+
+    desc: str
+    folder: str
+    senders: tuple[str, ...]
+    partitions: int
+    largest_bytes: int
+    spans: tuple[int, ...] | None = None
+    source_column: str | None = None
+    records: str | None = None
+
+    @property
+    def receivers(self) -> int:
+        return len(set(self.spans)) if self.spans is not None else self.partitions
+
+
+@dataclass(frozen=True)
+class SenderFiles:
+    """The senders' own shuffle files, read directly by every receiver."""
+
+    folder: str
+    names: tuple[str, ...]
+    partitions: int
+    source_column: str | None = None
+
+    def read(self, p: int, schema: pa.Schema | None = None, **kwargs: Any) -> pa.Table | None:
+        """`read_shuffle` of partition p (or p to `through` - 1) of every sender's file."""
+        return read_shuffle(shuffle_files(self.folder, self.names), p, self.partitions, schema,
+                            source_column=self.source_column, **kwargs)
+
+
+@dataclass(frozen=True)
+class Combined:
+    """Where the receivers of a combined exchange read: the senders, `per_file` to a group, merged into one file per
+    group and partition range. A range is a run of adjacent partitions (`starts[r]` up to the next start); with one
+    range a file holds every partition. A receiver of partition p reads the files of p's range, one per group."""
+
+    folder: str
+    partitions: int
+    senders: int
+    per_file: int
+    starts: tuple[int, ...] = (0,)
+
+    @property
+    def groups(self) -> int:
+        return -(-self.senders // self.per_file)
+
+    def range_of(self, p: int) -> int:
+        return bisect.bisect_right(self.starts, p) - 1
+
+    def bounds(self, r: int) -> tuple[int, int]:
+        return self.starts[r], self.starts[r + 1] if r + 1 < len(self.starts) else self.partitions
+
+    def name(self, r: int, k: int) -> str:
+        return f"combined-{k:05d}" if len(self.starts) == 1 else f"combined-r{r:03d}-{k:05d}"
+
+    def files(self, r: int) -> list[Location]:
+        """The files of range r, one per group."""
+        return shuffle_files(self.folder, [self.name(r, k) for k in range(self.groups)])
+
+    def read(self, p: int, schema: pa.Schema | None = None, *, through: int | None = None, **kwargs: Any) -> pa.Table | None:
+        """`read_shuffle` of partition p (or p to `through` - 1) from the files holding it: one range of each file of
+        its range, file by file (a span over several ranges: range by range; an exchange's `spans` avoid that)."""
+        end = p + 1 if through is None else through
+        tables = []
+        for r in range(self.range_of(p), self.range_of(end - 1) + 1):
+            lo, hi = self.bounds(r)
+            tables.append(read_shuffle(self.files(r), max(p, lo), self.partitions, schema, through=min(end, hi), **kwargs))
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default")
+
+
+Received = Combined | SenderFiles  # where an exchange's receivers read: both `.read(p, schema, through=...)`
+
+
+def combine_layout(folder: str | Location, senders: int, partitions: int, largest_bytes: int,
+                   spans: Sequence[int] | None = None) -> Combined:
+    """How `senders` files of at most `largest_bytes` each are merged. As many senders to a group as fit one combine
+    task's COMBINE_BYTES whole (three times over: the ranges read, the merged table, its bytes), but never fewer
+    than make RECEIVER_FILES groups; where a group's files do not fit whole, its combine is cut into partition
+    ranges, one task each, so a task holds COMBINE_BYTES at most (the partitions are hashes: a range holds its
+    share of the bytes). `spans`: the partitions a receiver's span may start at (default: any), which the
+    ranges' starts are taken from, so a receiver's span lies in one range."""
+    largest = max(int(largest_bytes), 1)
+    fit = COMBINE_BYTES // (3 * largest)
+    per_file = max(-(-senders // RECEIVER_FILES), min(max(senders, 1), COMBINE_SENDERS, max(1, fit)))
+    cuts = sorted(set(spans)) if spans is not None else list(range(partitions))
+    ranges = max(1, min(len(cuts), -(-3 * per_file * largest // COMBINE_BYTES)))
+    starts = tuple(cuts[i * len(cuts) // ranges] for i in range(ranges)) if ranges > 1 else (0,)
+    return Combined(str(folder), partitions, senders, per_file, starts)
+
+
+def layout(exchange: Exchange) -> Received:
+    """Where `exchange`'s receivers will read (`route` decides by this, the cost model counts by it): the senders'
+    own files where a receiver reads few of them and the requests stay within 4 x (senders + receivers), or where
+    no two senders' files fit one combine task; else the combined files."""
+    m, r = len(exchange.senders), exchange.receivers
+    combined = combine_layout(exchange.folder, m, exchange.partitions, exchange.largest_bytes, exchange.spans)
+    if (m <= RECEIVER_FILES and 2 * m * r <= 4 * (m + r)) or combined.per_file < 2:
+        return SenderFiles(exchange.folder, exchange.senders, exchange.partitions, exchange.source_column)
+    return combined
+
+
+def route(run_tasks: Callable[..., list], exchange: Exchange) -> Received:
+    """Where `exchange`'s receivers read (`layout`), once the combine tasks it needs have run (one per group of
+    senders and partition range, each recorded) and the senders' files they merged are deleted."""
+    received = layout(exchange)
+    if isinstance(received, SenderFiles):
+        return received
+    groups = [list(exchange.senders[i : i + received.per_file]) for i in range(0, len(exchange.senders), received.per_file)]
+    records = location(exchange.records) if exchange.records is not None else location(exchange.folder).parent / "records"
+    items = [(r, k, g) for r in range(len(received.starts)) for k, g in enumerate(groups)]
+    run_tasks(combine_task, (received, exchange.source_column, str(records)), items, f"{exchange.desc} combine",
+              record=combine_record)
+    # every combine task has left its record: the senders' files are read by no one now (a resume skips the combines)
+    remove_files([spread(p) for p in shuffle_files(exchange.folder, exchange.senders)])
+    return received
+
+
+def largest_sent(results: Sequence[dict[str, Any]], key: str = "bytes") -> int:
+    """The largest sender file among the senders' results (each names its file's size under `key`)."""
+    return max((int(r[key]) for r in results if key in r), default=0)
+
+
+def average_sender_bytes(documents: int, senders: int, bytes_per_document: int) -> int:
+    """The average sender's bytes: `documents` over `senders`, `bytes_per_document` each (an exchange's estimate
+    where its senders do not report their files' bytes)."""
+    return max(1, documents // max(senders, 1)) * bytes_per_document
+
+
+def combine_task(shared: tuple[Combined, str | None, str], r: int, k: int, names: list[str]) -> dict[str, int]:
+    """Merge range r of the shuffle files `folder/<name>.shuffle` (group k's senders) into one file with the same
+    partitions (those outside the range empty): each sender's range is read whole (one range after its header),
+    and within a partition the rows keep the senders' order, so a receiver of one partition reads exactly the rows
+    it read from the senders. With `source_column`, an int32 column of that name holds each row's sender: its
+    index among all senders."""
+    layout_, source_column, _ = shared
+    lo, hi = layout_.bounds(r)
+    table = read_shuffle(shuffle_files(layout_.folder, names), lo, layout_.partitions, through=hi,
+                         partition_column="partition", source_column=source_column)
+    if source_column is not None:
+        first = pa.scalar(k * layout_.per_file, pa.int32())
+        at = table.schema.get_field_index(source_column)
+        table = table.set_column(at, source_column, pc.add(table.column(source_column), first))
+    part = table.column("partition").to_numpy().astype(np.int64)
+    write_shuffle(location(layout_.folder) / f"{layout_.name(r, k)}{SUFFIX}", table.drop(["partition"]), part,
+                  layout_.partitions)
+    return {"rows": table.num_rows}
+
+
+def combine_record(shared: tuple[Combined, str | None, str], r: int, k: int, *_: object) -> Location:
+    """In the records folder of the exchange (not in the combined folder: a phase may delete a consumed folder
+    whole, and its combine stays done)."""
+    combined = shared[0]
+    return location(shared[2]) / f"combine-{location(combined.folder).name}-{combined.name(r, k).removeprefix('combined-')}.json"
