@@ -75,7 +75,7 @@ class ExactDedupStage(GlobalStage):
         names = tuple(s.rsplit("/", 1)[-1] for s in senders)
         keys = route(run_tasks, Exchange(self.name, str(folder / "keys"), names, self.config.partitions,
                                          average_sender_bytes(documents, len(senders), KEY_BYTES)))
-        done = run_tasks(partition_task, (str(folder), keys), items, f"{self.name} resolve",
+        done = run_tasks(partition_task, PartitionTask(str(folder), keys), items, f"{self.name} resolve",
                          record=partition_record)
         return {"removed": sum(r["losers"] for r in done)}
 
@@ -104,16 +104,23 @@ class ExactDedupStage(GlobalStage):
         )
 
 
-def partition_record(shared: tuple[str, Received], partition: int) -> Location:
+@dataclass(frozen=True)
+class PartitionTask:
+    """What the resolve's partition tasks share: the stage's work folder and where its keys were routed."""
+
+    folder: str
+    keys: Received
+
+
+def partition_record(task: PartitionTask, partition: int) -> Location:
     """Where a partition task's record goes (the run loop checks it): `folder/losers-tNNN.json`."""
-    return location(shared[0]) / f"losers-t{partition:03d}.json"
+    return location(task.folder) / f"losers-t{partition:03d}.json"
 
 
-def partition_task(shared: tuple[str, Received], partition: int) -> dict[str, int]:
+def partition_task(task: PartitionTask, partition: int) -> dict[str, int]:
     """The losers of one partition (its rows of every key file, as routed), written to `folder/losers-tNNN.arrow`
     (t = the partition); their count."""
-    folder, received = shared
-    keys = received.read(partition)
+    folder, keys = task.folder, task.keys.read(partition)
     losers = ExactDedupStage.partition_losers(keys) if keys is not None else LOSER_SCHEMA.empty_table()
     write_work_table(location(folder) / f"losers-t{partition:03d}.arrow", losers)
     return {"losers": losers.num_rows}

@@ -151,7 +151,7 @@ def route(run_tasks: Callable[..., list], exchange: Exchange) -> Received:
     groups = [list(exchange.senders[i : i + received.per_file]) for i in range(0, len(exchange.senders), received.per_file)]
     records = location(exchange.records) if exchange.records is not None else location(exchange.folder).parent / "records"
     items = [(r, k, g) for r in range(len(received.starts)) for k, g in enumerate(groups)]
-    run_tasks(combine_task, (received, exchange.source_column, str(records)), items, f"{exchange.desc} combine",
+    run_tasks(combine_task, CombineTask(received, exchange.source_column, str(records)), items, f"{exchange.desc} combine",
               record=combine_record)
     # every combine task has left its record: the senders' files are read by no one now (a resume skips the combines)
     remove_files([spread(p) for p in shuffle_files(exchange.folder, exchange.senders)])
@@ -169,13 +169,23 @@ def average_sender_bytes(documents: int, senders: int, bytes_per_document: int) 
     return max(1, documents // max(senders, 1)) * bytes_per_document
 
 
-def combine_task(shared: tuple[Combined, str | None, str], r: int, k: int, names: list[str]) -> dict[str, int]:
+@dataclass(frozen=True)
+class CombineTask:
+    """What an exchange's combine tasks share: the layout they write, the column naming each row's sender (or
+    None), and the folder of their records."""
+
+    layout: Combined
+    source_column: str | None
+    records: str
+
+
+def combine_task(task: CombineTask, r: int, k: int, names: list[str]) -> dict[str, int]:
     """Merge range r of the shuffle files `folder/<name>.shuffle` (group k's senders) into one file with the same
     partitions (those outside the range empty): each sender's range is read whole (one range after its header),
     and within a partition the rows keep the senders' order, so a receiver of one partition reads exactly the rows
     it read from the senders. With `source_column`, an int32 column of that name holds each row's sender: its
     index among all senders."""
-    layout_, source_column, _ = shared
+    layout_, source_column = task.layout, task.source_column
     lo, hi = layout_.bounds(r)
     table = read_shuffle(shuffle_files(layout_.folder, names), lo, layout_.partitions, through=hi,
                          partition_column="partition", source_column=source_column)
@@ -189,8 +199,8 @@ def combine_task(shared: tuple[Combined, str | None, str], r: int, k: int, names
     return {"rows": table.num_rows}
 
 
-def combine_record(shared: tuple[Combined, str | None, str], r: int, k: int, *_: object) -> Location:
+def combine_record(task: CombineTask, r: int, k: int, *_: object) -> Location:
     """In the records folder of the exchange (not in the combined folder: a phase may delete a consumed folder
     whole, and its combine stays done)."""
-    combined = shared[0]
-    return location(shared[2]) / f"combine-{location(combined.folder).name}-{combined.name(r, k).removeprefix('combined-')}.json"
+    combined = task.layout
+    return location(task.records) / f"combine-{location(combined.folder).name}-{combined.name(r, k).removeprefix('combined-')}.json"

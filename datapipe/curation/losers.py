@@ -12,6 +12,7 @@ losers files + groups + blocks, not losers files x groups or x blocks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -36,25 +37,34 @@ def route_losers(run_tasks: Callable[..., list], folder: Location, tasks: int, u
     The split files reach the groups through the exchange (`exchange.route`), so that a group reads a few files,
     not one per resolve task."""
     files = [f"losers-t{t:03d}" for t in range(tasks)]  # one per resolve task, always
-    split = run_tasks(split_losers_task, (str(folder), units), [(f,) for f in files], f"{stage} losers by unit",
+    split = run_tasks(split_losers_task, LosersTask(str(folder), units), [(f,) for f in files], f"{stage} losers by unit",
                       record=_split_record)
     groups = -(-units // _unit_group(units))
     # a group's span starts at its first unit: it reads one range of each file
     split_files = route(run_tasks, Exchange(f"{stage} losers", str(folder / LOSERS_BY_UNIT), tuple(files), units,
                                             largest_sent(split), spans=tuple(_unit_range(g, units)[0] for g in range(groups))))
-    run_tasks(gather_losers_task, (str(folder), split_files, units), [(g,) for g in range(groups)],
+    run_tasks(gather_losers_task, LosersTask(str(folder), units, split_files), [(g,) for g in range(groups)],
               f"{stage} losers by unit group", record=_gather_record)
 
 
-def _split_record(shared: tuple[str, int], stem: str) -> Location:
-    return location(shared[0]) / LOSERS_BY_UNIT / f"{stem}.json"
+@dataclass(frozen=True)
+class LosersTask:
+    """What the routing's tasks share: the global stage's work folder, the input units, and (for the gather) where
+    the split files were routed."""
+
+    folder: str
+    units: int
+    split: Received | None = None
 
 
-def split_losers_task(shared: tuple[str, int], stem: str) -> dict[str, int]:
+def _split_record(task: LosersTask, stem: str) -> Location:
+    return location(task.folder) / LOSERS_BY_UNIT / f"{stem}.json"
+
+
+def split_losers_task(task: LosersTask, stem: str) -> dict[str, int]:
     """Cut one losers file of a global stage (`folder/<stem>.arrow`) by input unit: one shuffle file
     `folder/losers-by-unit/<stem>.shuffle` whose partition u holds unit u's losers."""
-    folder, units = shared
-    root = location(folder)
+    root, units = location(task.folder), task.units
     losers = read_work_table(root / f"{stem}.arrow").sort_by([("order", "ascending")])
     unit = (losers.column("order").to_numpy() >> ROW_BITS).astype(np.int64)
     size = write_shuffle(root / LOSERS_BY_UNIT / f"{stem}{SHUFFLE_SUFFIX}", losers, unit, units)
@@ -72,16 +82,16 @@ def _unit_range(group: int, units: int) -> tuple[int, int]:
     return group * size, min(units, (group + 1) * size)
 
 
-def _gather_record(shared: tuple[str, Received, int], group: int) -> Location:
-    return location(shared[0]) / LOSERS_BY_UNIT / f"g{group:05d}.json"
+def _gather_record(task: LosersTask, group: int) -> Location:
+    return location(task.folder) / LOSERS_BY_UNIT / f"g{group:05d}.json"
 
 
-def gather_losers_task(shared: tuple[str, Received, int], group: int) -> dict[str, int]:
+def gather_losers_task(task: LosersTask, group: int) -> dict[str, int]:
     """The losers of one group of input units, from the group's range of every split file as routed (one read each:
     its units are adjacent partitions) into one file `losers-by-unit/gNNNNN.shuffle`, partitioned by the unit
     within the group."""
-    folder, split_files, units = shared
-    root = location(folder) / LOSERS_BY_UNIT
+    split_files, units = task.split, task.units
+    root = location(task.folder) / LOSERS_BY_UNIT
     u0, u1 = _unit_range(group, units)
     losers = split_files.read(u0, LOSER_SCHEMA, through=u1, partition_column="unit").sort_by([("order", "ascending")])
     unit = losers.column("unit").to_numpy().astype(np.int64) - u0

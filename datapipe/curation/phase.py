@@ -42,13 +42,13 @@ def recorded_task(parts: tuple[Callable[..., Any], Callable[..., Location], Any]
 
 
 def record_in(folder: str, step: str = "", *, first_item_only: bool = False) -> Callable[..., Location]:
-    """A `record` for tasks whose shared value is (or starts with) a folder: `<that folder>/<folder>/<step>-<item>.json`
+    """A `record` for tasks whose shared value is a folder or names one (`.folder`): `<that folder>/<folder>/<step>-<item>.json`
     (`<item>.json` without a step; with `first_item_only`, named by the item's first value alone)."""
     return functools.partial(_record_in, folder, step, first_item_only)
 
 
 def _record_in(folder: str, step: str, first_item_only: bool, shared: Any, *item: Any) -> Location:
-    base = location(shared if isinstance(shared, str) else shared[0])
+    base = location(shared if isinstance(shared, str) else shared.folder)
     named = [str(x) for x in (item[:1] if first_item_only else item)]
     return base / folder / ("-".join([step, *named] if step else named) + ".json")
 

@@ -265,7 +265,7 @@ def test_the_split_is_deterministic_and_a_killed_run_resumes_to_the_same_split(t
     inputs, _ = _corpus(tmp_path)
     raw = ARMS["raw (dedup off)"]  # the arm that runs every eval task (its own MinHash buckets too)
     chooses, choose = [], eval_split.choose_task  # the choose step's partition count, per task
-    monkeypatch.setattr(eval_split, "choose_task", lambda shared, p: (chooses.append(shared[1].partitions), choose(shared, p))[1])
+    monkeypatch.setattr(eval_split, "choose_task", lambda task, p: (chooses.append(task.candidates.partitions), choose(task, p))[1])
     ref = tmp_path / "ref"
     _run(ref, inputs, **raw)
     ref_chooses, chooses[:] = list(chooses), []

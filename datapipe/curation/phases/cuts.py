@@ -81,11 +81,22 @@ def rank_bucket(rank: np.ndarray) -> np.ndarray:
     return (rank >> np.uint64(64 - BUCKET_BITS)).astype(np.int64)
 
 
-def hist_task(shared: tuple[str, str, RowCopies | None], block: str) -> dict[str, str]:
+@dataclass(frozen=True)
+class CutTask:
+    """What the tasks of a cut share: the work folder (their records go below it), the step's folder in it
+    (`diversity`, `model_select`) holding each block's assignment, the rows held out, and the boundary buckets."""
+
+    folder: str
+    step: str
+    held_out: RowCopies | None
+    edges: dict[str, np.ndarray] | None = None
+
+
+def hist_task(task: CutTask, block: str) -> dict[str, str]:
     """Documents and tokens of the block's training rows per (domain, cluster, rank bucket) ->
     work/<folder>/hist/<block>.arrow (`key` = cluster * BUCKETS + bucket); its path in work/ (a record names no
     absolute path: a moved output folder resumes from its own files)."""
-    work, folder, held_out = location(shared[0]), shared[1], shared[2]
+    work, folder, held_out = location(task.folder), task.step, task.held_out
     relative = f"{folder}/hist/{block}.arrow"
     out = work / relative
     part = assigned(work, folder, block, held_out)
@@ -126,10 +137,10 @@ class Cut:
         return (bucket < edge) | ((bucket == edge) & self.has_last[cluster] & at_or_before)
 
 
-def boundary_task(shared: tuple[str, str, RowCopies | None, dict[str, np.ndarray]], block: str, index: int) -> dict[str, np.ndarray]:
+def boundary_task(task: CutTask, block: str, index: int) -> dict[str, np.ndarray]:
     """Per group, the block's training rows that fall in their cluster's boundary bucket:
     columns cluster, rank, block (index), row, tokens."""
-    work, folder, held_out, edges = location(shared[0]), shared[1], shared[2], shared[3]
+    work, folder, held_out, edges = location(task.folder), task.step, task.held_out, task.edges
     part = assigned(work, folder, block, held_out)
     domains = np.array(part.column("domain").to_pylist(), dtype=object)
     cluster, rank = part.column("cluster").to_numpy().astype(np.int64), part.column("rank").to_numpy()
@@ -146,8 +157,8 @@ def boundary_task(shared: tuple[str, str, RowCopies | None, dict[str, np.ndarray
 def _histograms(run_tasks: Callable[..., list[Any]], work: Location, folder: str, names: list[str], budgets: dict[str, Budget],
                 held_out: RowCopies | None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Documents and tokens per (cluster * BUCKETS + rank bucket) of each group, summed over every block."""
-    files = [r["path"] for r in run_tasks(hist_task, (str(work), folder, held_out), [(b,) for b in names], f"{folder} histogram",
-                                          record=record_in(f"{folder}/hist", first_item_only=True))]
+    files = [r["path"] for r in run_tasks(hist_task, CutTask(str(work), folder, held_out), [(b,) for b in names],
+                                          f"{folder} histogram", record=record_in(f"{folder}/hist", first_item_only=True))]
     # the blocks' histograms summed by tasks, a group of files each: the driver opens no file
     groups = [(files[i : i + MERGE_GROUP],) for i in range(0, len(files), MERGE_GROUP)]
     merged = run_tasks(hist_merge_task, str(work), groups, f"{folder} histogram merge")
@@ -184,7 +195,7 @@ def cuts(run_tasks: Callable[..., list[Any]], work: Location, folder: str, names
         before = np.where(edge > 0, running[np.arange(k), np.maximum(edge - 1, 0)], 0)
         plans[d] = {"k": k, "n": n, "limit": limit, "edge": edge, "before": before}
     edges = {d: p["edge"] for d, p in plans.items()}
-    found = run_tasks(boundary_task, (str(work), folder, held_out, edges), [(b, i) for i, b in enumerate(names)],
+    found = run_tasks(boundary_task, CutTask(str(work), folder, held_out, edges), [(b, i) for i, b in enumerate(names)],
                       f"{folder} boundary") if edges else []
     result, report, kept_tokens = {}, {}, {}
     for d, p in plans.items():

@@ -77,6 +77,24 @@ HELD = f"{EVAL_DIR}/held.arrow"  # work/eval/held.arrow: the eval documents' ord
 NEAR = f"{EVAL_DIR}/near.arrow"  # work/eval/near.arrow: each near copy's order and the eval document it copies
 
 
+@dataclass(frozen=True)
+class SplitTask:
+    """What the split's tasks share, by name; their records go below `folder`, the run's work folder."""
+
+    folder: str
+    config: EvalSplitConfig | None = None
+    minhash: MinHashConfig | None = None
+    segment: str = ""  # the last segment's folder: the documents' text and order, row for row with the tokens
+    partitions: int = 0  # the choose tasks' domain partitions
+    candidates: Received | None = None  # where the choose tasks read the candidates
+    source: KeySource | None = None  # the MinHash keys the eval documents are matched against
+    edges: Received | None = None  # where the one near task reads the edges
+    tokenizer: str = ""  # the run's tokenizer.json (`eval.source`'s documents are tokenized with it)
+    out_dir: str = ""
+    near_checked: bool = False
+    keep_text: bool = False
+
+
 @dataclass
 class Split:
     """The outcome: per block, in files under `folder` (`work/eval/rows/`), the rows held out for eval
@@ -140,22 +158,22 @@ def hash_task(work: str, block: str) -> dict[str, str]:
     return {"path": f"{EVAL_DIR}/hashes/{block}.arrow"}  # in work/: a record names no absolute path
 
 
-def bucket_task(shared: tuple[str, str, MinHashConfig], block: str) -> dict[str, int]:
+def bucket_task(task: SplitTask, block: str) -> dict[str, int]:
     """Near dedup's map half on a block of the last segment (used when near dedup did not run): its
     keys, laid out as the runner lays out a global stage's, under work/eval/<kind>/<block>.shuffle."""
-    work, segment, config = location(shared[0]), shared[1], shared[2]
+    work, segment, config = location(task.folder), task.segment, task.minhash
     table = block_documents(work, segment, block, locate=True)  # the exact check reads a few texts by range
     write_keys(MinHashStage(config), table, work / EVAL_DIR, block)
     return {"rows": table.num_rows}
 
 
-def match_task(shared: tuple[str, MinHashConfig, KeySource], g: int) -> dict[str, int]:
+def match_task(task: SplitTask, g: int) -> dict[str, int]:
     """The candidate pairs (training document, eval document) of the bucket partitions of group g
     (`source.groups`): every member of a bucket with each of the first `bucket_window` eval documents in
     it (input order), so the work is bounded by members x window however crowded a bucket is. Written (as
     u, v) to work/eval/pairs-u/gNNN.shuffle, partitioned by the training document, for
     `near_dedup.verify_pairs`; without `verify` every candidate is a match, written to work/eval/edges/ directly."""
-    work, config, source = location(shared[0]), shared[1], shared[2]
+    work, config, source = location(task.folder), task.minhash, task.source
     eval_orders = read_work_table(work / HELD).column("order").to_numpy()
     lo, hi = source.groups.range(g)
     rows = source.read("buckets", lo, config.partitions, through=hi)
@@ -184,7 +202,7 @@ def near_copies(run_tasks: Callable[..., list[Any]], work: Location, config: Min
     """The training documents that are near-duplicates of an eval document (work/eval/held.arrow) by near dedup's
     own rule (the signature estimate, then the exact Jaccard near the threshold): `match_task`'s candidates, decided
     by `near_dedup.verify_pairs`, named by `near_task` in work/eval/near.arrow; how many."""
-    found = run_tasks(match_task, (str(work), config, source), source.groups.items(), "eval_split near",
+    found = run_tasks(match_task, SplitTask(str(work), minhash=config, source=source), source.groups.items(), "eval_split near",
                       record=record_in(RECORDS, "match"))
     sizes = found
     if config.verify:  # the candidates exchanged as near dedup's are (combined past a few groups)
@@ -193,14 +211,14 @@ def near_copies(run_tasks: Callable[..., list[Any]], work: Location, config: Min
     # one task reads every group's edges: combined first, so that it reads a few files, not one per group
     edges = near_dedup.exchange_groups(run_tasks, work / EVAL_DIR / "edges", source.groups, sizes, "eval_split near edges",
                                        records=work / RECORDS)
-    return run_tasks(near_task, (str(work), config.partitions, edges.files(work / EVAL_DIR / "edges")), [()],
+    return run_tasks(near_task, SplitTask(str(work), minhash=config, edges=edges.files(work / EVAL_DIR / "edges")), [()],
                      "eval_split near copies", record=record_in(RECORDS, "near"))[0]["copies"]
 
 
-def near_task(shared: tuple[str, int, Received]) -> dict[str, int]:
+def near_task(task: SplitTask) -> dict[str, int]:
     """work/eval/near.arrow: (order, eval_order, eval_id) of each training document near an eval document, from
     the edges, with the first eval document in input order named."""
-    work, partitions, files = location(shared[0]), shared[1], shared[2]
+    work, partitions, files = location(task.folder), task.minhash.partitions, task.edges
     edges = files.read(0, near_dedup.EDGE_SCHEMA, through=partitions)
     held = read_work_table(work / HELD)
     eval_orders = held.column("order").to_numpy()
@@ -248,12 +266,12 @@ def check_source_tokenizer(source: str, manifest: dict[str, Any], sha256: str) -
 SOURCE_BLOCK = "source"  # eval.source's documents: work/eval/source.arrow, their keys work/eval/<kind>/source.shuffle
 
 
-def source_bucket_task(shared: tuple[str, str, str, MinHashConfig], part: int) -> dict[str, int]:
+def source_bucket_task(task: SplitTask, part: int) -> dict[str, int]:
     """The MinHash keys of `eval.source`'s documents (their text decoded from the tokens), laid out like
     bucket_task's, as block `source` of work/eval/, its documents in work/eval/source.arrow."""
     from tokenizers import Tokenizer  # only this task decodes
 
-    work, source, tokenizer_path, config = location(shared[0]), shared[1], shared[2], shared[3]
+    work, source, tokenizer_path, config = location(task.folder), task.config.source, task.tokenizer, task.minhash
     _, docs = read_source(source)
     tokenizer = Tokenizer.from_str(location(tokenizer_path).read_text())  # the output folder may be a URL
     tokens = docs.column("tokens").chunk(0)
@@ -286,11 +304,11 @@ def _domain_partition(domains: pa.Array, partitions: int) -> np.ndarray:
                        dtype=np.int64, count=len(domains))
 
 
-def candidate_task(shared: tuple[str, str, EvalSplitConfig, int], block: str) -> dict[str, Any]:
+def candidate_task(task: SplitTask, block: str) -> dict[str, Any]:
     """The block's candidates for the split (rows whose seeded hash of the id falls below `fraction`), with their
     order, hash rank, id, domain, token count and token hash (`hash_task`), sent by domain to
     work/eval/candidates/<block>.shuffle (so every candidate of a domain meets in one choose task)."""
-    work, segment, config, partitions = location(shared[0]), shared[1], shared[2], shared[3]
+    work, segment, config, partitions = location(task.folder), task.segment, task.config, task.partitions
     meta = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
     rank = eval_rank(meta.column("id").to_pylist(), config.seed)
     rows = pa.array(np.flatnonzero(rank < _rank_below(config)))
@@ -304,10 +322,10 @@ def candidate_task(shared: tuple[str, str, EvalSplitConfig, int], block: str) ->
             "bytes": size}
 
 
-def choose_task(shared: tuple[str, Received, EvalSplitConfig], p: int) -> dict[str, int]:
+def choose_task(task: SplitTask, p: int) -> dict[str, int]:
     """The eval documents of the domains of partition p: their candidates from the candidates files as routed,
     chosen by `chosen_mask`, written to work/eval/chosen/pNNN.arrow (order, id, domain, num_tokens, hash)."""
-    work, candidates, config = location(shared[0]), shared[1], shared[2]
+    work, candidates, config = location(task.folder), task.candidates, task.config
     table = candidates.read(p, CANDIDATE_SCHEMA)
     table = table.sort_by([("order", "ascending")])
     mask = chosen_mask(table.column("rank").to_numpy(), np.array(table.column("domain").to_pylist(), dtype=object),
@@ -317,12 +335,13 @@ def choose_task(shared: tuple[str, Received, EvalSplitConfig], p: int) -> dict[s
     return {"chosen": chosen.num_rows, "domains": _domains(chosen)}
 
 
-def finish_task(shared: tuple[str, str, str, bool, bool, bool], block: str, input_index: int) -> dict[str, Any]:
+def finish_task(task: SplitTask, block: str, input_index: int) -> dict[str, Any]:
     """One block's training copies of eval documents: exact (identical tokens; with another run's split,
     also the same id) and near (`near`: order and eval id of every near copy). Writes the dropped
     documents' records (with their text when `keep_text`: output.keep_dropped_text) and
     work/eval/rows/<block>.arrow; returns the counters' changes and the counts."""
-    work, out_dir, segment, by_id, near_checked, keep_text = location(shared[0]), location(shared[1]), *shared[2:]
+    work, out_dir, segment = location(task.folder), location(task.out_dir), task.segment
+    by_id, near_checked, keep_text = bool(task.config.source), task.near_checked, task.keep_text
     held = read_work_table(work / HELD)  # the eval documents (one read a block: a small file)
     eval_hashes, eval_ids = held.column("hash").combine_chunks(), held.column("id").combine_chunks()
     near = read_work_table(work / NEAR) if near_checked else pa.table({"order": pa.array([], pa.int64()),
@@ -399,10 +418,10 @@ def split(
         source = _near_source(run_tasks, work, names, segment, config, minhash, near_dedup_segment, near_dedup_groups,
                               tokenizer)
         near_copies(run_tasks, work, minhash, source)
-    shared = (str(work), str(out_dir), segment, bool(config.source), near_checked, keep_text)
+    finish = SplitTask(str(work), config, segment=segment, out_dir=str(out_dir), near_checked=near_checked, keep_text=keep_text)
     removed_counts: dict[str, int] = {"eval_duplicate": 0, "eval_near_duplicate": 0}
     by_block = record_in(f"{EVAL_DIR}/{ROWS_DIR}", first_item_only=True)
-    for r in run_tasks(finish_task, shared, list(blocks), "eval_split remove", record=by_block):
+    for r in run_tasks(finish_task, finish, list(blocks), "eval_split remove", record=by_block):
         counters.merge(Counters.from_json(r["counters"]))
         for reason, n in r["removed"].items():
             removed_counts[reason] += n
@@ -417,13 +436,13 @@ def _from_source(run_tasks: Callable[..., list[Any]], work: Location, config: Ev
     """Another run's split: nothing is chosen here; its documents are held out as they are (`source_held_task`).
     Per domain, its documents and tokens."""
     check_source_tokenizer(config.source, shards.read_manifest(config.source), tokenizer[1])
-    return run_tasks(source_held_task, (str(work), config.source), [()], "eval_split source",
+    return run_tasks(source_held_task, SplitTask(str(work), config), [()], "eval_split source",
                      record=record_in(RECORDS, "source"))[0]["domains"]
 
 
-def source_held_task(shared: tuple[str, str]) -> dict[str, Any]:
+def source_held_task(task: SplitTask) -> dict[str, Any]:
     """work/eval/held.arrow from `eval.source`'s documents (orders after every input); per domain, their counts."""
-    work, source = location(shared[0]), shared[1]
+    work, source = location(task.folder), task.config.source
     _, docs = read_source(source)
     tokens = docs.column("tokens").chunk(0)
     values, offsets = tokens.values.to_numpy(), tokens.offsets.to_numpy()
@@ -440,22 +459,22 @@ def _chosen(run_tasks: Callable[..., list[Any]], work: Location, names: list[str
     (`candidate_task`), the blocks' files routed (`exchange.route`), one task per domain partition choosing (`choose_task`), one
     gathering the chosen into work/eval/held.arrow (`held_task`). Per domain, the chosen documents and tokens."""
     partitions = max(1, min(CHOOSE_TASKS, len(names)))
-    found = run_tasks(candidate_task, (str(work), segment, config, partitions), [(b,) for b in names],
+    found = run_tasks(candidate_task, SplitTask(str(work), config, segment=segment, partitions=partitions), [(b,) for b in names],
                       "eval_split candidates", record=record_in(RECORDS, "candidates"))
     candidates = route(run_tasks, Exchange("eval_split candidates", str(work / EVAL_DIR / "candidates"), tuple(names),
                                            partitions, largest_sent(found), records=str(work / RECORDS)))
     largest = int(np.sum([f["by_partition"] for f in found], axis=0).max()) if found else 0  # a domain's share
-    chosen = run_tasks(choose_task, (str(work), candidates, config), [(p,) for p in range(partitions)],
+    chosen = run_tasks(choose_task, SplitTask(str(work), config, candidates=candidates), [(p,) for p in range(partitions)],
                        "eval_split choose", record=record_in(RECORDS, "choose"),
                        memory=CHOOSE_BASE_BYTES + 4 * largest * CANDIDATE_BYTES)
-    run_tasks(held_task, (str(work), partitions), [()], "eval_split held", record=record_in(RECORDS, "held"),
+    run_tasks(held_task, SplitTask(str(work), partitions=partitions), [()], "eval_split held", record=record_in(RECORDS, "held"),
               memory=CHOOSE_BASE_BYTES + 4 * sum(c["chosen"] for c in chosen) * CANDIDATE_BYTES)
     return dict(sorted((d, c) for r in chosen for d, c in r["domains"].items()))
 
 
-def held_task(shared: tuple[str, int]) -> dict[str, int]:
+def held_task(task: SplitTask) -> dict[str, int]:
     """work/eval/held.arrow: every choose task's documents (order, id, hash), in input order."""
-    work, partitions = location(shared[0]), shared[1]
+    work, partitions = location(task.folder), task.partitions
     held = pa.concat_tables([read_work_table(work / EVAL_DIR / "chosen" / f"p{p:03d}.arrow") for p in range(partitions)])
     write_work_table(work / HELD, held.sort_by([("order", "ascending")]).select(["order", "id", "hash"]))
     return {"held": held.num_rows}
@@ -481,10 +500,11 @@ def _near_source(run_tasks: Callable[..., list[Any]], work: Location, names: lis
                                                          tuple(f"{near_dedup_segment}/{b}" for b in names), gathered=True,
                                                          groups=near_dedup.Groups(**near_dedup_groups)))
     source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names))
-    documents = sum(r["rows"] for r in run_tasks(bucket_task, (str(work), segment, minhash), [(b,) for b in names],
-                                                 "eval_split minhash", record=record_in(RECORDS, "buckets")))
+    buckets = run_tasks(bucket_task, SplitTask(str(work), minhash=minhash, segment=segment), [(b,) for b in names],
+                        "eval_split minhash", record=record_in(RECORDS, "buckets"))
+    documents = sum(r["rows"] for r in buckets)
     if config.source:  # its documents' keys next to this run's, under orders after every input
-        documents += run_tasks(source_bucket_task, (str(work), config.source, tokenizer[0], minhash), [(0,)],
+        documents += run_tasks(source_bucket_task, SplitTask(str(work), config, minhash, tokenizer=tokenizer[0]), [(0,)],
                                "eval_split source minhash", record=record_in(RECORDS, "buckets-source"))[0]["rows"]
         source = dataclasses.replace(source, senders=(*source.senders, f"{EVAL_DIR}/{SOURCE_BLOCK}"))
     return dataclasses.replace(source, groups=near_dedup.resolve_groups(minhash.partitions, documents))

@@ -76,10 +76,28 @@ def _documents(work: Location, segment: str, block: str) -> tuple[pa.Table, list
 SAMPLE_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.large_string())])
 
 
-def sample_task(shared: tuple[str, str, RowCopies | None, float, int], block: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class BlockTask:
+    """What selection by a model's block tasks share, by name; their records go below `folder`, the work folder."""
+
+    folder: str
+    segment: str = ""  # the segment whose blocks hold the documents' text
+    held_out: RowCopies | None = None  # rows that are not training data: never sampled, scored or kept
+    rate: float = 1.0  # the sample's share of the training documents
+    seed: int = 0  # the sample's
+    per_domain: bool = False  # a cut per domain, else one over all
+    sha256: str = ""  # the fitted model's (a worker never scores with another)
+    out_dir: str = ""
+    method: str = ""
+    group_cuts: dict[str, Cut] | None = None
+    threshold: float | None = None
+    edges: tuple[float, ...] = ()  # the score histograms' bins
+
+
+def sample_task(task: BlockTask, block: str) -> dict[str, Any]:
     """The block's part of the corpus sample: its training rows whose seeded rank falls below `rate` (id, text), sent
     to work/model_select/sample/<block>.shuffle (one partition: the fit reads them all, in block order)."""
-    work, segment, held_out, rate, seed = location(shared[0]), *shared[1:]
+    work, segment, held_out, rate, seed = location(task.folder), task.segment, task.held_out, task.rate, task.seed
     started = time.process_time()
     tokens, texts = _documents(work, segment, block)
     ids = tokens.column("id").to_pylist()
@@ -238,7 +256,7 @@ def fit_model(run_tasks: RunTasks, work: Location, out_dir: Location, names: lis
     sample, cpu, text_bytes = None, 0.0, 0
     if cfg.model is None or cfg.method == "fasttext":
         rate = cfg.sample_docs / max(training_docs, 1)
-        parts = run_tasks(sample_task, (str(work), segment, held_out, rate, cfg.seed), [(b,) for b in names],
+        parts = run_tasks(sample_task, BlockTask(str(work), segment, held_out, rate, cfg.seed), [(b,) for b in names],
                           "selection sample", record=record_in(f"{FOLDER}/records", "sample"))
         sample = route(run_tasks, Exchange("selection sample", str(work / FOLDER / "sample"), tuple(names), 1,
                                            largest_sent(parts), records=str(work / FOLDER / "records")))
@@ -261,9 +279,9 @@ def _model(path: str, sha256: str) -> SelectionModel:
     return SelectionModel.from_bytes(read_work_bytes(path).to_pybytes())
 
 
-def score_task(shared: tuple[str, str, RowCopies | None, bool, str], block: str) -> dict[str, str]:
+def score_task(task: BlockTask, block: str) -> dict[str, str]:
     """Score the block's training rows -> work/model_select/<block>.arrow (the cut's assignments, plus `score`)."""
-    work, segment, held_out, per_domain, sha256 = location(shared[0]), *shared[1:]
+    work, segment, held_out, per_domain, sha256 = location(task.folder), task.segment, task.held_out, task.per_domain, task.sha256
     started = time.process_time()
     model = _model(str(work / FOLDER / "model.npz"), sha256)
     tokens, texts = _documents(work, segment, block)
@@ -283,11 +301,11 @@ def _histogram(scores: np.ndarray, edges: np.ndarray) -> list[int]:
     return np.bincount(np.clip(np.searchsorted(edges, scores, side="right") - 1, 0, len(edges) - 2), minlength=len(edges) - 1).tolist()
 
 
-def apply_task(shared: tuple[str, str, RowCopies | None, str, dict[str, Cut] | None, float | None, list[float]],
-               block: str, index: int, input_index: int) -> dict[str, Any]:
+def apply_task(task: BlockTask, block: str, index: int, input_index: int) -> dict[str, Any]:
     """One block's decision: the excluded-rows file, the dropped documents' records, the scores, the counters'
     changes and the score histograms per domain (all, kept)."""
-    work, out_dir, held_out, method, group_cuts, threshold, edges = location(shared[0]), location(shared[1]), *shared[2:]
+    work, out_dir, held_out, method = location(task.folder), location(task.out_dir), task.held_out, task.method
+    group_cuts, threshold, edges = task.group_cuts, task.threshold, task.edges
     tokens = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
     part = read_work_table(work / FOLDER / f"{block}.arrow")
     row, score = part.column("row").to_numpy(), part.column("score").to_numpy()
@@ -333,7 +351,8 @@ def select_by_model(run_tasks: RunTasks, work: Location, out_dir: Location, bloc
     names = [b for b, _ in blocks]
     fitted = fit_model(run_tasks, work, out_dir, names, segment, cfg, sum(n for n, _ in totals.values()), held_out, cwd,
                        task_bytes)
-    scored = run_tasks(score_task, (str(work), segment, held_out, cfg.per_domain, fitted["sha256"]), [(b,) for b in names],
+    scored = run_tasks(score_task, BlockTask(str(work), segment, held_out, per_domain=cfg.per_domain, sha256=fitted["sha256"]),
+                       [(b,) for b in names],
                        "selection score", record=record_in(FOLDER, "score", first_item_only=True),
                        memory=task_bytes + fasttext_bytes(cfg))
     group_cuts, report = None, {}
@@ -348,8 +367,9 @@ def select_by_model(run_tasks: RunTasks, work: Location, out_dir: Location, bloc
     edges = np.array(fitted["edges"], np.float64)
     edges[0], edges[-1] = -np.inf, np.inf  # the outer bins take the tails
     items = [(b, i, input_index) for i, (b, input_index) in enumerate(blocks)]
-    results = run_tasks(apply_task, (str(work), str(out_dir), held_out, cfg.method, group_cuts, cfg.threshold, edges.tolist()),
-                        items, "selection apply", record=record_in(FOLDER, "apply", first_item_only=True))
+    apply = BlockTask(str(work), held_out=held_out, out_dir=str(out_dir), method=cfg.method, group_cuts=group_cuts,
+                      threshold=cfg.threshold, edges=tuple(edges.tolist()))
+    results = run_tasks(apply_task, apply, items, "selection apply", record=record_in(FOLDER, "apply", first_item_only=True))
     histograms: dict[str, list[np.ndarray]] = {}
     for r in results:
         counters.merge(Counters.from_json(r["counters"]))

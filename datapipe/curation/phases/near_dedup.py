@@ -187,7 +187,8 @@ def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, resul
                     desc: str, partitions: int | None = None, *, records: Location | None = None) -> Groups:
     """The exchange (`exchange.route`) after a step whose G tasks each wrote one shuffle file in `folder` (their
     results' `bytes`): the groups the next step's readers then use. `partitions`: the files' own, where not the
-    groups' (the clusters' order ranges, read one at a time); `records`: the combine tasks' (`cc/rNNN/`'s go to the resolve's: `cc/` is deleted whole after the members)."""
+    groups' (the clusters' order ranges, read one at a time); `records`: the combine tasks' (`cc/rNNN/`'s go to
+    the resolve's: `cc/` is deleted whole after the members)."""
     spans = None if partitions else groups.starts()  # a group reads its partitions as one range
     files = route(run_tasks, Exchange(desc, str(folder), tuple(groups.names()), partitions or groups.partitions,
                                       largest_sent(results), spans=None if spans is None else tuple(spans),
@@ -238,10 +239,41 @@ def resolve_groups(partitions: int, documents: int) -> Groups:
 GATHERED = "nodes-by-group"  # keys/nodes-by-group/gNNN.arrow: every sender's nodes of group g
 
 
-def gather_nodes_task(shared: tuple[str, KeySource], g: int) -> dict[str, int]:
+@dataclass(frozen=True)
+class Step:
+    """What the tasks of a resolve step share, by name; their records go to `folder/records/`."""
+
+    folder: str  # the stage's work folder: records/, cc/, members/, clusters/ and the losers files
+    config: MinHashConfig
+    source: KeySource  # the keys, the documents' text and the grouping (`groups`) the step's readers use
+    pairs_folder: str = ""  # pairs-u/, pairs-v/, decided/, wanted/ and frames/ (the eval split's: its own)
+    edges_folder: str = ""  # where the checked edges go (the components' input)
+    out_dir: str = ""  # the run's output folder: near_duplicates/clusters.parquet
+    wanted: Received | None = None  # where the fetch tasks read the wanted documents
+    fetches: "Fetches | None" = None
+    frames: Received | None = None  # where the check tasks read their frames (None: no group wants any)
+    ranges: "OrderRanges | None" = None  # the clusters' order ranges
+
+    @property
+    def groups(self) -> Groups:
+        return self.source.groups
+
+    def with_groups(self, groups: Groups) -> "Step":
+        return dataclasses.replace(self, source=dataclasses.replace(self.source, groups=groups))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A choice a resolve's first run makes and its record keeps (`first_run_choice_task`)."""
+
+    folder: str
+    proposed: dict[str, Any]
+
+
+def gather_nodes_task(step: Step, g: int) -> dict[str, int]:
     """Group g's nodes of every sender, read once (one range of each of M files) into one file, so that
     the three steps that look nodes up (attach, verify, members) read one file each instead of M ranges each."""
-    folder, source = shared
+    source = step.source
     nodes = source.nodes(g)
     write_work_table(location(source.keys) / GATHERED / f"g{g:03d}.arrow", nodes)
     orders = nodes.column("order").to_numpy()
@@ -289,11 +321,11 @@ def _locators(table: pa.Table, suffix: str = "") -> tuple[np.ndarray, np.ndarray
     return tuple(pc.fill_null(table.column(n), -1).to_numpy().astype(np.int64) for n in names)
 
 
-def pairs_task(shared: tuple[str, KeySource, MinHashConfig], g: int) -> dict[str, Any]:
+def pairs_task(step: Step, g: int) -> dict[str, Any]:
     """Candidate pairs of the bucket partitions of group g -> `pairs-u/gNNN` by their first document (or,
     without `verify`, star edges -> `cc/r000/gNNN`)."""
-    folder, source, config = shared
-    root, groups = location(folder), source.groups
+    source, config = step.source, step.config
+    root, groups = location(step.folder), source.groups
     lo, hi = groups.range(g)
     buckets = source.read("buckets", lo, config.partitions, through=hi)
     if buckets is None:
@@ -308,11 +340,11 @@ def pairs_task(shared: tuple[str, KeySource, MinHashConfig], g: int) -> dict[str
     return {"edges": 0, "candidates": int(len(u)), "bytes": size}
 
 
-def attach_task(shared: tuple[str, str, KeySource, MinHashConfig, str], g: int) -> dict[str, Any]:
+def attach_task(step: Step, g: int) -> dict[str, Any]:
     """The pairs of `pairs_folder/pairs-u/` whose first document is in group g, joined with that
     document's signature and sender -> `pairs-v/gNNN` by their second document."""
-    _, pairs_folder, source, config, _ = shared
-    pairs_root, groups = location(pairs_folder), source.groups
+    source, config = step.source, step.config
+    pairs_root, groups = location(step.pairs_folder), source.groups
     pairs = groups.read(pairs_root / "pairs-u", g, PAIR_SCHEMA)
     # a pair that shares buckets of several partitions, once
     u, v = unique_pairs(pairs.column("u").to_numpy(), pairs.column("v").to_numpy())
@@ -359,12 +391,12 @@ FRAME_SCHEMA = pa.schema([("order", pa.int64()), ("sender", pa.int32()), ("frame
 DECIDED, WANTED, FRAMES = "decided", "wanted", "frames"  # the exact check's folders, beside pairs-v/
 
 
-def decide_task(shared: tuple[str, str, KeySource, MinHashConfig], g: int) -> dict[str, Any]:
+def decide_task(step: Step, g: int) -> dict[str, Any]:
     """The pairs whose second document is in group g, decided by the signatures: the sure edges and the pairs too
     near the threshold to tell (less those the sure edges already connect) -> `decided/gNNN.arrow`; the documents of
     those pairs -> `wanted/gNNN.shuffle`, partitioned by the block that holds their text (its sender index)."""
-    _, pairs_folder, source, config = shared
-    pairs_root, groups = location(pairs_folder), source.groups
+    source, config = step.source, step.config
+    pairs_root, groups = location(step.pairs_folder), source.groups
     decided, wanted, checked, connected = DECIDED_SCHEMA.empty_table(), WANTED_SCHEMA.empty_table(), 0, 0
     pairs = groups.read(pairs_root / "pairs-v", g)
     if pairs is not None and pairs.num_rows:
@@ -428,11 +460,12 @@ EXACT_READ_BYTES = 64 << 20  # ranges one batched read holds at most: the frames
 # bounded, while a batch still has far more ranges than the connection pool when many are wanted
 
 
-def fetch_frames(run_tasks: RunTasks, folder: Location, pairs_root: Location, source: KeySource,
-                 decided: Sequence[dict[str, Any]], desc: str) -> tuple[Received | None, list[dict[str, Any]]]:
+def fetch_frames(run_tasks: RunTasks, step: Step, decided: Sequence[dict[str, Any]],
+                 desc: str) -> tuple[Received | None, list[dict[str, Any]]]:
     """The wanted documents (`decide_task`) exchanged to fetch tasks by block, each block's frames read once in a few
     ranges (`fetch_task`), and sent on to the groups that want them: where the groups read their frames (None when
     no group wants any) and the fetch tasks' results (their reads)."""
+    pairs_root, source = location(step.pairs_folder), step.source
     wanted_bytes = sum(x.get("wanted_bytes", 0) for x in decided)
     if not any(x.get("wanted", 0) for x in decided):
         remove_tree(pairs_root / WANTED)
@@ -441,19 +474,19 @@ def fetch_frames(run_tasks: RunTasks, folder: Location, pairs_root: Location, so
     fetches = Fetches(blocks, max(1, min(blocks, -(-wanted_bytes // FETCH_BYTES))))
     wanted = route(run_tasks, Exchange(f"{desc} wanted", str(pairs_root / WANTED), tuple(source.groups.names()), blocks,
                                        largest_sent(decided), spans=tuple(fetches.starts())))
-    fetched = run_tasks(fetch_task, (str(folder), str(pairs_root), source, wanted, fetches), [(f,) for f in range(fetches.count)],
-                        f"{desc} fetch", record=record_in("records", "fetch"))
+    fetched = run_tasks(fetch_task, dataclasses.replace(step, wanted=wanted, fetches=fetches),
+                        [(f,) for f in range(fetches.count)], f"{desc} fetch", record=record_in("records", "fetch"))
     remove_tree(pairs_root / WANTED)  # consumed: every fetch task's record is written
     frames = route(run_tasks, Exchange(f"{desc} frames", str(pairs_root / FRAMES), tuple(fetches.names()),
                                        source.groups.count, largest_sent(fetched)))
     return frames, fetched
 
 
-def fetch_task(shared: tuple[str, str, KeySource, Received, Fetches], f: int) -> dict[str, Any]:
+def fetch_task(step: Step, f: int) -> dict[str, Any]:
     """The frames wanted from fetch f's blocks, each distinct document's read once (`read_frames`) -> one row per
     group that wants it in `frames/fNNNNN.shuffle`, partitioned by group. Its record holds its wall and its reads'."""
     started = time.perf_counter()
-    _, pairs_folder, source, wanted_files, fetches = shared
+    pairs_folder, source, wanted_files, fetches = step.pairs_folder, step.source, step.wanted, step.fetches
     lo, hi = fetches.range(f)
     wanted = wanted_files.read(lo, WANTED_SCHEMA, through=hi)
     orders = wanted.column("order").to_numpy()
@@ -535,12 +568,12 @@ def _block_name(source: KeySource, s: int) -> str:
     return source.senders[s].rsplit("/", 1)[1]
 
 
-def check_task(shared: tuple[str, str, KeySource, MinHashConfig, str, Received | None], g: int) -> dict[str, Any]:
+def check_task(step: Step, g: int) -> dict[str, Any]:
     """Group g's decided pairs (`decide_task`): the sure edges, and the near pairs whose exact Jaccard of shingle
     sets, recomputed from the frames the fetch tasks sent (`frames/`), reaches the threshold. Edges ->
     `edges_folder/gNNN`."""
-    _, pairs_folder, source, config, edges_folder, frames = shared
-    decided = read_work_table(location(pairs_folder) / DECIDED / f"g{g:03d}.arrow")
+    source, config, frames = step.source, step.config, step.frames
+    decided = read_work_table(location(step.pairs_folder) / DECIDED / f"g{g:03d}.arrow")
     u, v = decided.column("u").to_numpy(), decided.column("v").to_numpy()
     near = decided.column("near").to_numpy(zero_copy_only=False)
     near_u, near_v = u[near], v[near]
@@ -548,7 +581,7 @@ def check_task(shared: tuple[str, str, KeySource, MinHashConfig, str, Received |
         sets = _shingle_sets(source, frames.read(g, FRAME_SCHEMA), config)
         near_u, near_v = exact_edges(near_u, near_v, lambda wanted: {o: sets[o] for o in wanted.tolist()}, config.threshold)
     a, b = np.r_[u[~near], near_u], np.r_[v[~near], near_v]
-    size = send_edges(location(edges_folder), a, b, config.partitions, f"g{g:03d}")
+    size = send_edges(location(step.edges_folder), a, b, config.partitions, f"g{g:03d}")
     return {"edges": int(len(a)), "near": int(len(near_u)), "bytes": size}
 
 
@@ -568,18 +601,17 @@ def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, 
     (their records in `folder/records/`); the edges end in `edges_folder` (one shuffle file per group, partitioned
     by source). Returns the counts and `largest_bytes`, the largest edges file."""
     pairs_root = location(pairs_folder)
+    step = Step(str(folder), config, source, pairs_folder=str(pairs_folder), edges_folder=str(edges_folder))
     groups = exchange_groups(run_tasks, pairs_root / "pairs-u", source.groups, sent, f"{desc} pairs")
-    shared = (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config, str(edges_folder))
     parts = source.groups.items()
-    attached = run_tasks(attach_task, shared, parts, f"{desc} attach", record=record_in("records", "attach"))
+    attached = run_tasks(attach_task, step.with_groups(groups), parts, f"{desc} attach", record=record_in("records", "attach"))
     remove_tree(pairs_root / "pairs-u")  # consumed: every attach task's record is written
     groups = exchange_groups(run_tasks, pairs_root / "pairs-v", groups, attached, f"{desc} attach")
-    decided = run_tasks(decide_task, (str(folder), str(pairs_folder), dataclasses.replace(source, groups=groups), config),
-                        parts, f"{desc} decide", record=record_in("records", "decide"))
+    decided = run_tasks(decide_task, step.with_groups(groups), parts, f"{desc} decide", record=record_in("records", "decide"))
     remove_tree(pairs_root / "pairs-v")  # consumed (its signatures are the resolve's largest files)
-    frames, fetched = fetch_frames(run_tasks, folder, pairs_root, source, decided, desc)
-    checked = run_tasks(check_task, (str(folder), str(pairs_folder), source, config, str(edges_folder), frames), parts,
-                        f"{desc} check", record=record_in("records", "check"))
+    frames, fetched = fetch_frames(run_tasks, step, decided, desc)
+    checked = run_tasks(check_task, dataclasses.replace(step, frames=frames), parts, f"{desc} check",
+                        record=record_in("records", "check"))
     remove_tree(pairs_root / DECIDED)  # consumed, as the frames are
     remove_tree(pairs_root / FRAMES)
     return _edges_summary(checked, decided, fetched)
@@ -597,10 +629,9 @@ def _edges_summary(results: Sequence[dict[str, Any]], decided: Sequence[dict[str
             "largest_bytes": max((x.get("bytes", 0) for x in results), default=0)}
 
 
-def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
+def components_task(step: Step) -> dict[str, Any]:
     """All edges in one task: components in memory, written as the converged rounds would be."""
-    folder, config, groups = shared
-    root = location(folder)
+    config, groups, root = step.config, step.groups, location(step.folder)
     table = groups.files(root / "cc" / "r000", config.partitions).read(0, EDGE_SCHEMA, through=config.partitions)
     src, dst = table.column("src").to_numpy(), table.column("dst").to_numpy()
     keep = src < dst  # each undirected edge once
@@ -612,9 +643,8 @@ def components_task(shared: tuple[str, Any, Groups]) -> dict[str, Any]:
     return {"rounds": rounds, "bytes": size}
 
 
-def round_task(shared: tuple[str, Any, Groups], r: int, g: int) -> dict[str, Any]:
-    folder, config, groups = shared
-    root = location(folder)
+def round_task(step: Step, r: int, g: int) -> dict[str, Any]:
+    config, groups, root = step.config, step.groups, location(step.folder)
     src, dst = _directed(root / "cc" / f"r{r:03d}", groups, g)
     step = large_star if r % 2 == 0 else small_star
     a, b = step(src, dst)  # a node's edges live in its partition: the group's partitions at once, as one by one
@@ -625,10 +655,9 @@ def round_task(shared: tuple[str, Any, Groups], r: int, g: int) -> dict[str, Any
 MEMBER_SCHEMA = pa.schema([("order", pa.int64()), ("label", pa.int64()), ("id", pa.string()), ("length", pa.int64())])
 
 
-def members_task(shared: tuple[str, Any, KeySource], converged: str, g: int) -> dict[str, Any]:
+def members_task(step: Step, converged: str, g: int) -> dict[str, Any]:
     """Labels from the converged edges in `cc/<converged>/`, joined with the nodes' ids and lengths."""
-    folder, config, source = shared
-    root = location(folder)
+    config, source, root = step.config, step.source, location(step.folder)
     node, label = labels(*_directed(root / "cc" / converged, source.groups, g))
     members = MEMBER_SCHEMA.empty_table()
     if len(node):
@@ -657,9 +686,8 @@ class OrderRanges:
 MERGE_RANGES = 256  # order ranges of the clusters merge, at most (one per input unit below that)
 
 
-def winners_task(shared: tuple[str, Any, Groups, OrderRanges], g: int) -> dict[str, Any]:
-    folder, config, groups, ranges = shared
-    root = location(folder)
+def winners_task(step: Step, g: int) -> dict[str, Any]:
+    config, groups, ranges, root = step.config, step.groups, step.ranges, location(step.folder)
     members = groups.read(root / "members", g, MEMBER_SCHEMA)
     if members.num_rows == 0:
         losers, clusters = LOSER_SCHEMA.empty_table(), CLUSTER_SCHEMA.empty_table()
@@ -675,11 +703,11 @@ def winners_task(shared: tuple[str, Any, Groups, OrderRanges], g: int) -> dict[s
     return {"losers": losers.num_rows, "clusters": n_clusters, "bytes": size}
 
 
-def clusters_task(shared: tuple[str, str, Groups, OrderRanges], _: int = 0) -> dict[str, Any]:
+def clusters_task(step: Step, _: int = 0) -> dict[str, Any]:
     """`out_dir/near_duplicates/clusters.parquet`: every group's clusters merged by order, one order range at a
     time (a row group each): a step holds one range of every group's file (`OrderRanges`), so memory is the
     clusters' bytes over the ranges, not the corpus's."""
-    folder, out_dir, groups, ranges = location(shared[0]), location(shared[1]), shared[2], shared[3]
+    folder, out_dir, groups, ranges = location(step.folder), location(step.out_dir), step.groups, step.ranges
     clusters = groups.files(folder / "clusters", ranges.count)
     schema = CLUSTER_SCHEMA.remove(CLUSTER_SCHEMA.get_field_index("order"))
     rows = 0
@@ -708,10 +736,10 @@ class NearDedupStage(MinHashStage, GlobalStage):
         return resolve(run_tasks, folder, self, out_dir, senders, documents)
 
 
-def first_run_choice_task(shared: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+def first_run_choice_task(choice: Choice) -> dict[str, Any]:
     """A choice as this run proposes it (the grouping; one task or rounds for the components); its record keeps
     the first run's for every resume, whose files follow that choice."""
-    return shared[1]
+    return choice.proposed
 
 
 def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location, senders: Sequence[str],
@@ -725,49 +753,47 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     proposed = dataclasses.replace(resolve_groups(config.partitions, documents),
                                    key_bytes=key_bytes(config, documents, len(senders)))
     # fixed by the first run (the task's record, `records/groups.json`): a resume keeps its grouping
-    first = run_tasks(first_run_choice_task, (str(folder), proposed.record()), [()], f"{stage.name} groups",
+    first = run_tasks(first_run_choice_task, Choice(str(folder), proposed.record()), [()], f"{stage.name} groups",
                       record=record_in("records", "groups"))[0]
     groups = Groups(**first)
     parts = groups.items()
     source = route_keys(run_tasks, KeySource(str(folder), str(folder.parent), tuple(senders), groups=groups), stage.name)
-    found = run_tasks(pairs_task, (str(folder), source, config), parts, f"{stage.name} pairs",
-                      record=record_in("records", "pairs"))
+    step = Step(str(folder), config, source, out_dir=str(out_dir))
+    found = run_tasks(pairs_task, step, parts, f"{stage.name} pairs", record=record_in("records", "pairs"))
     # the nodes, read by three later steps, are gathered once by group; the senders' files then go
-    gathered = run_tasks(gather_nodes_task, (str(folder), source), parts, f"{stage.name} gather",
-                         record=record_in("records", "gather"))
+    gathered = run_tasks(gather_nodes_task, step, parts, f"{stage.name} gather", record=record_in("records", "gather"))
     units = max((x.get("units", 0) for x in gathered), default=0)
-    ranges = OrderRanges(units, max(1, min(MERGE_RANGES, units)))
     remove_tree(folder / "nodes")
     source = dataclasses.replace(source, gathered=True)
+    step = dataclasses.replace(step, source=source, ranges=OrderRanges(units, max(1, min(MERGE_RANGES, units))))
     # the verified edges are the components' input, as the pairs step's star edges are without verification
     verified = (verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name, found)
                 if config.verify else _edges_summary(found))
     edges = verified["edges"]
     # fixed by the first run (the task's record): a resume with another `one_task_edges` keeps the branch whose
     # files it has; every step below is recorded, so a resume after `cc/` is deleted runs none of them again
-    branch = run_tasks(first_run_choice_task, (str(folder), {"one_task": edges <= config.one_task_edges}), [()],
+    branch = run_tasks(first_run_choice_task, Choice(str(folder), {"one_task": edges <= config.one_task_edges}), [()],
                        f"{stage.name} components branch", record=record_in("records", "components-branch"))[0]
     groups = exchange_groups(run_tasks, folder / "cc" / "r000", groups, [{"bytes": verified["largest_bytes"]}],
                              f"{stage.name} edges", records=folder / "records")
-    shared = (str(folder), config, groups)
     if branch["one_task"]:
-        one = run_tasks(components_task, shared, [()], f"{stage.name} components", record=record_in("records", "components"))
+        one = run_tasks(components_task, step.with_groups(groups), [()], f"{stage.name} components",
+                        record=record_in("records", "components"))
         rounds, converged = one[0]["rounds"], "one-task"
         groups = exchange_groups(run_tasks, folder / "cc" / converged, groups, one, f"{stage.name} components",
                                  records=folder / "records")
     else:
-        rounds, groups = _component_rounds(run_tasks, shared, config)
+        rounds, groups = _component_rounds(run_tasks, step.with_groups(groups))
         converged = f"r{rounds - 1:03d}"  # the input of the last round
-    member_rows = run_tasks(members_task, (str(folder), config, dataclasses.replace(source, groups=groups)),
-                            [(converged, g) for (g,) in parts], f"{stage.name} members", record=record_in("records", "members"))
+    member_rows = run_tasks(members_task, step.with_groups(groups), [(converged, g) for (g,) in parts],
+                            f"{stage.name} members", record=record_in("records", "members"))
     remove_tree(folder / "cc")  # consumed: the members carry the labels on
     largest = [{"bytes": max((x.get("bytes", 0) for x in member_rows), default=0)}]
     groups = exchange_groups(run_tasks, folder / "members", groups, largest, f"{stage.name} members")
-    kept = run_tasks(winners_task, (str(folder), config, groups, ranges), parts, f"{stage.name} keep",
-                     record=record_in("records", "winners"))
+    kept = run_tasks(winners_task, step.with_groups(groups), parts, f"{stage.name} keep", record=record_in("records", "winners"))
     remove_tree(folder / "members")  # consumed
-    groups = exchange_groups(run_tasks, folder / "clusters", groups, kept, f"{stage.name} keep", ranges.count)
-    run_tasks(clusters_task, (str(folder), str(out_dir), groups, ranges), [(0,)], f"{stage.name} clusters",
+    groups = exchange_groups(run_tasks, folder / "clusters", groups, kept, f"{stage.name} keep", step.ranges.count)
+    run_tasks(clusters_task, step.with_groups(groups), [(0,)], f"{stage.name} clusters",
               record=record_in("records", "clusters"))
     losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)
     return {
@@ -786,26 +812,26 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     }
 
 
-def _component_rounds(run_tasks: RunTasks, shared: tuple[str, Any, Groups], config: Any) -> tuple[int, Groups]:
+def _component_rounds(run_tasks: RunTasks, step: Step) -> tuple[int, Groups]:
     """Distributed large-star / small-star rounds until convergence; the number of rounds run (the
     last one's input, `cc/r<rounds-1>/`, is the converged edge set) and the groups that read it."""
     checksums: list[tuple[int, int]] = []
-    r = 0
+    cc, r = location(step.folder) / "cc", 0
     while True:
-        results = run_tasks(round_task, shared, [(r, g) for (g,) in shared[2].items()], f"minhash components round {r}",
+        results = run_tasks(round_task, step, [(r, g) for (g,) in step.groups.items()], f"minhash components round {r}",
                             record=record_in("records", "round"))
         checksums.append((sum(x["input_edges"] for x in results), sum(x["checksum"] for x in results) % 2**64))
         # A large-star round whose input equals the previous large-star round's input: converged.
         if r % 2 == 0 and r >= 2 and checksums[r] == checksums[r - 2]:
-            return r + 1, shared[2]
-        groups = exchange_groups(run_tasks, location(shared[0]) / "cc" / f"r{r + 1:03d}", shared[2], results,
-                                 f"minhash components round {r + 1}", records=location(shared[0]) / "records")
-        shared = (shared[0], shared[1], groups)
+            return r + 1, step.groups
+        step = step.with_groups(exchange_groups(run_tasks, cc / f"r{r + 1:03d}", step.groups, results,
+                                                f"minhash components round {r + 1}",
+                                                records=location(step.folder) / "records"))
         if r >= 2:  # the input of the round before (not r000): no later round reads it, and this one was not the last
-            remove_tree(location(shared[0]) / "cc" / f"r{r - 1:03d}")
+            remove_tree(cc / f"r{r - 1:03d}")
         r += 1
-        if r >= config.max_rounds:
+        if r >= step.config.max_rounds:
             raise RuntimeError(
-                f"near-dedup connected components did not converge in {config.max_rounds} rounds "
+                f"near-dedup connected components did not converge in {step.config.max_rounds} rounds "
                 "(dedup.minhash.max_rounds)"
             )

@@ -30,6 +30,8 @@ copies, and neither step sees them.
 from __future__ import annotations
 
 import os
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -54,10 +56,26 @@ def _token_file(work: Location, block: str) -> Location:
     return work / "tokens" / f"{block}.arrow"
 
 
-def count_task(shared: tuple[str, RowCopies | None], block: str) -> dict[str, list[int]]:
+@dataclass(frozen=True)
+class SelectTask:
+    """What selection's tasks share, by name; their records go below `folder`, the run's work folder."""
+
+    folder: str
+    held_out: RowCopies | None = None  # rows that are not training data (0 copies, never sampled nor counted)
+    config: diversity.DiversityConfig | None = None
+    doc_counts: dict[str, int] | None = None  # training documents per domain (what sizes diversity's clusters)
+    sample: Received | None = None  # where the fit tasks read diversity's sample
+    centroids: dict[str, np.ndarray] | None = None
+    out_dir: str = ""
+    cuts: dict[str, Cut] | None = None  # diversity's cut per domain
+    mix_plan: dict[str, dict[str, Any]] | None = None  # the mixture's rate per domain
+    seed: int = 0  # the mixture's
+
+
+def count_task(task: SelectTask, block: str) -> dict[str, list[int]]:
     """Per domain of the block's rows (in order of first appearance, held-out rows included): training
     [documents, tokens]."""
-    work, held_out = location(shared[0]), shared[1]
+    work, held_out = location(task.folder), task.held_out
     table = read_work_table(_token_file(work, block)).select(["domain", "num_tokens"])
     domains = np.array(table.column("domain").to_pylist(), dtype=object)
     tokens = table.column("num_tokens").to_numpy()
@@ -73,11 +91,11 @@ def count_task(shared: tuple[str, RowCopies | None], block: str) -> dict[str, li
 SAMPLE_SCHEMA = pa.schema([("tokens", pa.large_list(pa.uint32()))])
 
 
-def sample_task(shared: tuple[str, diversity.DiversityConfig, dict[str, int], RowCopies | None], block: str) -> dict[str, int]:
+def sample_task(task: SelectTask, block: str) -> dict[str, int]:
     """The block's part of the seeded sample that fits the centroids: per sampled domain, the tokens of its training
     rows whose seeded rank falls below `fit_docs` / the domain's documents, sent by domain (its index among the
     sampled domains) to work/diversity/sample/<block>.shuffle."""
-    work, config, doc_counts, held_out = location(shared[0]), shared[1], shared[2], shared[3]
+    work, config, doc_counts, held_out = location(task.folder), task.config, task.doc_counts, task.held_out
     table = read_work_table(_token_file(work, block)).select(["id", "domain", "tokens"])
     domains = table.column("domain").to_pylist()
     rank = diversity.seeded_rank(table.column("id").to_pylist(), config.seed)
@@ -96,10 +114,10 @@ def sample_task(shared: tuple[str, diversity.DiversityConfig, dict[str, int], Ro
     return {"documents": len(rows), "bytes": size}
 
 
-def fit_task(shared: tuple[str, Received, diversity.DiversityConfig, dict[str, int]], index: int) -> dict[str, Any]:
+def fit_task(task: SelectTask, index: int) -> dict[str, Any]:
     """One sampled domain's k-means centroids, fit on its sample (every block's, in block order), as lists (a
     record is JSON: float32 values come back exactly); none without a sample."""
-    sample_files, config, doc_counts = shared[1:]
+    sample_files, config, doc_counts = task.sample, task.config, task.doc_counts
     d = list(config.domains)[index]
     sample = sample_files.read(index, SAMPLE_SCHEMA)
     column = sample.column("tokens").combine_chunks()
@@ -115,20 +133,21 @@ def fit_task(shared: tuple[str, Received, diversity.DiversityConfig, dict[str, i
 def fit_centroids(run_tasks: Callable[..., list[Any]], work: Location, blocks: list[str], config: diversity.DiversityConfig,
                   doc_counts: dict[str, int], held_out: RowCopies | None = None) -> dict[str, np.ndarray]:
     """Per sampled domain: k-means centroids fit on at most `fit_docs` documents (seeded choice, taken by one task per
-    block, `sample_task`), never on `held_out` rows; the blocks' sample files routed (`exchange.route`), one task per domain fits
-    (`fit_task`)."""
-    parts = run_tasks(sample_task, (str(work), config, doc_counts, held_out), [(b,) for b in blocks], "diversity sample",
+    block, `sample_task`), never on `held_out` rows; the blocks' sample files routed (`exchange.route`), one task per
+    domain fits (`fit_task`)."""
+    task = SelectTask(str(work), held_out, config, doc_counts)
+    parts = run_tasks(sample_task, task, [(b,) for b in blocks], "diversity sample",
                       record=record_in("diversity/records", "sample"))
-    sample_files = route(run_tasks, Exchange("diversity sample", str(work / "diversity" / "sample"), tuple(blocks),
-                                             len(config.domains), largest_sent(parts), records=str(work / "diversity" / "records")))
-    fits = run_tasks(fit_task, (str(work), sample_files, config, doc_counts), [(i,) for i in range(len(config.domains))],
+    sample = route(run_tasks, Exchange("diversity sample", str(work / "diversity" / "sample"), tuple(blocks),
+                                       len(config.domains), largest_sent(parts), records=str(work / "diversity" / "records")))
+    fits = run_tasks(fit_task, dataclasses.replace(task, sample=sample), [(i,) for i in range(len(config.domains))],
                      "diversity fit", record=record_in("diversity/records", "fit"))
     return {f["domain"]: np.asarray(f["centroids"], dtype=np.float32) for f in fits if f["centroids"] is not None}
 
 
-def assign_task(shared: tuple[str, diversity.DiversityConfig, dict[str, np.ndarray]], block: str) -> dict[str, str]:
+def assign_task(task: SelectTask, block: str) -> dict[str, str]:
     """Cluster of every row of a sampled domain in one block -> work/diversity/<block>.arrow."""
-    work, config, centroids = location(shared[0]), shared[1], shared[2]
+    work, config, centroids = location(task.folder), task.config, task.centroids
     out = work / "diversity" / f"{block}.arrow"
     table = read_work_table(_token_file(work, block)).select(["id", "domain", "tokens", "num_tokens"])
     domains = np.array(table.column("domain").to_pylist(), dtype=object)
@@ -163,12 +182,12 @@ def _diversity_cuts(run_tasks: Callable[..., list[Any]], work: Location, names: 
     return domain_cuts, report, kept_tokens
 
 
-def select_task(shared: tuple[str, str, RowCopies | None, dict[str, Cut], dict[str, dict[str, Any]] | None, int],
-                block: str, index: int, input_index: int) -> dict[str, Any]:
+def select_task(task: SelectTask, block: str, index: int, input_index: int) -> dict[str, Any]:
     """One block's selection: diversity's cut, then the mixture's copies; writes the copies file and the
     dropped documents' records; returns the counters' changes, the tokens written per domain and the
     block's largest copy count."""
-    work, out_dir, held_out, cuts, mix_plan, seed = location(shared[0]), location(shared[1]), *shared[2:]
+    work, out_dir, held_out, cuts, mix_plan, seed = (location(task.folder), location(task.out_dir), task.held_out, task.cuts,
+                                                     task.mix_plan, task.seed)
     t = read_work_table(_token_file(work, block)).select(["id", "domain", "num_tokens"])
     copies = np.ones(t.num_rows, dtype=np.int64)
     copies[held_rows(held_out, block, t.num_rows)] = 0
@@ -212,7 +231,7 @@ def select_task(shared: tuple[str, str, RowCopies | None, dict[str, Cut], dict[s
 def _totals(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], held_out: RowCopies | None) -> dict[str, list[int]]:
     """Domain -> training [documents, tokens], in order of first appearance."""
     totals: dict[str, list[int]] = {}
-    for part in run_tasks(count_task, (str(work), held_out), [(b,) for b in names], "select count"):
+    for part in run_tasks(count_task, SelectTask(str(work), held_out), [(b,) for b in names], "select count"):
         for d, (n, k) in part.items():
             entry = totals.setdefault(d, [0, 0])
             entry[0] += n
@@ -255,13 +274,14 @@ def select(
     if div_config.enabled and div_config.domains:
         doc_counts = {d: n for d, (n, _) in totals.items() if n}
         centroids = fit_centroids(run_tasks, work, names, div_config, doc_counts, held_out)
-        run_tasks(assign_task, (str(work), div_config, centroids), [(b,) for b in names], "diversity",
+        run_tasks(assign_task, SelectTask(str(work), config=div_config, centroids=centroids), [(b,) for b in names], "diversity",
                   record=record_in("diversity", first_item_only=True))
         cuts, report["diversity"], kept_tokens = _diversity_cuts(run_tasks, work, names, div_config, centroids, held_out)
         natural.update(kept_tokens)
     mix_plan = mixture.plan(natural, mix_config) if mix_config.enabled else None
     items = [(b, i, input_index) for i, (b, input_index) in enumerate(blocks)]
-    results = run_tasks(select_task, (str(work), str(out_dir), held_out, cuts, mix_plan, mix_config.seed), items, "select",
+    results = run_tasks(select_task, SelectTask(str(work), held_out, out_dir=str(out_dir), cuts=cuts, mix_plan=mix_plan,
+                                                seed=mix_config.seed), items, "select",
                         record=record_in(COPIES_DIR, first_item_only=True))
     written: dict[str, int] = {}
     for r in results:

@@ -47,16 +47,26 @@ def _pass_bytes(plan: Plan, name: str, itemsize: int, copies: RowCopies | None) 
     return [sizes[count > k] for k in range(copies.passes)]
 
 
-def block_bytes_task(shared: tuple[Plan, int, RowCopies | None], names: list[str]) -> list[list[int]]:
+@dataclasses.dataclass(frozen=True)
+class ShardsPlan:
+    """What the shards plan's tasks share: the run's plan, a token's bytes, the copies per row and the shard size."""
+
+    plan: Plan
+    itemsize: int
+    copies: RowCopies | None
+    target: int = 0  # token bytes a shard holds (the cut tasks')
+
+
+def block_bytes_task(task: ShardsPlan, names: list[str]) -> list[list[int]]:
     """Per block of `names`: the token bytes of each pass (a summary; the rows stay in the task)."""
-    plan, itemsize, copies = shared
+    plan, itemsize, copies = task.plan, task.itemsize, task.copies
     return [[int(x.sum()) for x in _pass_bytes(plan, name, itemsize, copies)] for name in names]
 
 
-def cut_task(shared: tuple[Plan, int, RowCopies | None, int], pieces: list[tuple[str, int, int]]) -> list[tuple[int, Piece]]:
+def cut_task(task: ShardsPlan, pieces: list[tuple[str, int, int]]) -> list[tuple[int, Piece]]:
     """For each (block, pass, byte offset of its first row in the whole output): the block's rows cut by
     shard, a row going to shard `offset of its first byte // target`. Returns (shard, piece) pairs."""
-    plan, itemsize, copies, target = shared
+    plan, itemsize, copies, target = task.plan, task.itemsize, task.copies, task.target
     out: list[tuple[int, Piece]] = []
     for name, k, offset in pieces:
         sizes = _pass_bytes(plan, name, itemsize, copies)[k]
@@ -83,8 +93,8 @@ def plan_shards(plan: Plan, blocks: list[tuple[int, int]], itemsize: int, copies
     run_tasks = run_tasks or (lambda fn, shared, items, desc: [fn(shared, *item) for item in items])
     names = [block_name(u, b) for u, b in blocks]
     groups = [names[i : i + PLAN_GROUP] for i in range(0, len(names), PLAN_GROUP)]
-    per_block = [x for part in run_tasks(block_bytes_task, (plan, itemsize, copies), [(g,) for g in groups], "shards plan")
-                 for x in part]
+    task = ShardsPlan(plan, itemsize, copies)
+    per_block = [x for part in run_tasks(block_bytes_task, task, [(g,) for g in groups], "shards plan") for x in part]
     passes = 1 if copies is None else copies.passes
     totals = np.array(per_block, dtype=np.int64).reshape(len(names), passes) if names else np.zeros((0, passes), np.int64)
     target = plan.cfg.output.shard_bytes
@@ -93,7 +103,7 @@ def plan_shards(plan: Plan, blocks: list[tuple[int, int]], itemsize: int, copies
     order = totals.T.reshape(-1)  # pass 0's blocks in input order, then pass 1's, ...
     offsets = np.cumsum(order) - order
     items = [(names[i % len(names)], i // len(names), int(offsets[i])) for i in range(len(order)) if order[i] > 0]
-    cut = run_tasks(cut_task, (plan, itemsize, copies, max(int(target), 1)),
+    cut = run_tasks(cut_task, dataclasses.replace(task, target=max(int(target), 1)),
                     [(items[i : i + PLAN_GROUP],) for i in range(0, len(items), PLAN_GROUP)], "shards cut")
     shards: dict[int, list[Piece]] = {}
     for part in cut:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -55,18 +56,25 @@ def _sample_record(plan: Plan, unit: int, block: int, rate: float) -> Location:
     return plan.work / SAMPLE_DIR / "records" / f"sample-{block_name(unit, block)}.json"
 
 
-def train_task(shared: tuple[Plan, Received]) -> dict[str, str]:
+@dataclass(frozen=True)
+class TrainTask:
+    """What the training task reads: the run's plan and where the blocks' sample files were routed."""
+
+    plan: Plan
+    sample: Received
+
+
+def train_task(task: TrainTask) -> dict[str, str]:
     """The tokenizer trained on the sample files (as routed), in block order, written atomically to OUT/tokenizer.json;
     its sha256 recorded, so that a resume can tell the file is still what the tokens were made with."""
-    plan, sample_files = shared
-    sample = sample_files.read(0, SAMPLE_SCHEMA)
+    plan, sample = task.plan, task.sample.read(0, SAMPLE_SCHEMA)
     text = train_tokenizer(iter(sample.column("text").to_pylist()), plan.cfg.tokenizer).to_str().encode()
     atomic_write_bytes(plan.out / "tokenizer.json", text, durable=True)
     return {"path": "tokenizer.json", "sha256": hashlib.sha256(text).hexdigest()}
 
 
-def _train_record(shared: tuple[Plan, Received]) -> Location:
-    return shared[0].work / SAMPLE_DIR / "records" / "train.json"
+def _train_record(task: TrainTask) -> Location:
+    return task.plan.work / SAMPLE_DIR / "records" / "train.json"
 
 
 def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int, run_tasks: Callable[..., list[Any]]) -> tuple[str, str]:
@@ -86,11 +94,12 @@ def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int
                                              largest_sent(parts), records=str(records)))
     sample_bytes = sum(p["text_bytes"] for p in parts)  # (the texts, not their compressed files)
     memory = task_memory(plan, "segment") + TRAIN_BYTES_PER_SAMPLE_BYTE * sample_bytes
-    (trained,) = run_tasks(train_task, (plan, sample_files), [()], "tokenizer train", record=_train_record, memory=memory)
+    train = TrainTask(plan, sample_files)
+    (trained,) = run_tasks(train_task, train, [()], "tokenizer train", record=_train_record, memory=memory)
     saved = plan.out / "tokenizer.json"
     if _sha256(saved) != trained["sha256"]:  # cut, changed or deleted since: trained again from the sample in work/
-        _train_record((plan, sample_files)).unlink()
-        (again,) = run_tasks(train_task, (plan, sample_files), [()], "tokenizer train", record=_train_record, memory=memory)
+        _train_record(train).unlink()
+        (again,) = run_tasks(train_task, train, [()], "tokenizer train", record=_train_record, memory=memory)
         if again["sha256"] != trained["sha256"]:  # never expected: training is deterministic
             raise DamagedWorkFile(saved, "it is not the tokenizer the work was tokenized with, and training again "
                                          "did not give that one back")
@@ -124,8 +133,15 @@ def _tokenize_stage(tokenizer_text: str, cfg: TokenizerConfig, tokenizer_path: s
     return _STAGE[key]
 
 
-# (plan, the tokenizer's path, its text, `try_compile`'s answer for that text or None under encoder: tokenizers)
-TokenizeShared = tuple[Plan, str, str, "tuple[CompiledBPE | None, str] | None"]
+@dataclass(frozen=True)
+class TokenizeTask:
+    """What the tokenize tasks share: the run's plan, the tokenizer (its path and text) and `try_compile`'s answer
+    for that text (None under `encoder: tokenizers`)."""
+
+    plan: Plan
+    tokenizer_path: str
+    tokenizer_text: str
+    compiled: "tuple[CompiledBPE | None, str] | None"
 
 
 def tokenize_phase(plan: Plan, blocks: list[tuple[int, int]], tokenizer_path: str) -> Phase:
@@ -133,19 +149,19 @@ def tokenize_phase(plan: Plan, blocks: list[tuple[int, int]], tokenizer_path: st
     # and so does the fast encoder's proof, a function of that text alone: made once here, not in every worker
     text = location(tokenizer_path).read_text()
     compiled = try_compile(text) if plan.cfg.tokenizer.encoder != "tokenizers" else None
-    shared: TokenizeShared = (plan, tokenizer_path, text, compiled)
-    return Phase("tokenize", "tokenize", tokenize_task, shared, blocks, tokenize_record_at, task_memory(plan, "tokenize"))
+    task = TokenizeTask(plan, tokenizer_path, text, compiled)
+    return Phase("tokenize", "tokenize", tokenize_task, task, blocks, tokenize_record_at, task_memory(plan, "tokenize"))
 
 
-def tokenize_record_at(shared: TokenizeShared, unit_index: int, block: int) -> Location:
-    return shared[0].work / "tokens" / f"{block_name(unit_index, block)}.json"
+def tokenize_record_at(task: TokenizeTask, unit_index: int, block: int) -> Location:
+    return task.plan.work / "tokens" / f"{block_name(unit_index, block)}.json"
 
 
-def tokenize_task(shared: TokenizeShared, unit_index: int, block: int) -> dict[str, Any]:
+def tokenize_task(task: TokenizeTask, unit_index: int, block: int) -> dict[str, Any]:
     """Encode one block's kept documents into its token file (and its lengths file, for shard planning)."""
-    plan, tokenizer_path, tokenizer_text, compiled = shared
+    plan = task.plan
     name = block_name(unit_index, block)
-    stage = _tokenize_stage(tokenizer_text, plan.cfg.tokenizer, tokenizer_path, compiled)
+    stage = _tokenize_stage(task.tokenizer_text, plan.cfg.tokenizer, task.tokenizer_path, task.compiled)
     table = block_documents(plan.work, plan.segments[-1].name, name)
     batches = [
         stage(b).append_column("lang", b.column("lang"))

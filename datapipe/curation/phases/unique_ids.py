@@ -24,6 +24,7 @@ wrote (`RENAME_FILES`, from their records), and a file on that list that is gone
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -61,12 +62,19 @@ def write_keys(work: Location, block: str, table: pa.Table, partitions: int) -> 
     write_shuffle(work / FOLDER / "keys" / f"{block}{SUFFIX}", keys, (hashes % np.uint64(partitions)).astype(np.int64), partitions)
 
 
-def resolve(shared: tuple[Location, Received], partition: int, partitions: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ResolveTask:
+    """What the id partitions' tasks share: the run's work folder and where the blocks' keys were routed."""
+
+    work: Location
+    keys: Received
+
+
+def resolve(task: ResolveTask, partition: int, partitions: int) -> dict[str, Any]:
     """Name the renames of one hash partition of the ids (its rows of every block's key file, as the exchange
-    routed them: `shared` is the work folder and where they are): write them per input unit and return
+    routed them): write them per input unit and return
     {"renamed": n, "examples": [[id, new_id, order], ...] (the first few by order), "units": [the units renamed in]}."""
-    work, received = shared
-    keys = received.read(partition, KEY_SCHEMA)
+    work, keys = task.work, task.keys.read(partition, KEY_SCHEMA)
     renames = _renames(keys)
     units = pc.shift_right(renames.column("order"), ROW_BITS) if renames.num_rows else pa.array([], pa.int64())
     renamed_units = sorted(pc.unique(units).to_pylist())
@@ -90,7 +98,7 @@ def resolve_ids(run_tasks: Callable[..., list[Any]], work: Location, blocks: lis
     partitions, not blocks x partitions), then one task per hash partition of the ids names its renames (applied as segment 0 reads)."""
     keys = route(run_tasks, Exchange("unique_ids", str(work / FOLDER / "keys"), tuple(blocks), partitions,
                                      average_sender_bytes(documents, len(blocks), KEY_BYTES)))
-    results = run_tasks(resolve, (work, keys), [(p, partitions) for p in range(partitions)], "unique_ids",
+    results = run_tasks(resolve, ResolveTask(work, keys), [(p, partitions) for p in range(partitions)], "unique_ids",
                         record=resolved_record_at)
     # Written on every run from the records (a resumed run's too): a lost or damaged list is made again.
     files = sorted((u, _renames_file(p, partitions)) for p, r in enumerate(results) for u in r["units"])
@@ -99,8 +107,8 @@ def resolve_ids(run_tasks: Callable[..., list[Any]], work: Location, blocks: lis
     return results
 
 
-def resolved_record_at(shared: tuple[Location, Received], partition: int, partitions: int) -> Location:
-    return shared[0] / FOLDER / f"resolved-p{partition:03d}-of-{partitions:03d}.json"
+def resolved_record_at(task: ResolveTask, partition: int, partitions: int) -> Location:
+    return task.work / FOLDER / f"resolved-p{partition:03d}-of-{partitions:03d}.json"
 
 
 def _renames(keys: pa.Table) -> pa.Table:
