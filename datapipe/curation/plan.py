@@ -94,6 +94,16 @@ def resolve_block_bytes(cfg: CurateConfig, units: list[InputUnit]) -> CurateConf
     return dataclasses.replace(cfg, dedup=dedup)
 
 
+def token_file(work: str | Location, block: str) -> Location:
+    """A block's token file: the tokenize task writes it; selection, the eval split and the shards read it."""
+    return location(work) / "tokens" / f"{block}.arrow"
+
+
+def lengths_file(work: str | Location, block: str) -> Location:
+    """A block's row lengths (8 bytes a row): the tokenize task writes them, the shards' plan reads them."""
+    return location(work) / "lengths" / f"{block}.arrow"
+
+
 def block_name(unit: int, block: int) -> str:
     return f"u{unit:06d}-b{block:05d}"
 

@@ -59,6 +59,7 @@ from datapipe.core.shuffle import write_shuffle
 from datapipe.curation.phases import near_dedup
 from datapipe.curation.blocks import block_documents
 from datapipe.curation.phase import record_in
+from datapipe.curation.plan import token_file
 from datapipe.curation.phases.near_dedup import KeySource
 from datapipe.curation.phases.cuts import RowCopies
 from datapipe.core.storage import Location, location
@@ -151,7 +152,7 @@ def chosen_mask(rank: np.ndarray, domain: np.ndarray, tokens: np.ndarray, positi
 def hash_task(work: str, block: str) -> dict[str, str]:
     """xxh3-128 of each row's token bytes -> work/eval/hashes/<block>.arrow (one column `hash`)."""
     out = location(work) / EVAL_DIR / "hashes" / f"{block}.arrow"
-    tokens = read_work_table(location(work) / "tokens" / f"{block}.arrow").column("tokens").combine_chunks()
+    tokens = read_work_table(token_file(work, block)).column("tokens").combine_chunks()
     values, offsets = tokens.values.to_numpy(), tokens.offsets.to_numpy()
     digests = [xxhash.xxh3_128_digest(values[offsets[i] : offsets[i + 1]].tobytes()) for i in range(len(tokens))]
     write_work_table(out, pa.table({"hash": pa.array(digests, pa.binary(16))}))
@@ -309,7 +310,7 @@ def candidate_task(task: SplitTask, block: str) -> dict[str, Any]:
     order, hash rank, id, domain, token count and token hash (`hash_task`), sent by domain to
     work/eval/candidates/<block>.shuffle (so every candidate of a domain meets in one choose task)."""
     work, segment, config, partitions = location(task.folder), task.segment, task.config, task.partitions
-    meta = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
+    meta = read_work_table(token_file(work, block)).select(["id", "domain", "num_tokens"])
     rank = eval_rank(meta.column("id").to_pylist(), config.seed)
     rows = pa.array(np.flatnonzero(rank < _rank_below(config)))
     orders = block_documents(work, segment, block, ["order"]).column("order").take(rows)
@@ -346,7 +347,7 @@ def finish_task(task: SplitTask, block: str, input_index: int) -> dict[str, Any]
     eval_hashes, eval_ids = held.column("hash").combine_chunks(), held.column("id").combine_chunks()
     near = read_work_table(work / NEAR) if near_checked else pa.table({"order": pa.array([], pa.int64()),
                                                                          "eval_id": pa.array([], pa.string())})
-    meta = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
+    meta = read_work_table(token_file(work, block)).select(["id", "domain", "num_tokens"])
     # the text only when it is kept with the dropped records (a view's rows are joined to the read block's text)
     documents = block_documents(work, segment, block, None if keep_text else ["order"])
     orders = documents.column("order").to_numpy()

@@ -52,6 +52,7 @@ from datapipe.curation.blocks import block_documents
 from datapipe.curation.config import ReadConfig, SelectionConfig
 from datapipe.curation.counters import Counters
 from datapipe.curation.phase import RunTasks, record_in
+from datapipe.curation.plan import token_file
 from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, cuts, held_rows
 from datapipe.curation.phases.read import working_dir
 from datapipe.curation.readers import InputUnit, plan_units, read_unit
@@ -66,7 +67,7 @@ FIT_BYTES_PER_TEXT_BYTE = 8  # the fit task's memory, about, per byte of its tex
 
 def _documents(work: Location, segment: str, block: str) -> tuple[pa.Table, list[str]]:
     """The block's tokenized rows (id, domain, num_tokens) and their texts, row for row."""
-    tokens = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
+    tokens = read_work_table(token_file(work, block)).select(["id", "domain", "num_tokens"])
     texts = block_documents(work, segment, block, ["id", "text"])
     if texts.column("id").to_pylist() != tokens.column("id").to_pylist():  # a bug, never bad input
         raise RuntimeError(f"block {block}: the tokens and the {segment} documents are not the same rows")
@@ -306,7 +307,7 @@ def apply_task(task: BlockTask, block: str, index: int, input_index: int) -> dic
     changes and the score histograms per domain (all, kept)."""
     work, out_dir, held_out, method = location(task.folder), location(task.out_dir), task.held_out, task.method
     group_cuts, threshold, edges = task.group_cuts, task.threshold, task.edges
-    tokens = read_work_table(work / "tokens" / f"{block}.arrow").select(["id", "domain", "num_tokens"])
+    tokens = read_work_table(token_file(work, block)).select(["id", "domain", "num_tokens"])
     part = read_work_table(work / FOLDER / f"{block}.arrow")
     row, score = part.column("row").to_numpy(), part.column("score").to_numpy()
     if threshold is not None:

@@ -44,16 +44,13 @@ from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, write_shuffle
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curation.phase import record_in
+from datapipe.curation.plan import token_file
 from datapipe.curation.config import SelectionConfig
 from datapipe.curation.phases.model_selection import select_by_model
 from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, assigned, cuts, held_rows
 from stages import diversity, mixture
 
 COPIES_DIR = "select"  # work/select/<block>.arrow: column `copies`
-
-
-def _token_file(work: Location, block: str) -> Location:
-    return work / "tokens" / f"{block}.arrow"
 
 
 @dataclass(frozen=True)
@@ -76,7 +73,7 @@ def count_task(task: SelectTask, block: str) -> dict[str, list[int]]:
     """Per domain of the block's rows (in order of first appearance, held-out rows included): training
     [documents, tokens]."""
     work, held_out = location(task.folder), task.held_out
-    table = read_work_table(_token_file(work, block)).select(["domain", "num_tokens"])
+    table = read_work_table(token_file(work, block)).select(["domain", "num_tokens"])
     domains = np.array(table.column("domain").to_pylist(), dtype=object)
     tokens = table.column("num_tokens").to_numpy()
     training = ~held_rows(held_out, block, table.num_rows)
@@ -96,7 +93,7 @@ def sample_task(task: SelectTask, block: str) -> dict[str, int]:
     rows whose seeded rank falls below `fit_docs` / the domain's documents, sent by domain (its index among the
     sampled domains) to work/diversity/sample/<block>.shuffle."""
     work, config, doc_counts, held_out = location(task.folder), task.config, task.doc_counts, task.held_out
-    table = read_work_table(_token_file(work, block)).select(["id", "domain", "tokens"])
+    table = read_work_table(token_file(work, block)).select(["id", "domain", "tokens"])
     domains = table.column("domain").to_pylist()
     rank = diversity.seeded_rank(table.column("id").to_pylist(), config.seed)
     held = held_rows(held_out, block, table.num_rows)
@@ -149,7 +146,7 @@ def assign_task(task: SelectTask, block: str) -> dict[str, str]:
     """Cluster of every row of a sampled domain in one block -> work/diversity/<block>.arrow."""
     work, config, centroids = location(task.folder), task.config, task.centroids
     out = work / "diversity" / f"{block}.arrow"
-    table = read_work_table(_token_file(work, block)).select(["id", "domain", "tokens", "num_tokens"])
+    table = read_work_table(token_file(work, block)).select(["id", "domain", "tokens", "num_tokens"])
     domains = np.array(table.column("domain").to_pylist(), dtype=object)
     parts = []
     for d, c in centroids.items():
@@ -188,7 +185,7 @@ def select_task(task: SelectTask, block: str, index: int, input_index: int) -> d
     block's largest copy count."""
     work, out_dir, held_out, cuts, mix_plan, seed = (location(task.folder), location(task.out_dir), task.held_out, task.cuts,
                                                      task.mix_plan, task.seed)
-    t = read_work_table(_token_file(work, block)).select(["id", "domain", "num_tokens"])
+    t = read_work_table(token_file(work, block)).select(["id", "domain", "num_tokens"])
     copies = np.ones(t.num_rows, dtype=np.int64)
     copies[held_rows(held_out, block, t.num_rows)] = 0
     reasons: list[tuple[np.ndarray, str, str]] = []

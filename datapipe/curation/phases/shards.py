@@ -19,14 +19,14 @@ from datapipe.core.storage import Location
 from datapipe.core.workfiles import read_work_table
 from datapipe.curation.phases import eval_split
 from datapipe.curation.config import auto_shard_bytes, config_hash, result_affecting
-from datapipe.curation.plan import Plan, block_name
+from datapipe.curation.plan import Plan, block_name, lengths_file, token_file
 from datapipe.curation.phases import model_selection
 from datapipe.curation.phases.cuts import RowCopies
 
 
 def _lengths(plan: Plan, name: str) -> np.ndarray:
     """Token count of every row of one token block (its small `lengths/` file: one GET, no existence check)."""
-    return read_work_table(plan.work / "lengths" / f"{name}.arrow").column("num_tokens").to_numpy()
+    return read_work_table(lengths_file(plan.work, name)).column("num_tokens").to_numpy()
 
 
 # A piece of a shard: (block, pass, start, stop): rows start..stop-1 of the block's rows written in that
@@ -124,7 +124,7 @@ def _shard_table(plan: Plan, pieces: list[Piece], copies: RowCopies | None, scor
     parts = []
     for name, k, start, stop in pieces:
         rows = _piece_rows(copies, name, k, start, stop)
-        part = read_work_table(plan.work / "tokens" / f"{name}.arrow").take(pa.array(rows))
+        part = read_work_table(token_file(plan.work, name)).take(pa.array(rows))
         if scores:  # every training row was scored (work/model_select/<block>.arrow: row, score)
             scored = read_work_table(plan.work / model_selection.FOLDER / f"{name}.arrow").select(["row", "score"])
             by_row = np.full(int(scored.column("row").to_numpy().max(initial=-1)) + 1, np.nan)

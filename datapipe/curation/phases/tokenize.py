@@ -28,7 +28,7 @@ from datapipe.core.workfiles import DamagedWorkFile, write_work_table
 from datapipe.curation.blocks import block_documents
 from datapipe.curation.counters import Counters
 from datapipe.curation.phase import Phase
-from datapipe.curation.plan import WORK_COMPRESSION, Plan, block_name, task_memory
+from datapipe.curation.plan import WORK_COMPRESSION, Plan, block_name, lengths_file, task_memory, token_file
 from stages.fast_bpe import CompiledBPE, try_compile
 from stages.tokenize import TokenizeStage, TokenizerConfig, train_tokenizer
 
@@ -170,9 +170,9 @@ def tokenize_task(task: TokenizeTask, unit_index: int, block: int) -> dict[str, 
     ]
     schema = shard_schema(stage.dtype)
     tokens = pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
-    write_work_table(plan.work / "tokens" / f"{name}.arrow", tokens, compression=WORK_COMPRESSION)
+    write_work_table(token_file(plan.work, name), tokens, compression=WORK_COMPRESSION)
     # the row lengths alone, for shard planning (`plan_shards`'s tasks): 8 bytes a row
-    write_work_table(plan.work / "lengths" / f"{name}.arrow", tokens.select(["num_tokens"]))
+    write_work_table(lengths_file(plan.work, name), tokens.select(["num_tokens"]))
     counters = Counters()
     input_index = plan.units[unit_index].input_index
     if tokens.num_rows:
