@@ -149,9 +149,14 @@ def chosen_mask(rank: np.ndarray, domain: np.ndarray, tokens: np.ndarray, positi
 # ---------------------------------------------------------------- tasks
 
 
+def _hashes_file(work: str | Location, block: str) -> Location:
+    """A block's token hashes (`hash_task`), read by its candidates and its finish tasks."""
+    return location(work) / EVAL_DIR / "hashes" / f"{block}.arrow"
+
+
 def hash_task(work: str, block: str) -> dict[str, str]:
     """xxh3-128 of each row's token bytes -> work/eval/hashes/<block>.arrow (one column `hash`)."""
-    out = location(work) / EVAL_DIR / "hashes" / f"{block}.arrow"
+    out = _hashes_file(work, block)
     tokens = read_work_table(token_file(work, block)).column("tokens").combine_chunks()
     values, offsets = tokens.values.to_numpy(), tokens.offsets.to_numpy()
     digests = [xxhash.xxh3_128_digest(values[offsets[i] : offsets[i + 1]].tobytes()) for i in range(len(tokens))]
@@ -314,7 +319,7 @@ def candidate_task(task: SplitTask, block: str) -> dict[str, Any]:
     rank = eval_rank(meta.column("id").to_pylist(), config.seed)
     rows = pa.array(np.flatnonzero(rank < _rank_below(config)))
     orders = block_documents(work, segment, block, ["order"]).column("order").take(rows)
-    hashes = read_work_table(work / EVAL_DIR / "hashes" / f"{block}.arrow").column("hash").take(rows)
+    hashes = read_work_table(_hashes_file(work, block)).column("hash").take(rows)
     table = pa.table([orders, pa.array(rank).take(rows), *meta.take(rows).columns, hashes], schema=CANDIDATE_SCHEMA)
     domains = table.column("domain").combine_chunks()
     partition = _domain_partition(domains, partitions)
@@ -354,7 +359,7 @@ def finish_task(task: SplitTask, block: str, input_index: int) -> dict[str, Any]
     if len(orders) != meta.num_rows:  # a bug, never bad input
         raise RuntimeError(f"eval split: the token blocks and the {segment} blocks differ in rows")
     is_eval = np.isin(orders, held.column("order").to_numpy())  # (none for `eval.source`: its orders follow every input's)
-    hashes = read_work_table(work / EVAL_DIR / "hashes" / f"{block}.arrow").column("hash").combine_chunks()
+    hashes = read_work_table(_hashes_file(work, block)).column("hash").combine_chunks()
     where = pc.index_in(hashes, value_set=eval_hashes)
     if by_id:
         where = pc.coalesce(pc.index_in(meta.column("id").combine_chunks(), value_set=eval_ids), where)
