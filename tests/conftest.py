@@ -24,10 +24,13 @@ from helpers import ASSETS, stop_cluster  # noqa: E402
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """An embedded local Ray with 2 CPUs, shared by every test that needs one."""
+    """An embedded local Ray with 2 CPUs, shared by every test that needs one. Without the two workers Ray starts
+    ahead for its first driver: they would have no runtime_env, and every task of the tests has one (RayExecutor's
+    on a Ray it did not start: `worker_env`), so Ray starts its own workers for those anyway."""
     ray = pytest.importorskip("ray")
     try:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _system_config={"prestart_worker_first_driver": False})
     except Exception as exc:  # noqa: BLE001 - a machine where Ray cannot start skips, never fails
         pytest.skip(f"Ray cannot start here: {exc}")
     yield ray
