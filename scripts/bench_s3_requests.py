@@ -402,7 +402,11 @@ def run_on_server(recipe: dict[str, Any], write: Callable[[Path], dict[str, Any]
         }
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a busy server slow to stop must not lose the run's result
+            proc.kill()
+            proc.wait()
         log.close()
         shutil.rmtree(root, ignore_errors=True)
 
