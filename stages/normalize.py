@@ -45,15 +45,12 @@ class NormalizeStage:
         if c.normalize_newlines:
             text = pc.replace_substring(pc.replace_substring(text, "\r\n", "\n"), "\r", "\n")
         if c.unicode_form != "none":
-            other = pc.invert(pc.string_is_ascii(text))
-            if pc.any(other).as_py():
-                rows = pc.filter(text, other).to_pylist()
-                fixed = pa.array([unicodedata.normalize(c.unicode_form, t) for t in rows], text.type)
-                text = pc.replace_with_mask(text, other, fixed)
-        if c.strip_trailing_whitespace:  # spaces and tabs before each line end
-            text = pc.replace_substring_regex(text, r"(?m)[ \t]+$", "")
+            text = _unicode_form(text, c.unicode_form)
+        if c.strip_trailing_whitespace:  # spaces and tabs before each line end (RE2's (?m)$: before a \n, or at the end)
+            text = _replace_in_rows(text, _rows_with_trailing_blank(text), r"(?m)[ \t]+$", "")
         if c.max_blank_lines >= 0:
-            text = pc.replace_substring_regex(text, r"\n{%d,}" % (c.max_blank_lines + 2), "\n" * (c.max_blank_lines + 1))
+            run = c.max_blank_lines + 2
+            text = _replace_in_rows(text, _rows_with_newline_run(text, run), r"\n{%d,}" % run, "\n" * (c.max_blank_lines + 1))
         return pc.utf8_trim(text, "\n")
 
     def __call__(self, batch: pa.RecordBatch) -> StageResult:
@@ -65,3 +62,81 @@ class NormalizeStage:
         reasons = np.where(blank, "empty_after_normalize", None).tolist()
         batch = batch.set_column(i, batch.schema.field(i), texts.cast(pa.large_string()))
         return split_by_reasons(batch, reasons, self.name)
+
+
+# Most documents need neither regex nor a new Unicode form: finding the few that do costs less than rewriting every
+# one (on the shared corpus 12,065 of 23,455 documents are not ASCII and 5 change under NFC; 91 have a run of blank
+# lines to cut, none a trailing blank), so each rule rewrites only those rows. The text is the same either way.
+
+
+def _text_bytes(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's start in the rows' UTF-8 bytes back to back (len(text) + 1 offsets), and those bytes (no copy)."""
+    offsets = np.frombuffer(text.buffers()[1], np.int64 if pa.types.is_large_string(text.type) else np.int32)
+    offsets = offsets[text.offset : text.offset + len(text) + 1].astype(np.int64)
+    data = text.buffers()[2]
+    values = np.frombuffer(memoryview(data)[offsets[0] : offsets[-1]] if data is not None else b"", np.uint8)
+    return offsets - offsets[0], values
+
+
+def _rows_at(offsets: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The rows (ascending, once each) that hold the bytes at positions `at`."""
+    return np.unique(np.searchsorted(offsets, at, side="right") - 1)
+
+
+def _is_blank(values: np.ndarray) -> np.ndarray:
+    return (values == ord(" ")) | (values == ord("\t"))
+
+
+def _rows_with_trailing_blank(text: pa.Array) -> np.ndarray:
+    """The rows the trailing-blank regex can match: a space or tab before a newline or at the row's end (a newline
+    that starts a row follows the row before's last byte: that row is then taken too, and the regex leaves it as it is)."""
+    if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)):
+        return np.arange(len(text))  # another layout (string views): every row
+    offsets, values = _text_bytes(text)
+    newlines = np.flatnonzero(values == ord("\n"))
+    before = newlines[newlines > 0] - 1
+    last = offsets[1:][offsets[1:] > offsets[:-1]] - 1  # each non-empty row's last byte
+    at = np.concatenate([before, last])
+    return _rows_at(offsets, at[_is_blank(values[at])])
+
+
+def _rows_with_newline_run(text: pa.Array, run: int) -> np.ndarray:
+    """The rows the blank-lines regex can match: `run` newlines one after another (a run across two rows takes a row
+    that the regex leaves as it is)."""
+    if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)):
+        return np.arange(len(text))
+    offsets, values = _text_bytes(text)
+    newlines = np.flatnonzero(values == ord("\n"))
+    first = newlines[: max(0, len(newlines) - run + 1)]
+    return _rows_at(offsets, first[newlines[run - 1 :] - first == run - 1])
+
+
+def _replace_in_rows(text: pa.Array, rows: np.ndarray, pattern: str, replacement: str) -> pa.Array:
+    """`pc.replace_substring_regex(text, pattern, replacement)`, computed on `rows` only: the rows the pattern
+    can match (the others it would leave as they are)."""
+    if not len(rows):
+        return text
+    fixed = pc.replace_substring_regex(text.take(pa.array(rows)), pattern, replacement)
+    return pc.replace_with_mask(text, pa.array(_mask(len(text), rows)), fixed)
+
+
+def _unicode_form(text: pa.Array, form: str) -> pa.Array:
+    """`text` in Unicode normal form `form` (Python's `unicodedata`): only non-ASCII rows can change, and only those
+    that do are replaced."""
+    other = np.flatnonzero(~pc.fill_null(pc.string_is_ascii(text), True).to_numpy(zero_copy_only=False))
+    if not len(other):
+        return text
+    rows, fixed = [], []
+    for row, value in zip(other.tolist(), text.take(pa.array(other)).to_pylist()):
+        if (normal := unicodedata.normalize(form, value)) != value:
+            rows.append(row)
+            fixed.append(normal)
+    if not rows:
+        return text
+    return pc.replace_with_mask(text, pa.array(_mask(len(text), np.array(rows))), pa.array(fixed, text.type))
+
+
+def _mask(n: int, rows: np.ndarray) -> np.ndarray:
+    mask = np.zeros(n, bool)
+    mask[rows] = True
+    return mask
