@@ -1,3 +1,3 @@
-from datapipe.cli import main
+from datapipe.cli import run
 
-raise SystemExit(main())
+run()

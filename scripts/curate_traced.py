@@ -80,4 +80,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from datapipe.cli import exit_process
+
+    exit_process(main())  # as the CLI exits
