@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
 def exit_process(code: int) -> NoReturn:
     """End the process with `code` once Python's exit handlers have run and stdout and stderr are flushed, without
     tearing the interpreter down: after a run that teardown (every module's objects freed one by one: Ray's,
-    pyarrow's, pandas', numba's) costs about 0.3 CPU-s and does nothing for the run, whose files are written and
+    pyarrow's, pandas', numba's) costs CPU (BENCHMARKS.md) and does nothing for the run, whose files are written and
     closed. While a thread that Python's exit would wait for still runs, the usual exit instead."""
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         raise SystemExit(code)

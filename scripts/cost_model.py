@@ -102,12 +102,7 @@ def _exchange(senders: int, receivers: int, largest_bytes: float, partitions: in
             "plain": 2 * lay.groups * ranges}
 
 
-def _step_bytes(step_bytes: float, groups: int) -> float:
-    """A resolve step's largest group file (`_largest`)."""
-    return _largest(step_bytes, groups, groups)
-
-
-def _largest(step_bytes: float, senders: int, partitions: int) -> float:
+def _step_bytes(step_bytes: float, senders: int) -> float:
     """A step's largest sender file, taken as 1.5 x the mean (what its exchange is laid out by)."""
     return 1.5 * step_bytes / senders
 
@@ -149,9 +144,9 @@ def exact_check_requests(lay: dict[str, int], docs: float, near_share: float, fr
     f = max(1, min(m, math.ceil(frame_bytes / FETCH_BYTES)))
     reads = fetch_reads(lay, docs, near_share, frame_ratio)
     return _add({"plain": g},  # the decided pairs written
-                _exchange(g, f, _largest(wanted * WANTED_BYTES, g, m), m),  # wanted: written, combined, read by block
+                _exchange(g, f, _step_bytes(wanted * WANTED_BYTES, g), m),  # wanted: written, combined, read by block
                 {"spread": int(m * reads["ranges_per_block"]), "plain": 2 * f},  # the fetch tasks' reads, records
-                _exchange(f, g, _largest(frame_bytes, f, g)),  # the frames, to their groups
+                _exchange(f, g, _step_bytes(frame_bytes, f)),  # the frames, to their groups
                 {"plain": 3 * g})  # the check: the decided pairs read, the record
 
 
@@ -168,7 +163,6 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
     document: candidate pairs, edges; and rounds of connected components. `frame_ratio`: a document's frame over its
     text (what sizes the exact check's fetch tasks and their ranges: `exact_check_requests`)."""
     m, pe, g, u = lay["blocks"], lay["partitions_exact"], lay["groups"], min(lay["units"], UNIT_GROUPS)
-    task = {"plain": 2}  # its record: the existence check and the write
     losers = lambda senders: _add(  # split by unit, combined, gathered by unit group (`exchange.route_losers`)
         {"spread": senders}, _exchange(senders, u, average_sender_bytes(int(LOSER_SHARE * docs), senders, LOSER_BYTES)),
         {"spread": u, "plain": 2 * (senders + u)})

@@ -106,6 +106,16 @@ class GlobalStage(ABC):
         summary for the stats."""
 
 
+def utf8_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The UTF-8 bytes of all `texts` back to back (no copy of a large_string array's), and each text's start in them
+    (len(texts) + 1 offsets): how the compiled loops and numpy passes over a batch's text read it."""
+    texts = texts.cast(pa.large_string()) if texts.type != pa.large_string() else texts
+    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset : texts.offset + len(texts) + 1]
+    data = texts.buffers()[2]
+    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
+    return data[offsets[0] : offsets[-1]], offsets - offsets[0]
+
+
 def write_keys(stage: GlobalStage, table: pa.Table, folder: Location, name: str) -> dict[str, int]:
     """A global stage's map half over `table`: each kind of key rows as one shuffle file
     `folder/<kind>/<name>.shuffle`, partitioned by their `partition` column (every kind's file is

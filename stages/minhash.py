@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from datapipe.core.config import check, note
-from stages.base import LOSER_SCHEMA
+from stages.base import LOSER_SCHEMA, utf8_bytes
 
 MIN_PARTITIONS = 16  # `partitions: auto` never goes below this (tasks enough for a few dozen workers)
 # The smallest margin whose decisions on the shared corpus equal deciding every candidate by its exact Jaccard, at
@@ -247,22 +247,13 @@ def vector_word_hash(word: bytes) -> int:
     return int(fmix(np.array([value], dtype=_U64), 64)[0])
 
 
-def _text_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(the UTF-8 bytes of all `texts`, concatenated; each text's start in them, and the end)."""
-    texts = texts.cast(pa.large_string()) if texts.type != pa.large_string() else texts
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[texts.offset : texts.offset + len(texts) + 1]
-    data = texts.buffers()[2]
-    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
-    return data[offsets[0] : offsets[-1]], offsets - offsets[0]
-
-
 def _lowered(texts: pa.Array) -> pa.Array:
     """`str.lower()` of every text. Arrow's `utf8_lower` maps each code point by itself, as Python
     does, but for two special cases of Python's, `İ` (to `i̇`) and `Σ` (to `ς` at the end of a word):
     the few texts holding either are lowered by Python. (Letters of a Unicode version newer than
     Python's are lowered by Arrow only: a test checks every code point.)"""
     lowered = pc.utf8_lower(texts)
-    data, offsets = _text_bytes(texts)
+    data, offsets = utf8_bytes(texts)
     # U+03A3 is CE A3 in UTF-8 and U+0130 is C4 B0; a lead byte never appears inside another character
     hit = np.flatnonzero((data == 0xA3) | (data == 0xB0))
     hit = hit[hit > 0]
@@ -296,7 +287,7 @@ def _vector_units(texts: pa.Array, lowercase: bool, words: Literal["alnum", "whi
     """(`vector_word_hash` of every word of every text, in order; the number of words of each text),
     the words being those of `_units` (`\\w+` or `str.split()` of the text, lowercased with `lowercase`):
     one compiled pass over the texts' UTF-8 bytes (`minhash_kernels.word_hashes`)."""
-    data, text_offsets = _text_bytes(_lowered(texts) if lowercase else texts)
+    data, text_offsets = utf8_bytes(_lowered(texts) if lowercase else texts)
     return _kernels().word_hashes(data, text_offsets, _word_characters(words), _BYTE_POLY, _LENGTH_MIX)
 
 

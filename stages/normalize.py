@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datapipe.core.config import note
-from stages.base import StageResult, split_by_reasons
+from stages.base import StageResult, split_by_reasons, utf8_bytes
 
 # The characters `str.isspace` calls whitespace (all below U+3001 in Python's Unicode database; a test checks the
 # whole range), as an RE2 pattern for "empty or nothing else".
@@ -65,17 +65,8 @@ class NormalizeStage:
 
 
 # Most documents need neither regex nor a new Unicode form: finding the few that do costs less than rewriting every
-# one (on the shared corpus 12,065 of 23,455 documents are not ASCII and 5 change under NFC; 91 have a run of blank
-# lines to cut, none a trailing blank), so each rule rewrites only those rows. The text is the same either way.
-
-
-def _text_bytes(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's start in the rows' UTF-8 bytes back to back (len(text) + 1 offsets), and those bytes (no copy)."""
-    offsets = np.frombuffer(text.buffers()[1], np.int64 if pa.types.is_large_string(text.type) else np.int32)
-    offsets = offsets[text.offset : text.offset + len(text) + 1].astype(np.int64)
-    data = text.buffers()[2]
-    values = np.frombuffer(memoryview(data)[offsets[0] : offsets[-1]] if data is not None else b"", np.uint8)
-    return offsets - offsets[0], values
+# one (the shared corpus's counts are in BENCHMARKS.md), so each rule rewrites only those rows. The text is the same
+# either way.
 
 
 def _rows_at(offsets: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -90,9 +81,7 @@ def _is_blank(values: np.ndarray) -> np.ndarray:
 def _rows_with_trailing_blank(text: pa.Array) -> np.ndarray:
     """The rows the trailing-blank regex can match: a space or tab before a newline or at the row's end (a newline
     that starts a row follows the row before's last byte: that row is then taken too, and the regex leaves it as it is)."""
-    if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)):
-        return np.arange(len(text))  # another layout (string views): every row
-    offsets, values = _text_bytes(text)
+    values, offsets = utf8_bytes(text)
     newlines = np.flatnonzero(values == ord("\n"))
     before = newlines[newlines > 0] - 1
     last = offsets[1:][offsets[1:] > offsets[:-1]] - 1  # each non-empty row's last byte
@@ -103,9 +92,7 @@ def _rows_with_trailing_blank(text: pa.Array) -> np.ndarray:
 def _rows_with_newline_run(text: pa.Array, run: int) -> np.ndarray:
     """The rows the blank-lines regex can match: `run` newlines one after another (a run across two rows takes a row
     that the regex leaves as it is)."""
-    if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)):
-        return np.arange(len(text))
-    offsets, values = _text_bytes(text)
+    values, offsets = utf8_bytes(text)
     newlines = np.flatnonzero(values == ord("\n"))
     first = newlines[: max(0, len(newlines) - run + 1)]
     return _rows_at(offsets, first[newlines[run - 1 :] - first == run - 1])

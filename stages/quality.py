@@ -86,7 +86,7 @@ import numpy as np
 import pyarrow as pa
 
 from datapipe.core.config import ConfigError, check, from_dict, note
-from stages.base import DocumentFilter
+from stages.base import DocumentFilter, utf8_bytes
 
 # A word (letters/digits/underscore, optionally joined by - ' ’ .) or a run of other symbols.
 _TOKEN_RE = re.compile(r"\w+(?:[-'’.]\w+)*|[^\w\s]+")
@@ -160,11 +160,7 @@ class _TextBatch:
     """A batch's texts as code points, and the splits more than one filter reads (tokens, lines), each made once."""
 
     def __init__(self, texts: pa.Array) -> None:
-        if texts.type != pa.large_string():
-            texts = texts.cast(pa.large_string())
-        _, offsets, data = texts.buffers()
-        offsets = np.frombuffer(offsets, dtype=np.int64)[texts.offset:texts.offset + len(texts) + 1]
-        data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+        data, offsets = utf8_bytes(texts)
         self.flags, self.lower = _character_tables()
         self.cps, self.offsets = _kernels().decode_utf8(data, offsets)
 

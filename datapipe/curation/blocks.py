@@ -31,8 +31,8 @@ READ = "read"  # the folder of the read blocks: the one copy of the text
 VIEW_SCHEMA = pa.schema([DOC_SCHEMA.field(name) for name in ("order", "id", "lang", "lang_score")])
 LOCATOR_COLUMNS = ("text_at", "text_bytes")  # a document's frame in its read block: `block_documents(locate=True)`
 _FRAMES_LENGTH = struct.Struct("<Q")  # the last bytes of a read block's payload: where its Arrow part starts
-# zstd's level 1, not 3: on the shared corpus 0.52 against 0.65 CPU-s to write the texts and 0.21 against 0.25 to read
-# them back (read once by each phase that needs them), for 3.5% more bytes (47.7 against 46.1 MB)
+# zstd's level 1, not 3: cheaper to write and to read back (each phase that needs the text reads it) for a few percent
+# more bytes (measured in BENCHMARKS.md, "read blocks' text frames at zstd level 1")
 _TEXT_LEVEL = 1
 
 
