@@ -16,7 +16,7 @@ document instead of the document (datatrove's filter step likewise re-reads its 
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -62,27 +62,35 @@ def _utf8_values(column: pa.ChunkedArray) -> list[bytes]:
     return [b"" if v is None else v for v in column.cast(pa.large_binary()).to_pylist()]
 
 
-def _read_block(work: Location, block: str, with_text: bool) -> pa.Table:
-    """A read block's documents (`DOC_SCHEMA`, the text decompressed when `with_text`) and `text_end`."""
+def _read_block(work: Location, block: str, with_text: bool, where: "Where | None" = None) -> pa.Table:
+    """A read block's documents (`DOC_SCHEMA`, the text decompressed when `with_text`) with each one's frame
+    (`LOCATOR_COLUMNS`); with `where`, only the rows it picks from the other columns (their frames alone decoded)."""
     path = read_block_path(work, block)
     payload = read_work_bytes(path)
     if payload.size < _FRAMES_LENGTH.size:
         raise DamagedWorkFile(path, "it is shorter than a read block's layout")
     (length,) = _FRAMES_LENGTH.unpack(payload.slice(payload.size - _FRAMES_LENGTH.size).to_pybytes())
     rest = pa.ipc.open_file(payload.slice(length, payload.size - _FRAMES_LENGTH.size - length)).read_all()
+    ends = rest.column("text_end").to_numpy()
+    starts = np.r_[0, ends[:-1]].astype(np.int64) if len(ends) else ends
+    rest = rest.drop(["text_end"])
+    if where is not None:
+        rows = where(rest)
+        rest, starts, ends = rest.take(pa.array(rows, pa.int64())), starts[rows], ends[rows]
+    rest = rest.append_column("text_at", pa.array(starts, pa.int64())).append_column("text_bytes", pa.array(ends - starts, pa.int64()))
     if not with_text:
         return rest
-    text = _decompress_block_texts(payload.slice(0, length), rest.column("text_end").to_numpy())
+    text = _decompress_block_texts(payload.slice(0, length), starts, ends - starts)
     at = DOC_SCHEMA.get_field_index("text")
     return rest.add_column(min(at, rest.num_columns), DOC_SCHEMA.field("text"), text)
 
 
-def _decompress_block_texts(frames: pa.Buffer, ends: np.ndarray) -> pa.LargeStringArray:
-    """The texts of a read block's frames (frame i ends at ends[i]), all decompressed in one call (zstd's
-    `multi_decompress_to_buffer`, each frame checked by its checksum) rather than one call a document."""
-    if not len(ends):
+def _decompress_block_texts(frames: pa.Buffer, at: np.ndarray, nbytes: np.ndarray) -> pa.LargeStringArray:
+    """The texts of the frames at `at` (`nbytes` long) in a read block's frames, all decompressed in one call
+    (zstd's `multi_decompress_to_buffer`, each frame checked by its checksum) rather than one call a document."""
+    if not len(at):
         return pa.array([], pa.large_string())
-    segments = np.stack([np.r_[0, ends[:-1]], np.diff(ends, prepend=0)], axis=1).astype(np.uint64)
+    segments = np.stack([at, nbytes], axis=1).astype(np.uint64)
     decompressed = zstandard.ZstdDecompressor().multi_decompress_to_buffer(
         zstandard.BufferWithSegments(frames, segments.tobytes()))
     texts = [decompressed[i] for i in range(len(decompressed))]
@@ -176,41 +184,42 @@ def write_view(work: Location, segment: str, block: str, documents: pa.Table) ->
                        compression="zstd")
 
 
+Where = Callable[[pa.Table], np.ndarray]  # the rows (ascending indices) to keep, from a block's columns without text
+
+
 def block_documents(work: Location, segment: str, block: str, columns: list[str] | None = None, *,
-                    locate: bool = False) -> pa.Table:
+                    locate: bool = False, where: Where | None = None) -> pa.Table:
     """The documents (`DOC_SCHEMA`, or just `columns`) of `block` as `segment` left them: the read block
-    for `read`, else the read block's rows that the segment's view names, with the view's columns. A
-    file that holds the text itself (an `eval.source` block) is returned as it is. `locate`: with each
-    document's frame in the read block (`LOCATOR_COLUMNS`), for `read_texts`."""
+    for `read`, else the read block's rows that the segment's view names, with the view's columns; only the
+    texts of those rows are decompressed. A file that holds the text itself (an `eval.source` block) is
+    returned as it is. `locate`: with each document's frame in the read block (`LOCATOR_COLUMNS`), for
+    `read_texts`. `where`: of those documents, only the rows it picks from their `VIEW_SCHEMA` columns (a
+    sample by id decodes the sampled texts alone)."""
     wanted = list(columns or DOC_SCHEMA.names) + (list(LOCATOR_COLUMNS) if locate else [])
     if segment == READ:
-        return _located(_read_block(work, block, "text" in wanted), wanted).cast(_schema(wanted))
+        return _read_block(work, block, "text" in wanted, where).select(wanted).cast(_schema(wanted))
     path = work / segment / f"{block}.arrow"
     table = read_work_table(path)
     if "text" in table.column_names:
+        table = table if where is None else table.take(pa.array(where(table), pa.int64()))
         return table.select(columns) if columns else table
+    if where is not None:
+        table = table.take(pa.array(where(table), pa.int64()))
     if set(wanted) <= set(VIEW_SCHEMA.names):  # no text needed: the view alone
         return table.select(wanted)
-    base = _read_block(work, block, "text" in wanted)
-    base_orders = base.column("order").to_numpy()
     orders = table.column("order").to_numpy()
-    rows = np.searchsorted(base_orders, orders)
-    if len(orders) and (rows.max() >= len(base_orders) or (base_orders[rows] != orders).any()):  # a bug, never bad input
-        raise RuntimeError(f"the view {path} names documents that the read block of {block} does not hold")
-    taken = _located(base, wanted).take(pa.array(rows, pa.int64()))
+
+    def viewed(base: pa.Table) -> np.ndarray:  # the read block's rows the view names, in the view's order
+        base_orders = base.column("order").to_numpy()
+        rows = np.searchsorted(base_orders, orders)
+        if len(orders) and (rows.max() >= len(base_orders) or (base_orders[rows] != orders).any()):  # a bug, never bad input
+            raise RuntimeError(f"the view {path} names documents that the read block of {block} does not hold")
+        return rows
+
+    taken = _read_block(work, block, "text" in wanted, viewed)
     return pa.table({name: table.column(name) if name in VIEW_SCHEMA.names else taken.column(name) for name in wanted},
                     schema=_schema(wanted))
 
 
 def _schema(names: list[str]) -> pa.Schema:
     return pa.schema([DOC_SCHEMA.field(n) if n in DOC_SCHEMA.names else pa.field(n, pa.int64()) for n in names])
-
-
-def _located(base: pa.Table, wanted: list[str]) -> pa.Table:
-    """`base` (a read block, with `text_end`) with the `wanted` columns, the locators made from `text_end`."""
-    if any(name in wanted for name in LOCATOR_COLUMNS):
-        ends = base.column("text_end").to_numpy()
-        starts = np.r_[0, ends[:-1]].astype(np.int64) if len(ends) else ends
-        base = base.append_column("text_at", pa.array(starts, pa.int64()))
-        base = base.append_column("text_bytes", pa.array(ends - starts, pa.int64()))
-    return base.select(wanted)

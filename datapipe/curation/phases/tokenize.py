@@ -43,9 +43,12 @@ def sample_task(plan: Plan, unit: int, block: int, rate: float) -> dict[str, int
     written to work/tokenizer/sample/<block>.shuffle (one partition) for the combine and the training task."""
     threshold = int(rate * 2**64)
     name = block_name(unit, block)
-    table = block_documents(plan.work, plan.segments[-1].name, name, ["id", "text"])
-    texts = [text for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist())
-             if rate >= 1.0 or xxhash.xxh64_intdigest(doc_id.encode()) < threshold]
+
+    def sampled(view: pa.Table) -> np.ndarray:  # picked from the ids before any text is decompressed
+        ids = view.column("id").to_pylist()
+        return np.flatnonzero([rate >= 1.0 or xxhash.xxh64_intdigest(i.encode()) < threshold for i in ids])
+
+    texts = block_documents(plan.work, plan.segments[-1].name, name, ["text"], where=sampled).column("text").to_pylist()
     sample = pa.table({"text": pa.array(texts, pa.large_string())}, schema=SAMPLE_SCHEMA)
     size = write_shuffle(plan.work / SAMPLE_DIR / "sample" / f"{name}{SHUFFLE_SUFFIX}", sample, np.zeros(len(texts), np.int64), 1)
     text_bytes = int(pc.sum(pc.binary_length(sample.column("text"))).as_py() or 0)
