@@ -6,10 +6,38 @@ modules: nothing else pays for importing numba."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numba
+
+
+class _NoScipyLinalg:
+    """A finder that refuses `scipy.linalg` (an ImportError, as if scipy had no BLAS)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "scipy.linalg" or name.startswith("scipy.linalg."):
+            raise ModuleNotFoundError(f"{name} is not loaded for numba's BLAS check", name=name)
+
+
+@contextlib.contextmanager
+def _without_scipy_linalg() -> Iterator[None]:
+    finder = _NoScipyLinalg()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
+# numba's array functions find out whether BLAS is there by importing scipy.linalg (a tenth of a CPU-second or more
+# in every process that runs a compiled loop); no loop here calls BLAS, so numba is told there is none. Only while
+# numba loads that module: scipy.linalg imports as usual for anyone else, before or after.
+if "scipy.linalg" not in sys.modules:
+    with _without_scipy_linalg():
+        import numba.np.arraymath  # noqa: F401
 
 
 def _identity(x: Any) -> Any:

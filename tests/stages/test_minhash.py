@@ -187,6 +187,24 @@ def test_the_loops_compile_where_nothing_can_cache_them():
     assert flat == expected.tolist() and counts == expected_counts.tolist() == [2, 0, 1]
 
 
+_COMPILED_WITHOUT_SCIPY_LINALG = """
+import json, sys
+from stages.minhash import MinHashConfig, shingle_hashes64
+flat, counts = shingle_hashes64(["One two, three four five six."], MinHashConfig())
+loaded_by_the_loops = "scipy.linalg" in sys.modules
+import numba.np.arraymath, scipy.linalg
+print(json.dumps([loaded_by_the_loops, numba.np.arraymath._HAVE_BLAS, float(scipy.linalg.norm([3.0, 4.0])), counts.tolist()]))
+"""
+
+
+def test_the_loops_run_without_loading_scipy_linalg_which_still_imports_afterwards():
+    # numba's BLAS check would import scipy.linalg in every worker that runs a loop; no loop uses BLAS
+    done = subprocess.run([sys.executable, "-c", _COMPILED_WITHOUT_SCIPY_LINALG], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert orjson.loads(done.stdout.strip().splitlines()[-1]) == [False, False, 5.0, [2]]
+
+
 def test_vector_hash_is_pinned():
     # the same text gives the same signature on any machine: a change of formula fails here
     assert vector_word_hash(b"hello") == _reference_word_hash("hello") == 0xF94B193FEE7FFC72
