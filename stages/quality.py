@@ -127,7 +127,19 @@ _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # where str.splitline
 
 @cache
 def _character_tables() -> tuple[np.ndarray, np.ndarray]:
-    """(flags, lower) by code point: `quality_kernels`' character classes taken from Python's own `re` and `str` (so
+    """(flags, lower) by code point (`_make_character_tables`), made once and then loaded (`cached_arrays`)."""
+    from datapipe.core.compiled import cached_arrays
+
+    tables = cached_arrays(__file__, "character-tables", _make_character_tables)
+    flags, lower = tables.get("flags"), tables.get("lower")
+    if flags is None or lower is None or len(flags) != 0x110000 or len(lower) != 0x110000:  # not what was written
+        tables = _make_character_tables()
+        flags, lower = tables["flags"], tables["lower"]
+    return flags, lower
+
+
+def _make_character_tables() -> dict[str, np.ndarray]:
+    """{flags, lower} by code point: `quality_kernels`' character classes taken from Python's own `re` and `str` (so
     the kernels class every character as the regexes do), and the code point lower() gives (U+0130's two code points
     and the capital sigma's two forms are the kernels' to handle)."""
     kernels = _kernels()
@@ -141,7 +153,7 @@ def _character_tables() -> tuple[np.ndarray, np.ndarray]:
     dotted_i = 0x130
     lowered = every[:dotted_i].lower() + every[dotted_i] + every[dotted_i + 1:].lower()
     lower = np.frombuffer(lowered.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).copy()
-    return flags, lower
+    return {"flags": flags, "lower": lower}
 
 
 def _code_points(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

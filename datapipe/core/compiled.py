@@ -2,16 +2,23 @@
 
 Cached where numba can write a cache: beside the source (`cache=True`, like Python's own `__pycache__`) or in the
 user's cache folder, so a later process loads the loops instead of compiling them. Imported only by the kernel
-modules: nothing else pays for importing numba."""
+modules: nothing else pays for importing numba. Tables the loops read that take a while to make (`cached_arrays`)
+are kept beside them."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import inspect
+import os
 import sys
 import warnings
+import zipfile
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numba
+import numpy as np
 
 
 class _NoScipyLinalg:
@@ -62,3 +69,28 @@ def compiled(**options: Any) -> Callable[[Callable], Callable]:
     """numba's `njit`, cached where `_can_cache` found a folder (else compiled in each process: the same results,
     slower to start)."""
     return numba.njit(cache=CACHE, nogil=True, **options)
+
+
+def cached_arrays(source_file: str, name: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """`build()`'s arrays, kept as `<name>-<key>.npz` where numba keeps the loops of `source_file` (NUMBA_CACHE_DIR,
+    else the `__pycache__` beside it), so that a later process loads them instead of making them. The key is the
+    Python build and `build`'s source, so a new Python (its Unicode tables) or a changed `build` makes them again; so
+    does a missing or damaged file, or a folder nothing can be written to (then each process makes them)."""
+    key = hashlib.sha256(f"{sys.version}\n{inspect.getsource(build)}".encode()).hexdigest()[:16]
+    folder = Path(os.environ.get("NUMBA_CACHE_DIR") or Path(source_file).parent / "__pycache__")
+    path = folder / f"{name}-{key}.npz"
+    try:
+        with np.load(path) as saved:
+            return {k: saved[k] for k in saved.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # none yet, or damaged: made again
+        pass
+    arrays = build()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        temporary = folder / f".{path.name}.{os.getpid()}"
+        with open(temporary, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(temporary, path)
+    except OSError:
+        pass
+    return arrays
