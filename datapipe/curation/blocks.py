@@ -177,10 +177,15 @@ def decompress_frames(frames: Sequence[bytes], paths: Sequence[Location]) -> lis
     return texts
 
 
+def view_path(work: Location, segment: str, block: str) -> Location:
+    """A segment's view of a block (or an `eval.source` block's own file), below a hashed prefix on an object store."""
+    return spread(work / segment / f"{block}.arrow")
+
+
 def write_view(work: Location, segment: str, block: str, documents: pa.Table) -> None:
     """Write a segment's output for a block: the kept documents' view columns (not their text)."""
     # zstd: orders run in sequence and ids share prefixes, ~26 bytes a document become ~6
-    write_work_table(work / segment / f"{block}.arrow", documents.select(VIEW_SCHEMA.names).cast(VIEW_SCHEMA),
+    write_work_table(view_path(work, segment, block), documents.select(VIEW_SCHEMA.names).cast(VIEW_SCHEMA),
                        compression="zstd")
 
 
@@ -198,7 +203,7 @@ def block_documents(work: Location, segment: str, block: str, columns: list[str]
     wanted = list(columns or DOC_SCHEMA.names) + (list(LOCATOR_COLUMNS) if locate else [])
     if segment == READ:
         return _read_block(work, block, "text" in wanted, where).select(wanted).cast(_schema(wanted))
-    path = work / segment / f"{block}.arrow"
+    path = view_path(work, segment, block)
     table = read_work_table(path)
     if "text" in table.column_names:
         table = table if where is None else table.take(pa.array(where(table), pa.int64()))

@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from datapipe.core.storage import Location, location
+from datapipe.core.storage import Location, location, spread
 from datapipe.core.workfiles import read_record, write_record
 
 RunTasks = Callable[..., list[Any]]
@@ -33,12 +33,18 @@ def recorded_task(parts: tuple[Callable[..., Any], Callable[..., Location], Any]
     """In a worker: the task's recorded result if its record is there and sound, else the task run and its record
     written (after its outputs). With whether it was found done."""
     task, record, shared = parts
-    path = record(shared, *item)
+    path = record_location(record, shared, *item)
     if (done := read_record(path)) is not None:
         return done, True
     result = task(shared, *item)
     write_record(path, result)
     return result, False
+
+
+def record_location(record: Callable[..., Location], shared: Any, *item: Any) -> Location:
+    """Where a task's record is kept: `record(shared, *item)`, below a hashed key prefix on an object store (`spread`:
+    a phase writes one a task, thousands at once at scale)."""
+    return spread(record(shared, *item))
 
 
 def record_in(folder: str, step: str = "", *, first_item_only: bool = False) -> Callable[..., Location]:

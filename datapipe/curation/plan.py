@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datapipe.core.storage import Location, RemotePath, location, remove_tree
+from datapipe.core.storage import Location, RemotePath, location, remove_tree, spread
 from datapipe.curation.config import (
     SHARD_TARGET_BYTES, TASK_BYTES_PER_TEXT_BYTE, CurateConfig, auto_block_bytes, auto_partitions,
 )
@@ -94,14 +94,20 @@ def resolve_block_bytes(cfg: CurateConfig, units: list[InputUnit]) -> CurateConf
     return dataclasses.replace(cfg, dedup=dedup)
 
 
+def block_file(work: str | Location, folder: str, block: str) -> Location:
+    """A block's file in a work folder, `<work>/<folder>/<block>.arrow`: below a hashed key prefix on an object store
+    (`spread`), as a phase writes one a block, thousands at once at scale."""
+    return spread(location(work) / folder / f"{block}.arrow")
+
+
 def token_file(work: str | Location, block: str) -> Location:
     """A block's token file: the tokenize task writes it; selection, the eval split and the shards read it."""
-    return location(work) / "tokens" / f"{block}.arrow"
+    return block_file(work, "tokens", block)
 
 
 def lengths_file(work: str | Location, block: str) -> Location:
     """A block's row lengths (8 bytes a row): the tokenize task writes them, the shards' plan reads them."""
-    return location(work) / "lengths" / f"{block}.arrow"
+    return block_file(work, "lengths", block)
 
 
 def block_name(unit: int, block: int) -> str:

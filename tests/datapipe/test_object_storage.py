@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -117,7 +118,7 @@ def test_a_stopped_s3_run_resumes_over_its_work_objects(tmp_path, s3_input):
     with pytest.raises(RuntimeError, match="stopped part-way"):
         _run(_config(remote, inp, output={"keep_work": True, "shard_bytes": 8192}), LocalExecutor(), extra_stages=[stage])
     work = location(remote) / "work"
-    records = sorted((work / "read").glob("*.json"))
+    records = sorted((work / "read").glob("*/*.json"))  # below hashed key prefixes (`spread`)
     assert records and not (location(remote) / "manifest.json").exists()
     # Mark a finished task's record: a resumed run must take it as it is, not run the task again.
     first = read_record(records[0])
@@ -128,6 +129,10 @@ def test_a_stopped_s3_run_resumes_over_its_work_objects(tmp_path, s3_input):
     assert read_record(records[0])["kept_from_the_first_run"]
     assert not left.exists()
     assert read_manifest(remote) == read_manifest(ref)
+    # every file a phase writes per block (views, tokens, records, ...) sits below a hashed key prefix
+    per_block = [f for f in work.walk_files() if re.match(r"(\w+-)?u\d+-b\d+\.", f.name)]
+    assert len({f.parent.parent.name for f in per_block}) >= 5
+    assert [str(f) for f in per_block if not re.fullmatch(r"[0-9a-f]{2}", f.parent.name)] == []
 
 
 def test_the_cli_curates_s3_to_s3_and_reads_it_back(tmp_path, s3_input):

@@ -24,9 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datapipe.core.storage import Location, location
+from datapipe.core.storage import Location, location, spread
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.curation.phase import record_in
+from datapipe.curation.plan import block_file
 from stages import diversity
 
 ASSIGN_SCHEMA = pa.schema([("row", pa.int64()), ("domain", pa.string()), ("cluster", pa.int32()),
@@ -46,8 +47,11 @@ class RowCopies:
     column: str
     passes: int = 1
 
+    def file(self, block: str) -> Location:
+        return spread(location(self.folder) / f"{block}.arrow")
+
     def of(self, block: str) -> np.ndarray:
-        values = read_work_table(location(self.folder) / f"{block}.arrow").column(self.column)
+        values = read_work_table(self.file(block)).column(self.column)
         return values.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
@@ -71,7 +75,7 @@ class Budget:
 
 def assigned(work: Location, folder: str, block: str, held_out: RowCopies | None) -> pa.Table:
     """The block's assignments, training rows only."""
-    part = read_work_table(work / folder / f"{block}.arrow")
+    part = read_work_table(block_file(work, folder, block))
     if held_out is not None and part.num_rows:  # held-out rows are never sampled
         part = part.filter(pa.array(~held_rows(held_out, block, 0)[part.column("row").to_numpy()]))
     return part

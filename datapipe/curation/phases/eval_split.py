@@ -57,12 +57,12 @@ from datapipe.curation.counters import Counters
 from datapipe.core.exchange import Exchange, Received, largest_sent, route
 from datapipe.core.shuffle import write_shuffle
 from datapipe.curation.phases import near_dedup
-from datapipe.curation.blocks import block_documents
+from datapipe.curation.blocks import block_documents, view_path
 from datapipe.curation.phase import record_in
-from datapipe.curation.plan import token_file
+from datapipe.curation.plan import block_file, token_file
 from datapipe.curation.phases.near_dedup import KeySource
 from datapipe.curation.phases.cuts import RowCopies
-from datapipe.core.storage import Location, location
+from datapipe.core.storage import Location, location, spread
 from stages.base import write_keys
 from stages.minhash import MinHashConfig, MinHashStage, partition_of, unique_pairs
 
@@ -151,7 +151,7 @@ def chosen_mask(rank: np.ndarray, domain: np.ndarray, tokens: np.ndarray, positi
 
 def _hashes_file(work: str | Location, block: str) -> Location:
     """A block's token hashes (`hash_task`), read by its candidates and its finish tasks."""
-    return location(work) / EVAL_DIR / "hashes" / f"{block}.arrow"
+    return spread(location(work) / EVAL_DIR / "hashes" / f"{block}.arrow")
 
 
 def hash_task(work: str, block: str) -> dict[str, str]:
@@ -288,7 +288,7 @@ def source_bucket_task(task: SplitTask, part: int) -> dict[str, int]:
         "order": pa.array([order_key(SOURCE_UNIT, i) for i in range(docs.num_rows)], pa.int64()),
         "lang": pa.nulls(docs.num_rows, pa.string()), "lang_score": pa.nulls(docs.num_rows, pa.float32()),
     }, schema=DOC_SCHEMA)
-    write_work_table(work / EVAL_DIR / f"{SOURCE_BLOCK}.arrow", table)  # the text the exact check reads
+    write_work_table(view_path(work, EVAL_DIR, SOURCE_BLOCK), table)  # the text the exact check reads
     write_keys(MinHashStage(config), table, work / EVAL_DIR, SOURCE_BLOCK)
     return {"rows": docs.num_rows}
 
@@ -390,7 +390,7 @@ def finish_task(task: SplitTask, block: str, input_index: int) -> dict[str, Any]
         removed_counts[reason] += n
     if parts:
         atomic_write_table(out_dir / "dropped" / f"{STAGE}-{block}.parquet", pa.concat_tables(parts), format="parquet")
-    write_work_table(work / EVAL_DIR / ROWS_DIR / f"{block}.arrow",
+    write_work_table(block_file(work, f"{EVAL_DIR}/{ROWS_DIR}", block),
                        pa.table({"eval": is_eval, "held_out": is_eval | is_exact | is_near}))
     return {"counters": counters.to_json(), "removed": removed_counts}
 

@@ -52,7 +52,7 @@ from datapipe.curation.blocks import block_documents
 from datapipe.curation.config import ReadConfig, SelectionConfig
 from datapipe.curation.counters import Counters
 from datapipe.curation.phase import RunTasks, record_in
-from datapipe.curation.plan import token_file
+from datapipe.curation.plan import block_file, token_file
 from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, cuts, held_rows
 from datapipe.curation.phases.read import working_dir
 from datapipe.curation.readers import InputUnit, plan_units, read_unit
@@ -292,7 +292,7 @@ def score_task(task: BlockTask, block: str) -> dict[str, str]:
     groups = sub.column("domain") if per_domain else pa.array([ALL] * len(rows), pa.string())
     table = pa.table({"row": rows.astype(np.int64), "domain": groups, "cluster": np.zeros(len(rows), np.int32),
                       "rank": model.rank(scores), "num_tokens": sub.column("num_tokens")}, schema=ASSIGN_SCHEMA)
-    out = work / FOLDER / f"{block}.arrow"
+    out = block_file(work, FOLDER, block)
     write_work_table(out, table.append_column("score", pa.array(scores, pa.float64())))
     flops = model.scoring_flops(int(pc.sum(sub.column("num_tokens")).as_py() or 0))
     return {"path": f"{FOLDER}/{block}.arrow", "flops": flops, "cpu_seconds": time.process_time() - started}
@@ -308,7 +308,7 @@ def apply_task(task: BlockTask, block: str, index: int, input_index: int) -> dic
     work, out_dir, held_out, method = location(task.folder), location(task.out_dir), task.held_out, task.method
     group_cuts, threshold, edges = task.group_cuts, task.threshold, task.edges
     tokens = read_work_table(token_file(work, block)).select(["id", "domain", "num_tokens"])
-    part = read_work_table(work / FOLDER / f"{block}.arrow")
+    part = read_work_table(block_file(work, FOLDER, block))
     row, score = part.column("row").to_numpy(), part.column("score").to_numpy()
     if threshold is not None:
         keep = score >= threshold
@@ -320,7 +320,7 @@ def apply_task(task: BlockTask, block: str, index: int, input_index: int) -> dic
             keep[mine] = cut.keep(np.zeros(int(mine.sum()), np.int64), part.column("rank").to_numpy()[mine], index, row[mine])
     excluded = held_rows(held_out, block, tokens.num_rows).astype(np.int8)
     excluded[row[~keep]] = 1
-    write_work_table(work / FOLDER / "excluded" / f"{block}.arrow", pa.table({"excluded": excluded}))
+    write_work_table(block_file(work, f"{FOLDER}/excluded", block), pa.table({"excluded": excluded}))
     sub = tokens.take(pa.array(row, pa.int64()))
     kept_flags = pa.array(keep)
     atomic_write_table(out_dir / "selection" / "scores" / f"{block}.parquet", pa.table(

@@ -44,7 +44,7 @@ from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, write_shuffle
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curation.phase import record_in
-from datapipe.curation.plan import token_file
+from datapipe.curation.plan import block_file, token_file
 from datapipe.curation.config import SelectionConfig
 from datapipe.curation.phases.model_selection import select_by_model
 from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, assigned, cuts, held_rows
@@ -145,7 +145,7 @@ def fit_centroids(run_tasks: Callable[..., list[Any]], work: Location, blocks: l
 def assign_task(task: SelectTask, block: str) -> dict[str, str]:
     """Cluster of every row of a sampled domain in one block -> work/diversity/<block>.arrow."""
     work, config, centroids = location(task.folder), task.config, task.centroids
-    out = work / "diversity" / f"{block}.arrow"
+    out = block_file(work, "diversity", block)
     table = read_work_table(token_file(work, block)).select(["id", "domain", "tokens", "num_tokens"])
     domains = np.array(table.column("domain").to_pylist(), dtype=object)
     parts = []
@@ -221,7 +221,7 @@ def select_task(task: SelectTask, block: str, index: int, input_index: int) -> d
             parts.append(counters.selection_drops(input_index, t.take(pa.array(rows)), stage, reason))
     if parts:
         atomic_write_table(out_dir / "dropped" / f"select-{block}.parquet", pa.concat_tables(parts), format="parquet")
-    write_work_table(work / COPIES_DIR / f"{block}.arrow", pa.table({"copies": copies}))
+    write_work_table(block_file(work, COPIES_DIR, block), pa.table({"copies": copies}))
     return {"counters": counters.to_json(), "written": written, "max_copies": int(copies.max()) if len(copies) else 0}
 
 

@@ -19,7 +19,7 @@ from datapipe.core.storage import Location
 from datapipe.core.workfiles import read_work_table
 from datapipe.curation.phases import eval_split
 from datapipe.curation.config import auto_shard_bytes, config_hash, result_affecting
-from datapipe.curation.plan import Plan, block_name, lengths_file, token_file
+from datapipe.curation.plan import Plan, block_file, block_name, lengths_file, token_file
 from datapipe.curation.phases import model_selection
 from datapipe.curation.phases.cuts import RowCopies
 
@@ -126,7 +126,7 @@ def _shard_table(plan: Plan, pieces: list[Piece], copies: RowCopies | None, scor
         rows = _piece_rows(copies, name, k, start, stop)
         part = read_work_table(token_file(plan.work, name)).take(pa.array(rows))
         if scores:  # every training row was scored (work/model_select/<block>.arrow: row, score)
-            scored = read_work_table(plan.work / model_selection.FOLDER / f"{name}.arrow").select(["row", "score"])
+            scored = read_work_table(block_file(plan.work, model_selection.FOLDER, name)).select(["row", "score"])
             by_row = np.full(int(scored.column("row").to_numpy().max(initial=-1)) + 1, np.nan)
             by_row[scored.column("row").to_numpy()] = scored.column("score").to_numpy()
             part = part.append_column(SCORE_COLUMN, pa.array(by_row[rows], pa.float64()))

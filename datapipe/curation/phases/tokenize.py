@@ -27,7 +27,7 @@ from datapipe.core.storage import Location, is_url, location
 from datapipe.core.workfiles import DamagedWorkFile, write_work_table
 from datapipe.curation.blocks import block_documents
 from datapipe.curation.counters import Counters
-from datapipe.curation.phase import Phase
+from datapipe.curation.phase import Phase, record_location
 from datapipe.curation.plan import WORK_COMPRESSION, Plan, block_name, lengths_file, task_memory, token_file
 from stages.fast_bpe import CompiledBPE, try_compile
 from stages.tokenize import TokenizeStage, TokenizerConfig, train_tokenizer
@@ -101,7 +101,7 @@ def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int
     (trained,) = run_tasks(train_task, train, [()], "tokenizer train", record=_train_record, memory=memory)
     saved = plan.out / "tokenizer.json"
     if _sha256(saved) != trained["sha256"]:  # cut, changed or deleted since: trained again from the sample in work/
-        _train_record(train).unlink()
+        record_location(_train_record, train).unlink()
         (again,) = run_tasks(train_task, train, [()], "tokenizer train", record=_train_record, memory=memory)
         if again["sha256"] != trained["sha256"]:  # never expected: training is deterministic
             raise DamagedWorkFile(saved, "it is not the tokenizer the work was tokenized with, and training again "
