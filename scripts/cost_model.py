@@ -22,8 +22,8 @@ The model (its assumptions are flags, listed in BENCHMARKS.md, "Cost model"):
   **tokenizer's training** (`--tokenizer-sample-mb` at `--tokenizer-mb-s`, web.yaml's settings) and the
   **clusters merge** (one task: every group's cluster rows read, merged and written at one core's bandwidth).
 - **Requests** (`requests`): per phase, on objects below hashed prefixes (shuffle files and read blocks,
-  `storage.spread`: PREFIXES per folder) and on the others (records, views, token blocks: one prefix per
-  folder). A phase's requests take the longest of: latency x requests / (cores x in flight), in flight per
+  `storage.spread`: PREFIXES per folder) and on the others, counted at one prefix per folder (records, views,
+  token blocks: the run now writes these below hashed prefixes too, so their prefix term here is an upper bound). A phase's requests take the longest of: latency x requests / (cores x in flight), in flight per
   core = min(`--concurrency`, `--connections`: the S3 client's pool, one worker process per core); and
   **S3's per-prefix rate** (`--prefix-rate` requests a second per prefix) over the prefixes used.
   Counted explicitly: **component rounds** (measured rounds per run), the **exact check** (`--near-share` of
