@@ -98,11 +98,11 @@ class CutTask:
 
 def hist_task(task: CutTask, block: str) -> dict[str, str]:
     """Documents and tokens of the block's training rows per (domain, cluster, rank bucket) ->
-    work/<folder>/hist/<block>.arrow (`key` = cluster * BUCKETS + bucket); its path in work/ (a record names no
+    work/<folder>/hist/<block>.arrow (`key` = cluster * BUCKETS + bucket; `block_file`); its path in work/ (a record names no
     absolute path: a moved output folder resumes from its own files)."""
     work, folder, held_out = location(task.folder), task.step, task.held_out
-    relative = f"{folder}/hist/{block}.arrow"
-    out = work / relative
+    out = block_file(work, f"{folder}/hist", block)
+    relative = str(out)[len(str(work)) + 1:]
     part = assigned(work, folder, block, held_out)
     key = part.column("cluster").to_numpy().astype(np.int64) * BUCKETS + rank_bucket(part.column("rank").to_numpy())
     table = pa.table({"domain": part.column("domain"), "key": key, "docs": np.ones(len(key), np.int64),
