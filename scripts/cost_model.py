@@ -21,9 +21,9 @@ The model (its assumptions are flags, listed in BENCHMARKS.md, "Cost model"):
   the last task of a phase takes `--straggler` x a mean task. Serial: Ray's start, the driver's writes, the
   **tokenizer's training** (`--tokenizer-sample-mb` at `--tokenizer-mb-s`, web.yaml's settings) and the
   **clusters merge** (one task: every group's cluster rows read, merged and written at one core's bandwidth).
-- **Requests** (`requests`): per phase, on objects below hashed prefixes (shuffle files and read blocks,
-  `storage.spread`: PREFIXES per folder) and on the others, counted at one prefix per folder (records, views,
-  token blocks: the run now writes these below hashed prefixes too, so their prefix term here is an upper bound). A phase's requests take the longest of: latency x requests / (cores x in flight), in flight per
+- **Requests** (`requests`): per phase, on objects below hashed prefixes (`storage.spread`: PREFIXES per folder:
+  shuffle files, read blocks, every per-block work file and every task record) and on the others (the input's
+  ranges, per-partition and per-group files, the files every block reads: one prefix per folder). A phase's requests take the longest of: latency x requests / (cores x in flight), in flight per
   core = min(`--concurrency`, `--connections`: the S3 client's pool, one worker process per core); and
   **S3's per-prefix rate** (`--prefix-rate` requests a second per prefix) over the prefixes used.
   Counted explicitly: **component rounds** (measured rounds per run), the **exact check** (`--near-share` of
@@ -139,15 +139,15 @@ def exact_check_requests(lay: dict[str, int], docs: float, near_share: float, fr
     m, g = lay["blocks"], lay["groups"]
     wanted = 2 * near_share * docs  # a document near the threshold is wanted by the two groups of its pairs
     if wanted < 1:
-        return _add({"plain": 2 * g, "spread": g}, {"plain": 2 * g})  # decided, wanted written; check's read, record
+        return _add({"plain": 2 * g, "spread": g}, {"spread": 2 * g})  # decided, wanted written; check's read; record
     frame_bytes = wanted * (lay["block_bytes"] * m / docs) * frame_ratio
     f = max(1, min(m, math.ceil(frame_bytes / FETCH_BYTES)))
     reads = fetch_reads(lay, docs, near_share, frame_ratio)
     return _add({"plain": g},  # the decided pairs written
                 _exchange(g, f, _step_bytes(wanted * WANTED_BYTES, g), m),  # wanted: written, combined, read by block
-                {"spread": int(m * reads["ranges_per_block"]), "plain": 2 * f},  # the fetch tasks' reads, records
+                {"spread": int(m * reads["ranges_per_block"]) + 2 * f},  # the fetch tasks' reads, records
                 _exchange(f, g, _step_bytes(frame_bytes, f)),  # the frames, to their groups
-                {"plain": 3 * g})  # the check: the decided pairs read, the record
+                {"plain": g, "spread": 2 * g})  # the check: the decided pairs read, the record
 
 
 def exact_check_bytes(lay: dict[str, int], docs: float, text_bytes: float, near_share: float, frame_ratio: float) -> float:
@@ -165,19 +165,20 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
     m, pe, g, u = lay["blocks"], lay["partitions_exact"], lay["groups"], min(lay["units"], UNIT_GROUPS)
     losers = lambda senders: _add(  # split by unit, combined, gathered by unit group (`exchange.route_losers`)
         {"spread": senders}, _exchange(senders, u, average_sender_bytes(int(LOSER_SHARE * docs), senders, LOSER_BYTES)),
-        {"spread": u, "plain": 2 * (senders + u)})
+        {"spread": u + 2 * (senders + u)})  # + the records
     pairs = near["candidate_pairs"] * docs
     k_u, k_v = _step_bytes(pairs * PAIR_BYTES["pairs-u"], g), _step_bytes(pairs * PAIR_BYTES["pairs-v"], g)
     k_e = _step_bytes(near["edges"] * docs * PAIR_BYTES["edges"], g)
     k_m = _step_bytes(near["edges"] * docs * MEMBER_BYTES, g)
-    step = lambda largest: _add(_exchange(g, g, largest), {"spread": g, "plain": 2 * g})  # + each task's nodes, records
+    step = lambda largest: _add(_exchange(g, g, largest), {"spread": 3 * g})  # + each task's nodes, records
     rounds = max(1, int(near.get("rounds", 1)))
     phases = {
-        "read": _add({"spread": m, "plain": m * (math.ceil(lay["block_bytes"] / INPUT_RANGE) + 1)}, {"plain": 2 * m}),
-        "unique ids": _add(_exchange(m, pe, lay["exact_keys_bytes"]), {"plain": 3 * pe}),
-        "exact_dedup": _add({"spread": 2 * m, "plain": 2 * m}, {"plain": 2 * m}),  # read block; view; keys; record
-        "exact_dedup resolve": _add(_exchange(m, pe, lay["exact_keys_bytes"]), {"plain": 3 * pe}, losers(pe)),
-        "filters+minhash": _add({"spread": 3 * m + 2 * m, "plain": 2 * m}, {"plain": 2 * m}),  # + buckets, nodes
+        # the input's ranges are the user's keys (plain); every per-block work file and every record is spread
+        "read": _add({"spread": m, "plain": m * (math.ceil(lay["block_bytes"] / INPUT_RANGE) + 1)}, {"spread": 2 * m}),
+        "unique ids": _add(_exchange(m, pe, lay["exact_keys_bytes"]), {"spread": 2 * pe, "plain": pe}),
+        "exact_dedup": _add({"spread": 4 * m}, {"spread": 2 * m}),  # read block; view; keys; record
+        "exact_dedup resolve": _add(_exchange(m, pe, lay["exact_keys_bytes"]), {"spread": 2 * pe, "plain": pe}, losers(pe)),
+        "filters+minhash": _add({"spread": 3 * m + 4 * m}, {"spread": 2 * m}),  # + buckets, nodes
         "minhash resolve": _add(
             _exchange(m, g, lay["near_keys_bytes"]), _exchange(m, g, lay["near_keys_bytes"]),  # pairs; gather
             step(k_u), step(k_v),  # attach, decide
@@ -185,12 +186,12 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
             *[step(k_e) for _ in range(rounds)],  # component rounds
             step(k_m), step(k_m), {"spread": g, "plain": 2},  # members (ids in the nodes: no reads), winners, clusters
             losers(g)),
-        "minhash drop": _add({"spread": 2 * m, "plain": 2 * m}, {"plain": 2 * m}),
+        "minhash drop": _add({"spread": 4 * m}, {"spread": 2 * m}),
         # the tokenizer's sample (a block and its view read, the sample written and combined, one training task),
         # then the tokenize tasks
-        "tokenize": _add({"spread": m, "plain": m}, _exchange(m, 1, TOKENIZER_SAMPLE_BYTES / m),
-                         {"plain": 2 * m + 2}, {"spread": m, "plain": 3 * m}, {"plain": 2 * m}),
-        "shards": _add({"plain": 2 * m + 3 * lay["shards"]}),
+        "tokenize": _add({"spread": 2 * m}, _exchange(m, 1, TOKENIZER_SAMPLE_BYTES / m),
+                         {"spread": 2 * m, "plain": 2}, {"spread": 4 * m}, {"spread": 2 * m}),
+        "shards": _add({"spread": 2 * m + 2 * lay["shards"], "plain": lay["shards"]}),  # the shards are OUT's
     }
     if eval_split:
         phases["eval split"] = eval_requests(lay, docs, near_share, frame_ratio, step)
@@ -210,8 +211,9 @@ def eval_requests(lay: dict[str, int], docs: float, near_share: float, frame_rat
     candidates = max(1, int(fraction * docs / m)) * CANDIDATE_BYTES
     keys = _layout(m, g, lay["near_keys_bytes"], lay["partitions_near"])
     buckets = 2 * g * min(g, keys.groups if isinstance(keys, Combined) else m)
-    return _add({"plain": 3 * 3 * m + 7 * m}, {"spread": m}, _exchange(m, choose, candidates), {"plain": 3 * choose + 3},
-                {"spread": buckets + g, "plain": 2 * g}, step(_step_bytes(1e3 * g, g)), step(_step_bytes(1e3 * g, g)),
+    # per block all spread but the two files every block reads (held.arrow, near.arrow: one key each)
+    return _add({"spread": 3 * 3 * m + 5 * m, "plain": 2 * m}, {"spread": m}, _exchange(m, choose, candidates),
+                {"spread": 2 * choose, "plain": choose + 3}, {"spread": buckets + 3 * g}, step(_step_bytes(1e3 * g, g)), step(_step_bytes(1e3 * g, g)),
                 exact_check_requests(lay, docs, near_share * fraction, frame_ratio), _exchange(g, 1, 1000), {"plain": 3})
 
 

@@ -97,5 +97,6 @@ def test_the_eval_split_adds_its_own_phase_of_requests():
     near = {"candidate_pairs": 0.5, "edges": 0.2, "rounds": 4}
     off, on = requests(lay, 1e9, near, 0.05), requests(lay, 1e9, near, 0.05, eval_split=True)
     assert "eval split" not in off and {k: v for k, v in on.items() if k != "eval split"} == off
-    # three recorded tasks a block at least (a record's check and write, an output): 9 plain requests a block
-    assert on["eval split"]["plain"] >= 9 * lay["blocks"]
+    # three recorded tasks a block at least (a record's check and write, an output), all below hashed prefixes: 9
+    # spread requests a block; the two files every block reads (held, near) are one key each: 2 plain ones a block
+    assert on["eval split"]["spread"] >= 9 * lay["blocks"] and on["eval split"]["plain"] >= 2 * lay["blocks"]
