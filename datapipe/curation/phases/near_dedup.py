@@ -588,8 +588,9 @@ def check_task(step: Step, g: int) -> dict[str, Any]:
 def _shingle_sets(source: KeySource, frames: pa.Table, config: MinHashConfig) -> dict[int, np.ndarray]:
     """Each document's shingle set (by order) from its frame; a frame that does not decompress names its read block."""
     work = location(source.work)
-    paths = [read_block_path(work, _block_name(source, s)) for s in frames.column("sender").to_pylist()]
-    texts = decompress_frames(frames.column("frame").to_pylist(), paths)
+    senders = frames.column("sender").to_pylist()
+    blocks = {s: read_block_path(work, _block_name(source, s)) for s in set(senders)}  # a few blocks, many frames
+    texts = decompress_frames(frames.column("frame").to_pylist(), [blocks[s] for s in senders])
     return dict(zip(frames.column("order").to_pylist(), shingle_sets(pa.array(texts, pa.large_string()), config)))
 
 
