@@ -24,7 +24,7 @@ import zstandard
 
 from datapipe.core.schema import DOC_SCHEMA
 from datapipe.core.shards import atomic_write_bytes, table_bytes
-from datapipe.core.storage import Location, spread
+from datapipe.core.storage import Location, location, spread
 from datapipe.core.workfiles import DamagedWorkFile, checked, read_work_bytes, read_work_ranges, read_work_table, write_work_table
 
 READ = "read"  # the folder of the read blocks: the one copy of the text
@@ -177,15 +177,17 @@ def decompress_frames(frames: Sequence[bytes], paths: Sequence[Location]) -> lis
     return texts
 
 
-def view_path(work: Location, segment: str, block: str) -> Location:
-    """A segment's view of a block (or an `eval.source` block's own file), below a hashed prefix on an object store."""
-    return spread(work / segment / f"{block}.arrow")
+def block_file(work: str | Location, folder: str, block: str) -> Location:
+    """A block's file in a work folder, `<work>/<folder>/<block>.arrow` (a segment's view, its tokens, its rows of
+    the eval split, ...): below a hashed key prefix on an object store (`spread`), as a phase writes one a block,
+    thousands at once at scale."""
+    return spread(location(work) / folder / f"{block}.arrow")
 
 
 def write_view(work: Location, segment: str, block: str, documents: pa.Table) -> None:
     """Write a segment's output for a block: the kept documents' view columns (not their text)."""
     # zstd: orders run in sequence and ids share prefixes, ~26 bytes a document become ~6
-    write_work_table(view_path(work, segment, block), documents.select(VIEW_SCHEMA.names).cast(VIEW_SCHEMA),
+    write_work_table(block_file(work, segment, block), documents.select(VIEW_SCHEMA.names).cast(VIEW_SCHEMA),
                        compression="zstd")
 
 
@@ -203,7 +205,7 @@ def block_documents(work: Location, segment: str, block: str, columns: list[str]
     wanted = list(columns or DOC_SCHEMA.names) + (list(LOCATOR_COLUMNS) if locate else [])
     if segment == READ:
         return _read_block(work, block, "text" in wanted, where).select(wanted).cast(_schema(wanted))
-    path = view_path(work, segment, block)
+    path = block_file(work, segment, block)
     table = read_work_table(path)
     if "text" in table.column_names:
         table = table if where is None else table.take(pa.array(where(table), pa.int64()))

@@ -15,11 +15,12 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datapipe.core.storage import Location, RemotePath, location, remove_tree, spread
+from datapipe.core.storage import Location, RemotePath, location, remove_tree
 from datapipe.curation.config import (
     SHARD_TARGET_BYTES, TASK_BYTES_PER_TEXT_BYTE, CurateConfig, auto_block_bytes, auto_partitions,
 )
 from datapipe.curation.readers import InputUnit, estimated_text_bytes, input_fingerprints
+from datapipe.curation.blocks import block_file
 from stages.base import GlobalStage, Stage
 
 
@@ -92,12 +93,6 @@ def resolve_block_bytes(cfg: CurateConfig, units: list[InputUnit]) -> CurateConf
     if dedup.minhash.partitions == "auto":
         dedup = dataclasses.replace(dedup, minhash=dataclasses.replace(dedup.minhash, partitions=auto_partitions(text_bytes, "minhash", budget)))
     return dataclasses.replace(cfg, dedup=dedup)
-
-
-def block_file(work: str | Location, folder: str, block: str) -> Location:
-    """A block's file in a work folder, `<work>/<folder>/<block>.arrow`: below a hashed key prefix on an object store
-    (`spread`), as a phase writes one a block, thousands at once at scale."""
-    return spread(location(work) / folder / f"{block}.arrow")
 
 
 def token_file(work: str | Location, block: str) -> Location:

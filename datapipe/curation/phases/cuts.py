@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from datapipe.core.storage import Location, location, spread
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.curation.phase import record_in
-from datapipe.curation.plan import block_file
+from datapipe.curation.blocks import block_file
 from stages import diversity
 
 ASSIGN_SCHEMA = pa.schema([("row", pa.int64()), ("domain", pa.string()), ("cluster", pa.int32()),

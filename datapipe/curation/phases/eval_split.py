@@ -57,9 +57,9 @@ from datapipe.curation.counters import Counters
 from datapipe.core.exchange import Exchange, Received, largest_sent, route
 from datapipe.core.shuffle import write_shuffle
 from datapipe.curation.phases import near_dedup
-from datapipe.curation.blocks import block_documents, view_path
+from datapipe.curation.blocks import block_documents, block_file
 from datapipe.curation.phase import record_in
-from datapipe.curation.plan import block_file, token_file
+from datapipe.curation.plan import token_file
 from datapipe.curation.phases.near_dedup import KeySource
 from datapipe.curation.phases.cuts import RowCopies
 from datapipe.core.storage import Location, location, spread
@@ -288,7 +288,7 @@ def source_bucket_task(task: SplitTask, part: int) -> dict[str, int]:
         "order": pa.array([order_key(SOURCE_UNIT, i) for i in range(docs.num_rows)], pa.int64()),
         "lang": pa.nulls(docs.num_rows, pa.string()), "lang_score": pa.nulls(docs.num_rows, pa.float32()),
     }, schema=DOC_SCHEMA)
-    write_work_table(view_path(work, EVAL_DIR, SOURCE_BLOCK), table)  # the text the exact check reads
+    write_work_table(block_file(work, EVAL_DIR, SOURCE_BLOCK), table)  # the text the exact check reads
     write_keys(MinHashStage(config), table, work / EVAL_DIR, SOURCE_BLOCK)
     return {"rows": docs.num_rows}
 

@@ -48,11 +48,11 @@ from datapipe.core.exchange import Exchange, Received, largest_sent, route
 from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, write_shuffle
 from datapipe.core.storage import Location, absolute, is_url, location
 from datapipe.core.workfiles import DamagedWorkFile, checked, read_work_bytes, read_work_table, write_work_table
-from datapipe.curation.blocks import block_documents
+from datapipe.curation.blocks import block_documents, block_file
 from datapipe.curation.config import ReadConfig, SelectionConfig
 from datapipe.curation.counters import Counters
 from datapipe.curation.phase import RunTasks, record_in
-from datapipe.curation.plan import block_file, token_file
+from datapipe.curation.plan import token_file
 from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, cuts, held_rows
 from datapipe.curation.phases.read import working_dir
 from datapipe.curation.readers import InputUnit, plan_units, read_unit

@@ -44,10 +44,11 @@ from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, write_shuffle
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curation.phase import record_in
-from datapipe.curation.plan import block_file, token_file
+from datapipe.curation.plan import token_file
 from datapipe.curation.config import SelectionConfig
 from datapipe.curation.phases.model_selection import select_by_model
 from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, assigned, cuts, held_rows
+from datapipe.curation.blocks import block_file
 from stages import diversity, mixture
 
 COPIES_DIR = "select"  # work/select/<block>.arrow: column `copies`

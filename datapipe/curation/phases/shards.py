@@ -19,9 +19,10 @@ from datapipe.core.storage import Location
 from datapipe.core.workfiles import read_work_table
 from datapipe.curation.phases import eval_split
 from datapipe.curation.config import auto_shard_bytes, config_hash, result_affecting
-from datapipe.curation.plan import Plan, block_file, block_name, lengths_file, token_file
+from datapipe.curation.plan import Plan, block_name, lengths_file, token_file
 from datapipe.curation.phases import model_selection
 from datapipe.curation.phases.cuts import RowCopies
+from datapipe.curation.blocks import block_file
 
 
 def _lengths(plan: Plan, name: str) -> np.ndarray:
