@@ -207,11 +207,10 @@ def block_documents(work: Location, segment: str, block: str, columns: list[str]
         return _read_block(work, block, "text" in wanted, where).select(wanted).cast(_schema(wanted))
     path = block_file(work, segment, block)
     table = read_work_table(path)
-    if "text" in table.column_names:
-        table = table if where is None else table.take(pa.array(where(table), pa.int64()))
-        return table.select(columns) if columns else table
     if where is not None:
         table = table.take(pa.array(where(table), pa.int64()))
+    if "text" in table.column_names:
+        return table.select(columns) if columns else table
     if set(wanted) <= set(VIEW_SCHEMA.names):  # no text needed: the view alone
         return table.select(wanted)
     orders = table.column("order").to_numpy()

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datapipe.core.storage import Location, location, spread
+from datapipe.core.storage import Location, location
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.curation.phase import record_in
 from datapipe.curation.blocks import block_file
@@ -48,7 +48,8 @@ class RowCopies:
     passes: int = 1
 
     def file(self, block: str) -> Location:
-        return spread(location(self.folder) / f"{block}.arrow")
+        folder = location(self.folder)  # where the writer put it: `block_file` of the folder's parent and name
+        return block_file(folder.parent, folder.name, block)
 
     def of(self, block: str) -> np.ndarray:
         values = read_work_table(self.file(block)).column(self.column)

@@ -62,7 +62,7 @@ from datapipe.curation.phase import record_in
 from datapipe.curation.plan import token_file
 from datapipe.curation.phases.near_dedup import KeySource
 from datapipe.curation.phases.cuts import RowCopies
-from datapipe.core.storage import Location, location, spread
+from datapipe.core.storage import Location, location
 from stages.base import write_keys
 from stages.minhash import MinHashConfig, MinHashStage, partition_of, unique_pairs
 
@@ -151,7 +151,7 @@ def chosen_mask(rank: np.ndarray, domain: np.ndarray, tokens: np.ndarray, positi
 
 def _hashes_file(work: str | Location, block: str) -> Location:
     """A block's token hashes (`hash_task`), read by its candidates and its finish tasks."""
-    return spread(location(work) / EVAL_DIR / "hashes" / f"{block}.arrow")
+    return block_file(work, f"{EVAL_DIR}/hashes", block)
 
 
 def hash_task(work: str, block: str) -> dict[str, str]:
