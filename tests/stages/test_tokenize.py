@@ -2,6 +2,7 @@ import json
 import logging
 
 import orjson
+import numpy as np
 import pyarrow as pa
 import pytest
 from tokenizers import Tokenizer
@@ -141,6 +142,10 @@ class _Corrupt:
 
     def encode_batch(self, texts):
         return [ids[:-1] + [ids[-1] ^ 1] if t == self.bad_text else ids for t, ids in zip(texts, self.inner.encode_batch(texts))]
+
+    def encode_array(self, text, head=-1, tail=-1):
+        lists = [[head] * (head >= 0) + ids + [tail] * (tail >= 0) for ids in self.encode_batch(text.to_pylist())]
+        return np.array([i for ids in lists for i in ids], np.uint32), np.array([len(ids) for ids in lists], np.int64)
 
 
 def test_a_sample_mismatch_names_the_document_and_falls_back(ml_json, caplog):
