@@ -2,8 +2,8 @@
 the same ids on every input; and check that on a sample of real documents.
 
 The `tokenizer.json` stays the source of truth: training, the vocabulary and the merges live in
-`tokenizers`. tiktoken's Rust core encodes the same tokenizer 7.4x faster per core (3.5x for the whole
-tokenize stage, BENCHMARKS.md), but the two BPE algorithms differ:
+`tokenizers`. tiktoken's Rust core encodes the same tokenizer several times faster (BENCHMARKS.md), but the
+two BPE algorithms differ:
 
 - `tokenizers` (`Word::merge_all`) starts from one symbol per byte and repeatedly merges the adjacent
   pair with the lowest *merge rank* (its index in `merges`; leftmost on ties). A pair that is not in

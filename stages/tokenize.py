@@ -12,8 +12,8 @@ Special-token text inside a document (e.g. the string "<|endoftext|>") is plain 
 becomes the special id mid-document.
 
 Encoding: `tokenizer.encoder` picks `tokenizers` or the fast encoder of `stages.fast_bpe`
-(tiktoken's core over the same tokenizer.json: 7.4x faster encoding per core, 3.5x faster for the whole tokenize
-stage, BENCHMARKS.md). The fast encoder is used only
+(tiktoken's core over the same tokenizer.json behind a compiled split and a table of pieces seen: several times
+faster, BENCHMARKS.md). The fast encoder is used only
 when the tokenizer is provably equivalent (conditions C0-C3 in `stages/fast_bpe.py`) and, for each
 stage instance (one per worker), when the ids of its first `verify_bytes` of input equal
 `tokenizers`' ids. Either way the output is `tokenizers`' ids, bit for bit.
@@ -62,7 +62,7 @@ class TokenizerConfig:
     batch_size: int = note(512, help="documents per encode_batch call")
     encoder: Encoder = note(
         "auto",
-        help="'tokenizers'; 'fast' (tiktoken's core, same ids: 7.4x faster encoding, 3.5x the whole stage; an error "
+        help="'tokenizers'; 'fast' (tiktoken's core, same ids, several times faster: BENCHMARKS.md; an error "
         "when not provably equivalent); 'auto' = fast when provably equivalent and the sample check passes, else tokenizers",
     )
     verify_bytes: int = note(
