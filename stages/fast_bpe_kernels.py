@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from datapipe.core.compiled import compiled as _compiled
 
@@ -276,6 +277,8 @@ def _buffers(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(the UTF-8 bytes, each document's start and end in them) of an Arrow string array, without a copy."""
     if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)):
         raise TypeError(f"expected an Arrow string array, got {text.type}")
+    if text.null_count:  # a null's offsets may span bytes; it is an empty document
+        text = pc.fill_null(text, "")
     width = np.int64 if pa.types.is_large_string(text.type) else np.int32
     _, offsets_buffer, data_buffer = text.buffers()
     offsets = np.frombuffer(offsets_buffer, width)[text.offset : text.offset + len(text) + 1].astype(np.int64)
@@ -320,8 +323,8 @@ class PieceEncoder:
         lengths = np.empty(len(text), np.int64)
         first = 0
         while first < len(text):
-            last = first + 1 + int(np.searchsorted(offsets[first + 1 :], offsets[first] + self.CHUNK_BYTES, "right"))
-            last = min(max(last, first + 1), len(text))
+            fitting = int(np.searchsorted(offsets[first + 1 :], offsets[first] + self.CHUNK_BYTES, "right"))
+            last = first + max(fitting, 1)  # a document larger than a chunk is a chunk of its own
             parts.append(self._encode_chunk(data, offsets[first : last + 1], head, tail, lengths[first:last]))
             first = last
         return (parts[0] if len(parts) == 1 else np.concatenate(parts or [np.empty(0, np.uint32)])), lengths
