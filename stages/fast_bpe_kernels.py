@@ -289,8 +289,8 @@ class PieceEncoder:
     """Encodes Arrow text with tiktoken's ids for `encoding` (whose split must be the GPT-2 pattern). One per worker
     process; not thread-safe. The table is emptied when it outgrows its limits, which changes speed, never ids."""
 
-    MAX_ENTRIES = 1 << 20
-    MAX_BYTES = 64 << 20  # of piece bytes, and of ids
+    MAX_ENTRIES = 1 << 19  # with MAX_BYTES, what a worker holds at most (docs/curation.md)
+    MAX_BYTES = 32 << 20  # of piece bytes, and of ids
     CHUNK_BYTES = 4 << 20  # of text split at once (the pieces' arrays are 8 bytes a byte of it)
 
     def __init__(self, encoding: Any) -> None:
