@@ -54,7 +54,6 @@ the actual input before a run relies on the fast path.
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -121,7 +120,7 @@ class FastEncoder:
         # directly saves a Python call per document; the public method is the same code.
         core = getattr(self._encoding, "_core_bpe", None)
         self._encode = core.encode_ordinary if core is not None else self._encoding.encode_ordinary
-        self._pieces = PieceEncoder(self._encoding) if compiled.pattern == GPT2_PATTERN else None
+        self._pieces = PieceEncoder(self._encoding)  # its split is GPT2_PATTERN, the one pattern compile_bpe accepts
 
     def encode(self, text: str) -> list[int]:
         try:
@@ -132,12 +131,7 @@ class FastEncoder:
     def encode_array(self, text: "pa.Array", head: int = -1, tail: int = -1) -> tuple[np.ndarray, np.ndarray]:
         """(every document's ids as one uint32 array, with `head` before and `tail` after each where >= 0; each
         document's count) for an Arrow string array."""
-        if self._pieces is not None:
-            return self._pieces.encode(text, head, tail)
-        extra = [head] if head >= 0 else [], [tail] if tail >= 0 else []
-        id_lists = [extra[0] + self.encode(t or "") + extra[1] for t in text.to_pylist()]
-        lengths = np.fromiter(map(len, id_lists), np.int64, len(id_lists))
-        return np.fromiter(itertools.chain.from_iterable(id_lists), np.uint32, int(lengths.sum())), lengths
+        return self._pieces.encode(text, head, tail)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         import pyarrow as pa

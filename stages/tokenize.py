@@ -234,7 +234,7 @@ class TokenizeStage:
         return k, expected
 
     def _with_specials(self, id_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        # Measured: np.fromiter over the chained lists costs ~13 ns a token (~2% of the fast encoder).
+        # tokenizers' id lists (and the sample check's) flattened with the specials; the fast encoder writes them itself
         extra = 1 + (self.bos_id is not None)
         lengths = np.fromiter((len(ids) + extra for ids in id_lists), dtype=np.int64, count=len(id_lists))
         head = [self.bos_id] if self.bos_id is not None else []
