@@ -19,7 +19,7 @@ The model (its assumptions are flags, listed in BENCHMARKS.md, "Cost model"):
 - **CPU**: each parallel phase's measured CPU (seconds x workers) grows with the larger of the document and
   byte ratios and spreads over the cores, then **wave tails**: T tasks on C cores run in ceil(T/C) waves, and
   the last task of a phase takes `--straggler` x a mean task. Serial: Ray's start, the driver's writes, the
-  **tokenizer's training** (`--tokenizer-sample-mb` at `--tokenizer-mb-s`, web.yaml's settings) and the
+  **tokenizer's training** (`--tokenizer-sample-mb` at the `--cpu-run`'s own training rate, else `--tokenizer-mb-s`) and the
   **clusters merge** (one task: every group's cluster rows read, merged and written at one core's bandwidth).
 - **Requests** (`requests`): per phase, on objects below hashed prefixes (`storage.spread`: PREFIXES per folder:
   shuffle files, read blocks, every per-block work file and every task record) and on the others (the input's
@@ -244,6 +244,16 @@ def measured_phases(run: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def tokenizer_mb_s(args: argparse.Namespace, cpu_run: dict[str, Any] | None) -> float:
+    """BPE training's MB of sample a second: the CPU run's own training task where it has one (its sample is the
+    text that reached the tokenizer, up to web.yaml's sample_bytes), else `--tokenizer-mb-s`."""
+    if cpu_run is None or not cpu_run["step_seconds"].get("tokenizer train"):
+        return args.tokenizer_mb_s
+    kept_mb = sum(d["bytes_out"] for d in cpu_run["funnel"][-1]["domains"].values()) / 1e6
+    trained_mb = min(kept_mb, args.tokenizer_sample_mb)
+    return trained_mb / cpu_run["step_seconds"]["tokenizer train"]
+
+
 def _tasks(lay: dict[str, int], phase: str) -> int:
     if "resolve" in phase:
         return lay["groups"] if "minhash" in phase else lay["partitions_exact"]
@@ -281,7 +291,7 @@ def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argpars
                          "request_s": round(total * args.latency_ms / 1000 / in_flight, 1),
                          "prefix_s": round(n.get("spread", 0) / (PREFIXES * args.prefix_rate)
                                            + n.get("plain", 0) / args.prefix_rate, 1), "serial": serial}
-    phases["tokenizer"] = {"cpu_s": round(args.tokenizer_sample_mb / args.tokenizer_mb_s, 1), "requests": 0,
+    phases["tokenizer"] = {"cpu_s": round(args.tokenizer_sample_mb / tokenizer_mb_s(args, cpu_run), 1), "requests": 0,
                            "request_s": 0.0, "prefix_s": 0.0, "serial": True, "tasks": 1}
     phases["minhash clusters"] = _clusters_merge(largest, docs, growth, args)
     work_bytes = largest["work_bytes_per_doc"] * largest["corpus"]["docs"] * growth
@@ -439,6 +449,7 @@ def main() -> None:
         result["request_formula_check"] = check
         calibration = max(1.0, check["server_over_formula"])
     cpu_run = json.loads(Path(args.cpu_run).read_text()) if args.cpu_run else None
+    result["assumptions"]["tokenizer_mb_s"] = round(tokenizer_mb_s(args, cpu_run), 2)
     result.update(project(scale, args.docs, args.text_bytes, args, calibration, cpu_run))
     # 1%, 5% and the shared corpus's share (14,018 of 20,856 documents read by its exact check: 0.336 x 2 reads)
     result["at_other_near_shares"] = {

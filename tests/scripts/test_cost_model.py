@@ -4,7 +4,7 @@ import argparse
 import math
 
 from scripts.cost_model import (_exchange, _step_bytes, exact_check_requests, fetch_reads, layout, measured_phases,
-                                requests)
+                                requests, tokenizer_mb_s)
 
 
 def test_a_fetch_reads_a_blocks_wanted_frames_in_a_few_ranges():
@@ -61,6 +61,18 @@ def test_measured_steps_are_grouped_into_the_models_phases():
                                     "minhash resolve": 3.0, "minhash clusters": 0.5, "minhash drop": 1.5,
                                     "filters+minhash": 4.0, "tokenize": 6.5, "shards": 1.1, "start": 2.0, "write": 0.2,
                                     "clean up": 0.3}
+
+
+def test_the_tokenizers_training_rate_is_the_cpu_runs_own_on_the_text_that_reached_it():
+    args = argparse.Namespace(tokenizer_mb_s=7.3, tokenizer_sample_mb=200.0)
+    funnel = [{"stage": "read", "domains": {"a": {"bytes_out": 500e6}}},
+              {"stage": "minhash", "domains": {"a": {"bytes_out": 90e6}, "b": {"bytes_out": 30e6}}}]
+    run = {"step_seconds": {"tokenizer train": 40.0, "tokenize": 2.0}, "funnel": funnel}
+    assert tokenizer_mb_s(args, run) == 3.0  # 120 MB kept, all of it under the sample's 200 MB
+    funnel[-1]["domains"]["b"]["bytes_out"] = 400e6  # more kept than the sample: training read 200 MB
+    assert tokenizer_mb_s(args, run) == 5.0
+    assert tokenizer_mb_s(args, {"step_seconds": {"tokenize": 2.0}, "funnel": funnel}) == 7.3
+    assert tokenizer_mb_s(args, None) == 7.3
 
 
 def _args(**kw):
