@@ -12,6 +12,7 @@ import hashlib
 import inspect
 import os
 import sys
+import threading
 import warnings
 import zipfile
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import numba
 import numpy as np
+from filelock import FileLock
 
 
 class _NoScipyLinalg:
@@ -67,8 +69,49 @@ CACHE = _can_cache()
 
 def compiled(**options: Any) -> Callable[[Callable], Callable]:
     """numba's `njit`, cached where `_can_cache` found a folder (else compiled in each process: the same results,
-    slower to start)."""
-    return numba.njit(cache=CACHE, nogil=True, **options)
+    slower to start); compiled by one process of a machine at a time (`_compile_one_at_a_time`)."""
+    def decorate(function: Callable) -> Callable:
+        dispatcher = numba.njit(cache=CACHE, nogil=True, **options)(function)
+        if CACHE:  # the folder numba's own locator chose (beside the source, else the user's cache folder)
+            folder = getattr(dispatcher._cache, "_cache_path", None) or _cache_folder(inspect.getfile(function))
+            _compile_one_at_a_time(dispatcher, Path(folder))
+        return dispatcher
+    return decorate
+
+
+def _cache_folder(source_file: str) -> Path:
+    """Where numba caches the loops of `source_file`: NUMBA_CACHE_DIR, else the `__pycache__` beside it."""
+    return Path(os.environ.get("NUMBA_CACHE_DIR") or Path(source_file).parent / "__pycache__")
+
+
+_COMPILING = threading.local()  # how deep this thread is in compiles under a lock (a loop's compile types its callees)
+
+
+def _compile_one_at_a_time(dispatcher: Any, folder: Path) -> None:
+    """The dispatcher's compiles (on a first call, or when a caller's compile types it) hold a lock file in its cache
+    folder. A cold node's workers all reach the same loops at once: one compiles and caches them while the others
+    wait, then load them from the cache instead of each compiling its own copy. Nested compiles take no second lock
+    (one lock a process at a time, so two processes cannot wait on each other); a folder where no lock file can be
+    made compiles unlocked."""
+    compile_now = dispatcher.compile
+
+    def compile_locked(signature: Any) -> Any:
+        if getattr(_COMPILING, "depth", 0):
+            return compile_now(signature)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(folder / "datapipe-compile.lock")
+            lock.acquire()
+        except OSError:
+            return compile_now(signature)
+        _COMPILING.depth = 1
+        try:
+            return compile_now(signature)
+        finally:
+            _COMPILING.depth = 0
+            lock.release()
+
+    dispatcher.compile = compile_locked
 
 
 def cached_arrays(source_file: str, name: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -77,7 +120,7 @@ def cached_arrays(source_file: str, name: str, build: Callable[[], dict[str, np.
     Python build and `build`'s source, so a new Python (its Unicode tables) or a changed `build` makes them again; so
     does a missing or damaged file, or a folder nothing can be written to (then each process makes them)."""
     key = hashlib.sha256(f"{sys.version}\n{inspect.getsource(build)}".encode()).hexdigest()[:16]
-    folder = Path(os.environ.get("NUMBA_CACHE_DIR") or Path(source_file).parent / "__pycache__")
+    folder = _cache_folder(source_file)
     path = folder / f"{name}-{key}.npz"
     try:
         with np.load(path) as saved:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from datapipe.core.compiled import cached_arrays
@@ -31,3 +33,48 @@ def test_arrays_are_made_once_then_loaded_and_made_again_when_their_file_is_dama
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(blocked))
     assert same(cached_arrays(__file__, "tables", build)) and len(made) == 3  # nowhere to keep them: made each time
     assert same(cached_arrays(__file__, "tables", build)) and len(made) == 4
+
+
+_KERNEL = """
+import json, sys
+from datapipe.core.compiled import compiled
+
+@compiled()
+def triangle(n):
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+print("calling", flush=True)
+assert triangle(10) == 45
+print(json.dumps({"misses": sum(triangle.stats.cache_misses.values()), "hits": sum(triangle.stats.cache_hits.values())}))
+"""
+
+
+def test_processes_that_reach_a_loop_at_once_compile_it_once_and_the_others_load_it(tmp_path):
+    """A cold node's workers reach the same loops together: while one holds the compile lock the others wait, then
+    load what it cached. Both processes are held at the lock until each is about to compile, so without the lock
+    both would compile (two misses)."""
+    import os
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (tmp_path / "kernel.py").write_text(_KERNEL)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(sys.path)}
+    with FileLock(cache / "datapipe-compile.lock"):
+        runs = [subprocess.Popen([sys.executable, str(tmp_path / "kernel.py")], env=env, cwd=tmp_path,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        for run in runs:
+            assert run.stdout.readline().strip() == "calling"
+        assert all(run.poll() is None for run in runs)  # both wait at the lock
+    outcomes = []
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        outcomes.append(json.loads(out))
+    assert sorted((o["misses"], o["hits"]) for o in outcomes) == [(0, 1), (1, 0)]
