@@ -69,12 +69,11 @@ CACHE = _can_cache()
 
 def compiled(**options: Any) -> Callable[[Callable], Callable]:
     """numba's `njit`, cached where `_can_cache` found a folder (else compiled in each process: the same results,
-    slower to start); compiled by one process of a machine at a time (`_compile_one_at_a_time`)."""
+    slower to start); compiled by one process of a machine at a time (`compile_lock`)."""
     def decorate(function: Callable) -> Callable:
         dispatcher = numba.njit(cache=CACHE, nogil=True, **options)(function)
-        if CACHE:  # the folder numba's own locator chose (beside the source, else the user's cache folder)
-            folder = getattr(dispatcher._cache, "_cache_path", None) or _cache_folder(inspect.getfile(function))
-            _compile_one_at_a_time(dispatcher, Path(folder))
+        if CACHE:
+            _compile_one_at_a_time(dispatcher, compile_lock(dispatcher))
         return dispatcher
     return decorate
 
@@ -84,23 +83,31 @@ def _cache_folder(source_file: str) -> Path:
     return Path(os.environ.get("NUMBA_CACHE_DIR") or Path(source_file).parent / "__pycache__")
 
 
+def compile_lock(dispatcher: Any) -> Path:
+    """The loop's lock file: in the folder numba's own locator chose for its cache (beside the source, else the
+    user's cache folder), named by its source file and name."""
+    source = inspect.getfile(dispatcher.py_func)
+    folder = getattr(getattr(dispatcher, "_cache", None), "_cache_path", None) or _cache_folder(source)
+    return Path(folder) / f"{Path(source).stem}.{dispatcher.py_func.__qualname__}.compile.lock"
+
+
 _COMPILING = threading.local()  # how deep this thread is in compiles under a lock (a loop's compile types its callees)
 
 
-def _compile_one_at_a_time(dispatcher: Any, folder: Path) -> None:
-    """The dispatcher's compiles (on a first call, or when a caller's compile types it) hold a lock file in its cache
-    folder. A cold node's workers all reach the same loops at once: one compiles and caches them while the others
-    wait, then load them from the cache instead of each compiling its own copy. Nested compiles take no second lock
-    (one lock a process at a time, so two processes cannot wait on each other); a folder where no lock file can be
-    made compiles unlocked."""
+def _compile_one_at_a_time(dispatcher: Any, lock_file: Path) -> None:
+    """The dispatcher's compiles (on a first call, or when a caller's compile types it) hold the loop's lock file.
+    A cold node's workers all reach the same loops at once: one compiles and caches each loop while the others wait
+    for it, then load it from the cache instead of each compiling its own copy (different loops still compile side by
+    side). Nested compiles take no second lock (one lock a process at a time, so two processes cannot wait on each
+    other); where no lock file can be made the loop compiles unlocked."""
     compile_now = dispatcher.compile
 
     def compile_locked(signature: Any) -> Any:
         if getattr(_COMPILING, "depth", 0):
             return compile_now(signature)
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            lock = FileLock(folder / "datapipe-compile.lock")
+            lock_file.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(lock_file)
             lock.acquire()
         except OSError:
             return compile_now(signature)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import numpy as np
+from filelock import FileLock
 
 from datapipe.core.compiled import cached_arrays
 
@@ -37,7 +42,7 @@ def test_arrays_are_made_once_then_loaded_and_made_again_when_their_file_is_dama
 
 _KERNEL = """
 import json, sys
-from datapipe.core.compiled import compiled
+from datapipe.core.compiled import compile_lock, compiled
 
 @compiled()
 def triangle(n):
@@ -46,7 +51,8 @@ def triangle(n):
         total += i
     return total
 
-print("calling", flush=True)
+print(compile_lock(triangle), flush=True)
+sys.stdin.readline()  # both processes go at once
 assert triangle(10) == 45
 print(json.dumps({"misses": sum(triangle.stats.cache_misses.values()), "hits": sum(triangle.stats.cache_hits.values())}))
 """
@@ -54,23 +60,20 @@ print(json.dumps({"misses": sum(triangle.stats.cache_misses.values()), "hits": s
 
 def test_processes_that_reach_a_loop_at_once_compile_it_once_and_the_others_load_it(tmp_path):
     """A cold node's workers reach the same loops together: while one holds the compile lock the others wait, then
-    load what it cached. Both processes are held at the lock until each is about to compile, so without the lock
-    both would compile (two misses)."""
-    import os
-    import subprocess
-    import sys
-
-    from filelock import FileLock
-
+    load what it cached. Both processes are let go at once, so without the lock both would compile (two misses)."""
     cache = tmp_path / "cache"
     cache.mkdir()
     (tmp_path / "kernel.py").write_text(_KERNEL)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(sys.path)}
-    with FileLock(cache / "datapipe-compile.lock"):
-        runs = [subprocess.Popen([sys.executable, str(tmp_path / "kernel.py")], env=env, cwd=tmp_path,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    runs = [subprocess.Popen([sys.executable, str(tmp_path / "kernel.py")], env=env, cwd=tmp_path, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    (lock_file,) = {run.stdout.readline().strip() for run in runs}
+    assert lock_file.startswith(str(cache))
+    with FileLock(lock_file):
         for run in runs:
-            assert run.stdout.readline().strip() == "calling"
+            run.stdin.write("go\n")
+            run.stdin.flush()
+        time.sleep(1.0)
         assert all(run.poll() is None for run in runs)  # both wait at the lock
     outcomes = []
     for run in runs:
