@@ -19,8 +19,9 @@ The model (its assumptions are flags, listed in BENCHMARKS.md, "Cost model"):
 - **CPU**: each parallel phase's measured CPU (seconds x workers) grows with the larger of the document and
   byte ratios and spreads over the cores, then **wave tails**: T tasks on C cores run in ceil(T/C) waves, and
   the last task of a phase takes `--straggler` x a mean task. Serial: Ray's start, the driver's writes, the
-  **tokenizer's training** (`--tokenizer-sample-mb` at the `--cpu-run`'s own training rate, else `--tokenizer-mb-s`) and the
-  **clusters merge** (one task: every group's cluster rows read, merged and written at one core's bandwidth).
+  **tokenizer's training** (`--tokenizer-sample-mb` at the `--cpu-run`'s own training rate, else at
+  `--tokenizer-mb-s`) and the **clusters merge** (one task: every group's cluster rows read, merged and written
+  at one core's bandwidth).
 - **Requests** (`requests`): per phase, on objects below hashed prefixes (`storage.spread`: PREFIXES per folder:
   shuffle files, read blocks, every per-block work file and every task record) and on the others (the input's
   ranges, per-partition and per-group files, the files every block reads: one prefix per folder). A phase's requests take the longest of: latency x requests / (cores x in flight), in flight per
