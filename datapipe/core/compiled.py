@@ -91,7 +91,7 @@ def compile_lock(dispatcher: Any) -> Path:
     return Path(folder) / f"{Path(source).stem}.{dispatcher.py_func.__qualname__}.compile.lock"
 
 
-_COMPILING = threading.local()  # how deep this thread is in compiles under a lock (a loop's compile types its callees)
+_COMPILING = threading.local()  # whether this thread holds a loop's lock (a loop's compile types its callees)
 
 
 def _compile_one_at_a_time(dispatcher: Any, lock_file: Path) -> None:
@@ -103,7 +103,7 @@ def _compile_one_at_a_time(dispatcher: Any, lock_file: Path) -> None:
     compile_now = dispatcher.compile
 
     def compile_locked(signature: Any) -> Any:
-        if getattr(_COMPILING, "depth", 0):
+        if getattr(_COMPILING, "holding", False):
             return compile_now(signature)
         try:
             lock_file.parent.mkdir(parents=True, exist_ok=True)
@@ -111,11 +111,11 @@ def _compile_one_at_a_time(dispatcher: Any, lock_file: Path) -> None:
             lock.acquire()
         except OSError:
             return compile_now(signature)
-        _COMPILING.depth = 1
+        _COMPILING.holding = True
         try:
             return compile_now(signature)
         finally:
-            _COMPILING.depth = 0
+            _COMPILING.holding = False
             lock.release()
 
     dispatcher.compile = compile_locked
