@@ -92,14 +92,15 @@ def _layout(senders: int, receivers: int, largest_bytes: float, partitions: int 
 
 def _exchange(senders: int, receivers: int, largest_bytes: float, partitions: int | None = None) -> dict[str, int]:
     """Requests of an exchange laid out as `exchange.layout` lays it out: each sender's file written once; combined,
-    its range read by each combine task of its group (a header and a range), the combined files written (and their
-    records), each receiver reading a header and a range of each file of its range; else each receiver reading a
-    header and a range of every sender's file."""
+    its range read by each combine task of its group (a header and a range; with one range the file whole, one
+    request), the combined files written (and their records), each receiver reading a header and a range of each
+    file of its range; else each receiver reading a header and a range of every sender's file."""
     lay = _layout(senders, receivers, largest_bytes, partitions)
     if not isinstance(lay, Combined):
         return {"spread": senders + 2 * senders * receivers, "plain": 0}
     ranges = len(lay.starts)
-    return {"spread": senders + 2 * senders * ranges + lay.groups * ranges + 2 * lay.groups * receivers,
+    sender_reads = senders if ranges == 1 else 2 * senders * ranges
+    return {"spread": senders + sender_reads + lay.groups * ranges + 2 * lay.groups * receivers,
             "plain": 2 * lay.groups * ranges}
 
 

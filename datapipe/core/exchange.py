@@ -9,7 +9,8 @@ Every global decision of a run moves rows the same way. A step's M sending tasks
 - else **combined** (a two-level exchange): combine tasks merge the senders, as many to a group as fit one task's
   COMBINE_BYTES, into at most RECEIVER_FILES groups, each cut into partition ranges where its files do not fit a
   task whole; a receiver reads one file of its range per group. Requests grow as M x ranges + R x groups, not
-  M x R, and a combine task holds at most COMBINE_BYTES. The senders' files go once every combine is done.
+  M x R (with one range a combine reads each sender's file whole: one request), and a combine task holds at most
+  COMBINE_BYTES. The senders' files go once every combine is done.
 
 Either way the receivers read the same rows in the same order, so the outputs do not depend on the choice. The
 combine tasks are recorded through `run_tasks` (the run loop checks the records), so a resumed run skips them.
@@ -28,7 +29,10 @@ import pyarrow.compute as pc
 from datapipe.core.shuffle import SUFFIX, read_shuffle, shuffle_files, write_shuffle
 from datapipe.core.storage import Location, location, remove_files, spread
 
-COMBINE_SENDERS = 1024  # sender files one combine task merges, at most, unless more are needed for RECEIVER_FILES
+# sender files one combine task merges, at most, unless more are needed for RECEIVER_FILES: S3_CONNECTIONS reads in
+# flight, so 4,096 small files are 64 rounds of a request's latency; and 4,096 to a group keep an exchange of 16,384
+# senders to 1,165 receivers (1 TB's) within 4 x (senders + receivers) even where its receivers read it twice
+COMBINE_SENDERS = 4096
 COMBINE_BYTES = 1 << 30  # bytes of sender files one combine task holds at most (its senders' ranges, then their merge)
 RECEIVER_FILES = 64  # files a receiver reads, at most: the senders are merged into this many groups or fewer
 

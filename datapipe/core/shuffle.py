@@ -6,7 +6,8 @@ time (1 B documents: ~10^8-10^9 objects a phase). Here each sender writes **one*
 sorted by partition, and each receiver reads its byte range of every sender's file (datatrove's
 MinHash buckets are laid out the same way). Objects per phase: M; requests per receiver: two reads per
 sender file (the header's pieces it needs, then its range: a header with many partitions is not read
-whole), issued concurrently on an object store (`fsspec`'s `cat_ranges`), seeks and reads on a local disk.
+whole), or one where it reads every partition (the file whole: a combine task's usual read), issued
+concurrently on an object store (`fsspec`'s `cat_ranges`), seeks and reads on a local disk.
 
 Layout (little endian)::
 
@@ -120,7 +121,7 @@ class _Header:
             raise DamagedWorkFile(path, "its partition offsets are out of order (a changed byte)")
         self.path = path
 
-    def check(self, schema: bytes, body: bytes) -> Piece:
+    def check(self, schema: bytes, body: bytes | memoryview) -> Piece:
         """The file's piece, once the schema and every partition's bytes match their digests."""
         if len(schema) != self.schema_len or digest(schema) != self.schema_digest:
             raise DamagedWorkFile(self.path, "its schema does not match its digest (cut or changed)")
@@ -133,7 +134,8 @@ class _Header:
         return schema, body, relative
 
 
-Piece = tuple[bytes, bytes, np.ndarray]  # a file's schema, the bytes of partitions p0..p1-1, their offsets in them
+# a file's schema, the bytes of partitions p0..p1-1 (a view of a file read whole), their offsets in them
+Piece = tuple[bytes, bytes | memoryview, np.ndarray]
 
 
 def _local_reads(paths: list[Path], p0: int, p1: int, partitions: int) -> list[Piece]:
@@ -159,6 +161,30 @@ def _local_reads(paths: list[Path], p0: int, p1: int, partitions: int) -> list[P
     return out
 
 
+def _whole(path: str | Path, data: bytes, partitions: int) -> Piece:
+    """A file read whole: its header, schema and every partition's bytes, checked."""
+    header = _Header(str(path), [data], 0, partitions, partitions)
+    schema_at = _schema_at(partitions)
+    body = memoryview(data)[int(header.offsets[0]) : int(header.offsets[-1])]  # a view: the file is held once
+    return header.check(data[schema_at : schema_at + header.schema_len], body)
+
+
+def _whole_reads(paths: list[Path] | list[RemotePath], partitions: int) -> list[Piece]:
+    """Every partition of each file: one read of the file whole, with no read of its header first."""
+    if paths and isinstance(paths[0], RemotePath):
+        fs = paths[0].fs
+        datas = _cat_ranges(fs, paths, [x.path for x in paths], [0] * len(paths), [None] * len(paths))
+        return [_whole(x, data, partitions) for x, data in zip(paths, datas)]
+    out = []
+    for path in paths:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise DamagedWorkFile(path, "it is missing (deleted after its task finished)") from None
+        out.append(_whole(path, data, partitions))
+    return out
+
+
 def _remote_reads(paths: list[RemotePath], p0: int, p1: int, partitions: int) -> list[Piece]:
     """Concurrent range requests over all files: the headers' pieces, then the ranges."""
     fs, names = paths[0].fs, [x.path for x in paths]
@@ -181,7 +207,7 @@ def _remote_reads(paths: list[RemotePath], p0: int, p1: int, partitions: int) ->
     return [h.check(schemas[i], got.get(i, b"")) for i, h in enumerate(parsed)]
 
 
-def _cat_ranges(fs, paths: list[RemotePath], names: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
+def _cat_ranges(fs, paths: list[RemotePath], names: list[str], starts: list[int], ends: list[int | None]) -> list[bytes]:
     """fsspec's concurrent range reads; a file that is gone is a DamagedWorkFile naming it."""
     try:
         return cat_ranges(fs, names, starts, ends)
@@ -206,7 +232,10 @@ def read_shuffle(paths: Sequence[str | Location], p: int, partitions: int, schem
         raise ValueError("shuffle files must all be local or all remote")
     if not locations:
         return schema.empty_table() if schema is not None else None
-    pieces = _remote_reads(remote, p, p1, partitions) if remote else _local_reads(locations, p, p1, partitions)
+    if p == 0 and p1 == partitions:
+        pieces = _whole_reads(locations, partitions)
+    else:
+        pieces = _remote_reads(remote, p, p1, partitions) if remote else _local_reads(locations, p, p1, partitions)
     # each file's rows by its own schema (a sender with no rows may have typed a column as null), unified
     tables = []
     for i, (schema_bytes, body, offsets) in enumerate(pieces):

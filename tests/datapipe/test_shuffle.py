@@ -76,6 +76,36 @@ def test_remote_files_are_read_by_ranges_on_a_real_s3_server(s3_server, tmp_path
     assert len({k.split("/")[0] for k in keys}) > 1  # spread over prefixes
 
 
+def test_a_reader_of_every_partition_reads_each_file_whole_in_one_request(s3_server, monkeypatch):
+    """A combine task reads every partition of its senders' files: one request a file (no header read first), the
+    same rows as partition after partition; a reader of one partition reads a header and a range of each file."""
+    import s3fs
+
+    from datapipe.core.storage import location
+    from datapipe.testing.latency_proxy import LatencyProxy
+
+    folder = location(f"s3://{s3_server[1]}/shuffle-whole")
+    written = _senders(folder, 5)
+    with LatencyProxy(s3_server[0], 0.0) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        s3fs.S3FileSystem.clear_instance_cache()
+        files = shuffle_files(str(folder), list(written))  # opened anew, at the proxy
+        whole = read_shuffle(files, 0, 5, through=5, source_column="sender", partition_column="p")
+        requests_whole = proxy.ranges
+        proxy.reset()
+        one = read_shuffle(files, 2, 5)
+        requests_one = proxy.ranges
+    s3fs.S3FileSystem.clear_instance_cache()
+    assert requests_whole == len(files)
+    with_rows = sum(1 for t in written.values() if 2 in t.column("partition").to_pylist())
+    assert requests_one == len(files) + with_rows
+    by_partition = [read_shuffle(files, p, 5, source_column="sender", partition_column="p") for p in range(5)]
+    expected = pa.concat_tables(by_partition)
+    # partition after partition, each file's rows in its order: the rows of one read, in the same order
+    assert whole.sort_by([("p", "ascending")]).equals(expected.sort_by([("p", "ascending")]))
+    assert one.equals(expected.filter(pa.compute.equal(expected.column("p"), 2)).drop(["sender", "p"]))
+
+
 def _objects(work: Path) -> dict[str, int]:
     return {top: sum(len(files) for _, _, files in os.walk(work / top)) for top in sorted(os.listdir(work))}
 
@@ -157,6 +187,8 @@ def test_a_damaged_file_is_named_never_read_wrong(tmp_path, how, partitions):
                 continue
             assert got.equals(intact[p])  # a partition a reader gets is intact
         assert errors >= 1
+        with pytest.raises(DamagedWorkFile, match="s.shuffle is damaged"):  # read whole (one request): any damage
+            read_shuffle([path], 0, partitions, through=partitions)
     path.unlink()
     with pytest.raises(DamagedWorkFile, match="missing"):
         read_shuffle([path], 0, partitions)

@@ -3,8 +3,9 @@
 import argparse
 import math
 
-from scripts.cost_model import (_exchange, _step_bytes, exact_check_requests, fetch_reads, layout, measured_phases,
-                                requests, tokenizer_mb_s)
+from scripts.cost_model import (CANDIDATE_BYTES, EVAL_CHOOSE_TASKS, KEY_BYTES, LOSER_BYTES, PAIR_BYTES,
+                                TOKENIZER_SAMPLE_BYTES, _exchange, _layout, _step_bytes, average_sender_bytes,
+                                exact_check_requests, fetch_reads, layout, measured_phases, requests, tokenizer_mb_s)
 
 
 def test_a_fetch_reads_a_blocks_wanted_frames_in_a_few_ranges():
@@ -20,19 +21,41 @@ def test_a_fetch_reads_a_blocks_wanted_frames_in_a_few_ranges():
 
 
 def test_an_exchange_grows_as_senders_times_ranges_plus_receivers_once_combined():
-    # 256 small files fit one combine task: 256 writes, 256 ranges read (2 requests each), 1 combined file (and its
-    # record's 2), and each of 5 receivers reads 2 ranges of it
-    assert _exchange(256, 5, 1000) == {"spread": 256 + 512 + 1 + 10, "plain": 2}
+    # 256 small files fit one combine task: 256 writes, 256 files read whole (1 request each), 1 combined file (and
+    # its record's 2), and each of 5 receivers reads 2 ranges of it
+    assert _exchange(256, 5, 1000) == {"spread": 256 + 256 + 1 + 10, "plain": 2}
     # 1 TB's near-dedup keys (16,384 files of 9 MB, 1,165 receivers): 64 groups of 256 (RECEIVER_FILES), each cut
     # into 7 partition ranges to fit COMBINE_BYTES; every sender's range read by 7 tasks, 448 files, 64 a receiver
     assert _exchange(16_384, 1_165, 9e6) == {"spread": 16_384 + 2 * 16_384 * 7 + 448 + 2 * 64 * 1_165, "plain": 896}
 
 
+def test_every_exchange_at_the_forced_terabyte_layout_stays_within_four_times_its_tasks():
+    """bench_layout's run of 1 TB's layout (16,384 blocks of 4 documents, 233 exact and 1,165 near partitions, 1,165
+    groups), each exchange as `exchange.layout` lays it out: near dedup's buckets are read twice (the groups' gather
+    and the eval split's match, a header and a range of each file of the group's range), the rest once."""
+    docs, m, pe, g = 65_536, 16_384, 233, 1_165
+    lay = layout(docs, 235e6, blocks=m, partitions=g, groups=g)  # the run's 235 MB
+    buckets = _layout(m, g, lay["near_keys_bytes"])
+    exchanges = {  # name: (requests, senders, receivers)
+        "ids and exact dedup's keys": (_exchange(m, pe, average_sender_bytes(docs, m, KEY_BYTES)), m, pe),
+        "near dedup's buckets": ({**_exchange(m, g, lay["near_keys_bytes"]), "match": 2 * g * buckets.groups}, m, g),
+        "near dedup's nodes": (_exchange(m, g, lay["near_keys_bytes"]), m, g),
+        "the tokenizer's sample": (_exchange(m, 1, TOKENIZER_SAMPLE_BYTES / m), m, 1),
+        "the eval split's candidates": (_exchange(m, EVAL_CHOOSE_TASKS, CANDIDATE_BYTES), m, EVAL_CHOOSE_TASKS),
+        "the losers by unit": (_exchange(m, 16, average_sender_bytes(docs // 10, m, LOSER_BYTES)), m, 16),
+        "a group-to-group step (pairs-v)": (_exchange(g, g, _step_bytes(docs * PAIR_BYTES["pairs-v"], g)), g, g),
+    }
+    over = {name: (sum(r.values()), 4 * (s + n)) for name, (r, s, n) in exchanges.items() if sum(r.values()) > 4 * (s + n)}
+    assert over == {}
+    # the buckets: 16,384 written and read whole by 4 combine tasks, 4 files each of 1,165 receivers reads twice
+    assert buckets.groups == 4 and len(buckets.starts) == 1
+
+
 def test_an_exchange_reads_the_senders_files_directly_while_that_stays_within_the_bound():
     # 4 senders, 4 receivers: each receiver reads a header and a range of every file, 2 x 4 x 4 <= 4 x (4 + 4)
     assert _exchange(4, 4, 1e6) == {"spread": 4 + 32, "plain": 0}
-    # 5 and 5: 50 > 40, so combined into one file: 5 written, their 5 ranges read, 1 file (and its record), 5 x 2 reads
-    assert _exchange(5, 5, 1e6) == {"spread": 5 + 10 + 1 + 10, "plain": 2}
+    # 5 and 5: 50 > 40, so combined into one file: 5 written, read whole, 1 file (and its record), 5 x 2 reads
+    assert _exchange(5, 5, 1e6) == {"spread": 5 + 5 + 1 + 10, "plain": 2}
     # 1.5 GB files: no two fit a combine task, and 10 are few enough for a receiver to read them all
     assert _exchange(10, 10, 1.5e9) == {"spread": 10 + 200, "plain": 0}
     assert _step_bytes(1e6, 100) == 1.5e4  # a step's largest group file: 1.5 x the mean
