@@ -146,7 +146,7 @@ else:
 losers = pa.concat_tables([read_table(f) for f in sorted(folder.glob("losers-[pt]*.arrow"))])
 kept = table.filter(pc.invert(pc.is_in(table.column("order"), value_set=losers.column("order"))))
 stage_cpu = time.process_time() - t0
-clusters = {r["id"]: r["cluster_id"] for r in __import__("pyarrow.parquet").parquet.read_table(work / "near_duplicates" / "clusters.parquet").to_pylist()}
+clusters = {r["id"]: r["cluster_id"] for r in __import__("pyarrow.parquet").parquet.read_table(work / "near_duplicates" / "clusters").to_pylist()}
 phases = {"map": map_cpu, **phases}
 print(json.dumps({"stage_cpu_seconds": stage_cpu, "phase_cpu_seconds": phases, "summary": summary, "kept": kept.num_rows, "clusters": clusters}))
 """

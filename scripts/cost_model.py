@@ -20,8 +20,8 @@ The model (its assumptions are flags, listed in BENCHMARKS.md, "Cost model"):
   byte ratios and spreads over the cores, then **wave tails**: T tasks on C cores run in ceil(T/C) waves, and
   the last task of a phase takes `--straggler` x a mean task. Serial: Ray's start, the driver's writes, the
   **tokenizer's training** (`--tokenizer-sample-mb` at the `--cpu-run`'s own training rate, else at
-  `--tokenizer-mb-s`) and the **clusters merge** (one task: every group's cluster rows read, merged and written
-  at one core's bandwidth).
+  `--tokenizer-mb-s`). The **clusters merge** is a task per order range of the input (`MERGE_RANGES` at most),
+  each reading its range of every group's cluster rows.
 - **Requests** (`requests`): per phase, on objects below hashed prefixes (`storage.spread`: PREFIXES per folder:
   shuffle files, read blocks, every per-block work file and every task record) and on the others (the input's
   ranges, per-partition and per-group files, the files every block reads: one prefix per folder). A phase's requests take the longest of: latency x requests / (cores x in flight), in flight per
@@ -51,7 +51,7 @@ from datapipe.core.storage import PREFIXES
 from datapipe.curation.config import auto_block_bytes, auto_partitions
 from datapipe.curation.losers import LOSER_BYTES
 from datapipe.curation.phases.eval_split import CANDIDATE_BYTES, CHOOSE_TASKS as EVAL_CHOOSE_TASKS
-from datapipe.curation.phases.near_dedup import FETCH_BYTES, FETCH_GAP, GROUP_DOCS, key_bytes
+from datapipe.curation.phases.near_dedup import FETCH_BYTES, FETCH_GAP, GROUP_DOCS, MERGE_RANGES, key_bytes
 from stages.exact_dedup import KEY_BYTES
 from stages.minhash import MinHashConfig
 
@@ -186,8 +186,11 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
             step(k_u), step(k_v),  # attach, decide
             exact_check_requests(lay, docs, near_share, frame_ratio),  # wanted, fetch, frames, check
             *[step(k_e) for _ in range(rounds)],  # component rounds
-            step(k_m), step(k_m), {"spread": g, "plain": 2},  # members (ids in the nodes: no reads), winners, clusters
+            step(k_m), step(k_m), {"spread": g},  # members (ids in the nodes: no reads), winners
             losers(g)),
+        # the winners' cluster rows sent to the merge tasks, each writing its part (OUT's: one prefix) and record
+        "minhash clusters": _add(_exchange(g, merge_ranges(lay), k_m), {"spread": 2 * merge_ranges(lay),
+                                                                        "plain": merge_ranges(lay)}),
         "minhash drop": _add({"spread": 4 * m}, {"spread": 2 * m}),
         # the tokenizer's sample (a block and its view read, the sample written and combined, one training task),
         # then the tokenize tasks
@@ -256,7 +259,14 @@ def tokenizer_mb_s(args: argparse.Namespace, cpu_run: dict[str, Any] | None) -> 
     return trained_mb / cpu_run["step_seconds"]["tokenizer train"]
 
 
+def merge_ranges(lay: dict[str, int]) -> int:
+    """The clusters merge's tasks: one per order range, a range per input unit up to MERGE_RANGES."""
+    return max(1, min(MERGE_RANGES, lay["units"]))
+
+
 def _tasks(lay: dict[str, int], phase: str) -> int:
+    if phase == "minhash clusters":
+        return merge_ranges(lay)
     if "resolve" in phase:
         return lay["groups"] if "minhash" in phase else lay["partitions_exact"]
     return lay["partitions_exact"] if phase == "unique ids" else lay["blocks"]
@@ -279,8 +289,6 @@ def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argpars
     for phase in counted:  # a phase with requests and no measured step (none in the CPU run) still counts them
         measured.setdefault(phase, 0.0)
     for phase, seconds in measured.items():
-        if phase == "minhash clusters":
-            continue
         serial = phase in SERIAL
         tasks = 1 if serial else _tasks(lay, phase)
         cpu = seconds if serial else seconds * workers * cpu_growth / args.cores
@@ -295,7 +303,6 @@ def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argpars
                                            + n.get("plain", 0) / args.prefix_rate, 1), "serial": serial}
     phases["tokenizer"] = {"cpu_s": round(args.tokenizer_sample_mb / tokenizer_mb_s(args, cpu_run), 1), "requests": 0,
                            "request_s": 0.0, "prefix_s": 0.0, "serial": True, "tasks": 1}
-    phases["minhash clusters"] = _clusters_merge(largest, docs, growth, args)
     work_bytes = largest["work_bytes_per_doc"] * largest["corpus"]["docs"] * growth
     exact_bytes = exact_check_bytes(lay, docs, text_bytes, args.near_share, args.frame_ratio)
     cpu_total = sum(p["cpu_s"] for p in phases.values() if not p["serial"]) or 1.0
@@ -344,8 +351,8 @@ def longest_tasks(phases: dict[str, dict[str, Any]], measured: dict[str, float],
     executor's stall timeout (`ray.stall_timeout_s`: a phase in which no task finishes for that long is stopped)."""
     longest = {}
     for name, p in phases.items():
-        if p["serial"]:  # one task: its CPU, or (the clusters merge) its bytes at one core's bandwidth
-            longest[name] = max(p["cpu_s"], p.get("byte_s_one_core", 0.0))
+        if p["serial"]:  # one task: its CPU
+            longest[name] = p["cpu_s"]
         else:
             longest[name] = round(args.straggler * measured.get(name, 0.0) * cpu_scale / max(p["tasks"], 1), 1)
     worst = max(longest, key=longest.get)
@@ -353,21 +360,7 @@ def longest_tasks(phases: dict[str, dict[str, Any]], measured: dict[str, float],
             "within_timeout": longest[worst] < args.stall_timeout_s, "longest_task_s_by_phase": longest}
 
 
-def _clusters_merge(largest: dict[str, Any], docs: float, growth: float, args: argparse.Namespace) -> dict[str, Any]:
-    """One task merges every group's cluster rows: read, merged, written at one core's bandwidth and CPU."""
-    near = largest.get("near_dedup", {})
-    members = near.get("clusters", 0) + near.get("removed", 0)  # rows of clusters.parquet at the measured scale
-    rows = members * growth
-    seconds = largest["step_seconds"].get("minhash clusters", 0.0) * growth  # one task: its time grows with the rows
-    byte_s = 2 * rows * MEMBER_BYTES / (args.bandwidth_mbs * 1e6)
-    return {"cpu_s": round(seconds, 1), "requests": 0, "request_s": 0.0, "prefix_s": 0.0, "serial": True, "tasks": 1,
-            "rows": int(rows), "byte_s_one_core": round(byte_s, 1)}
-
-
 def _summary(lay: dict[str, int], phases: dict[str, Any], docs: float, work_bytes: float, exact_bytes: float) -> dict[str, Any]:
-    merge = phases["minhash clusters"]
-    merge["seconds"] = max(merge["seconds"], merge.pop("byte_s_one_core"))
-    merge["bound"] = "bytes (one task)" if merge["seconds"] > merge["cpu_s"] else merge["bound"]
     total = sum(p["seconds"] for p in phases.values())
     critical = max(phases, key=lambda k: phases[k]["seconds"])
     return {

@@ -126,9 +126,9 @@ def _token_digests(table: pa.Table) -> list[bytes]:
 
 def duplicate_clusters(folder: Path) -> dict[str, str]:
     """Document id -> its duplicate cluster in a curated folder that ran exact and near dedup: the near-duplicate
-    clusters (near_duplicates/clusters.parquet), each exact copy joined to the cluster of the document it copied
+    clusters (near_duplicates/clusters/, a parquet part per order range), each exact copy joined to the cluster of the document it copied
     (dropped/, stage exact_dedup). Documents in no cluster are absent."""
-    near = pq.read_table(folder / "near_duplicates" / "clusters.parquet", columns=["id", "cluster_id"])
+    near = pq.read_table(folder / "near_duplicates" / "clusters", columns=["id", "cluster_id"])
     cluster = dict(zip(near.column("id").to_pylist(), near.column("cluster_id").to_pylist()))
     dropped = pa.concat_tables(pq.read_table(f, columns=["id", "stage", "kept_id"]) for f in sorted((folder / "dropped").glob("*.parquet")))
     exact = dropped.filter(pc.equal(dropped.column("stage"), "exact_dedup"))

@@ -44,6 +44,7 @@ from datapipe.core.storage import RemotePath, location
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SHARD_DIR = "shards"
+CLUSTERS_DIR = "near_duplicates/clusters"  # near dedup's clusters, a parquet part per order range
 
 
 def shard_schema(token_type: pa.DataType) -> pa.Schema:

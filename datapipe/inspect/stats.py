@@ -48,7 +48,7 @@ from typing import Any
 import polars as pl
 
 from datapipe.core.config import ConfigError
-from datapipe.core.shards import MANIFEST_NAME, SHARD_DIR, read_manifest, read_table
+from datapipe.core.shards import CLUSTERS_DIR, MANIFEST_NAME, SHARD_DIR, read_manifest, read_table
 from datapipe.core.storage import RemotePath, reachable
 from datapipe.inspect.report import distinct_written
 from datapipe.inspect.tables import cell, table
@@ -813,10 +813,10 @@ def _find_dropped(out: Path | RemotePath, doc_id: str) -> dict[str, Any] | None:
 
 
 def _find_cluster(out: Path | RemotePath, doc_id: str) -> dict[str, Any] | None:
-    path = out / "near_duplicates" / "clusters.parquet"
-    if not path.is_file():
+    parts = sorted((out / CLUSTERS_DIR).glob("*.parquet"))
+    if not parts:
         return None
-    lf = _scan([path], parquet=True)
+    lf = _scan(parts, parquet=True)
     mine = lf.filter(pl.col("id") == doc_id).select("cluster_id").head(1).collect()
     if mine.height == 0:
         return None

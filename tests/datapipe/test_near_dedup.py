@@ -76,7 +76,7 @@ def _true_cluster_pairs(texts, words="alnum"):
 
 
 def _found_clusters(out):
-    rows = pq.read_table(out / "near_duplicates" / "clusters.parquet").to_pylist()
+    rows = pq.read_table(out / "near_duplicates" / "clusters").to_pylist()
     return {int(r["id"][3:]): r["cluster_id"] for r in rows}
 
 
@@ -93,7 +93,7 @@ def _minhash_run(out, path, executor, **minhash):
 def test_planted_near_duplicates_precision_and_recall(tmp_path, capsys):
     path, texts = _corpus(tmp_path)
     result = _minhash_run(tmp_path / "out", path, LocalExecutor())
-    clusters = pq.read_table(tmp_path / "out" / "near_duplicates" / "clusters.parquet").to_pylist()
+    clusters = pq.read_table(tmp_path / "out" / "near_duplicates" / "clusters").to_pylist()
     truth = _true_cluster_pairs(texts)
     precision, recall = precision_recall(cluster_pairs(_found_clusters(tmp_path / "out")), truth)
     with capsys.disabled():
@@ -148,8 +148,8 @@ def test_components_in_one_task_equal_distributed_rounds(tmp_path):
     result = _minhash_run(tmp_path / "rounds", path, LocalExecutor(), one_task_edges=0)
     assert result.stats["global_stages"]["minhash"]["rounds"] > 2  # it really ran the distributed rounds
     assert read_manifest(tmp_path / "rounds")["shards"] == read_manifest(tmp_path / "one")["shards"]
-    a = pq.read_table(tmp_path / "one" / "near_duplicates" / "clusters.parquet")
-    assert a.equals(pq.read_table(tmp_path / "rounds" / "near_duplicates" / "clusters.parquet"))
+    a = pq.read_table(tmp_path / "one" / "near_duplicates" / "clusters")
+    assert a.equals(pq.read_table(tmp_path / "rounds" / "near_duplicates" / "clusters"))
 
 
 class _Killed(Exception):
@@ -194,8 +194,8 @@ def test_run_killed_in_the_resolve_resumes_to_the_same_result(tmp_path, monkeypa
         _minhash_run(tmp_path / "out", path, KilledAt(desc, after))
     result = _minhash_run(tmp_path / "out", path, LocalExecutor())
     assert read_manifest(tmp_path / "out") == read_manifest(ref_dir)
-    a = pq.read_table(tmp_path / "out" / "near_duplicates" / "clusters.parquet")
-    assert a.equals(pq.read_table(ref_dir / "near_duplicates" / "clusters.parquet"))
+    a = pq.read_table(tmp_path / "out" / "near_duplicates" / "clusters")
+    assert a.equals(pq.read_table(ref_dir / "near_duplicates" / "clusters"))
     assert result.stats["global_stages"]["minhash"] == ref.stats["global_stages"]["minhash"]
 
 
@@ -209,8 +209,8 @@ def test_the_result_does_not_depend_on_how_partitions_are_grouped_into_tasks(tmp
     many = _minhash_run(tmp_path / "many", path, LocalExecutor(), partitions=8)
     assert many.stats["global_stages"]["minhash"]["tasks"] > 1
     assert read_manifest(tmp_path / "many") == read_manifest(one_dir)
-    a = pq.read_table(tmp_path / "many" / "near_duplicates" / "clusters.parquet")
-    assert a.equals(pq.read_table(one_dir / "near_duplicates" / "clusters.parquet"))
+    a = pq.read_table(tmp_path / "many" / "near_duplicates" / "clusters")
+    assert a.equals(pq.read_table(one_dir / "near_duplicates" / "clusters"))
     assert many.stats["global_stages"]["minhash"]["removed"] == one.stats["global_stages"]["minhash"]["removed"]
 
 
@@ -248,8 +248,8 @@ def test_group_files_are_combined_for_their_readers_and_a_kill_there_resumes(tmp
     assert combined["minhash pairs combine"] == combined["minhash attach combine"] == combined["minhash members combine"] == 1
     assert combined["minhash fetch"] == 1 and "minhash wanted combine" not in combined
     assert read_manifest(tmp_path / "many") == read_manifest(one)
-    a = pq.read_table(tmp_path / "many" / "near_duplicates" / "clusters.parquet")
-    assert a.equals(pq.read_table(one / "near_duplicates" / "clusters.parquet"))
+    a = pq.read_table(tmp_path / "many" / "near_duplicates" / "clusters")
+    assert a.equals(pq.read_table(one / "near_duplicates" / "clusters"))
 
 
 def test_keep_longest_keeps_the_longest_member(tmp_path):
@@ -258,7 +258,7 @@ def test_keep_longest_keeps_the_longest_member(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": t}) + b"\n" for i, t in enumerate(texts)))
     _minhash_run(tmp_path / "out", path, LocalExecutor(), keep="longest")
-    rows = pq.read_table(tmp_path / "out" / "near_duplicates" / "clusters.parquet").to_pylist()
+    rows = pq.read_table(tmp_path / "out" / "near_duplicates" / "clusters").to_pylist()
     assert {r["id"]: r["kept"] for r in rows} == {"d0": False, "d1": True, "d2": False}
     assert {r["cluster_id"] for r in rows} == {"d0"}
 
@@ -268,14 +268,14 @@ def test_same_result_in_one_process_and_on_ray(tmp_path, ray_local):
     _minhash_run(tmp_path / "local", path, LocalExecutor())
     _minhash_run(tmp_path / "ray", path, RayExecutor(progress=False, stall_timeout_s=STALL_S))
     assert read_manifest(tmp_path / "ray") == read_manifest(tmp_path / "local")
-    a = pq.read_table(tmp_path / "local" / "near_duplicates" / "clusters.parquet")
-    b = pq.read_table(tmp_path / "ray" / "near_duplicates" / "clusters.parquet")
+    a = pq.read_table(tmp_path / "local" / "near_duplicates" / "clusters")
+    b = pq.read_table(tmp_path / "ray" / "near_duplicates" / "clusters")
     assert a.equals(b)
 
 
 def test_clusters_merged_a_range_of_input_order_at_a_time_equal_one_sort(tmp_path, monkeypatch):
-    """clusters.parquet is merged by order from the groups' files one range of input units at a time (not
-    sorted whole in one step): three inputs in three ranges give the same table as one range, in input order."""
+    """The clusters are merged by order from the groups' files one range of input units a task (not sorted whole
+    in one step), a part each: three inputs in three ranges give the same table as one range, in input order."""
     from datapipe.curation.phases import near_dedup
 
     path, _ = _corpus(tmp_path)
@@ -287,9 +287,9 @@ def test_clusters_merged_a_range_of_input_order_at_a_time_equal_one_sort(tmp_pat
     ref = _minhash_run(tmp_path / "ref", parts / "*.jsonl", LocalExecutor())
     monkeypatch.setattr(near_dedup, "MERGE_RANGES", 1)
     result = _minhash_run(tmp_path / "out", parts / "*.jsonl", LocalExecutor())
-    a = pq.read_table(tmp_path / "ref" / "near_duplicates" / "clusters.parquet")
-    assert a.num_rows > 10 and a.equals(pq.read_table(tmp_path / "out" / "near_duplicates" / "clusters.parquet"))
-    assert pq.ParquetFile(tmp_path / "ref" / "near_duplicates" / "clusters.parquet").num_row_groups == 3  # a range each
+    a = pq.read_table(tmp_path / "ref" / "near_duplicates" / "clusters")
+    assert a.num_rows > 10 and a.equals(pq.read_table(tmp_path / "out" / "near_duplicates" / "clusters"))
+    assert len(list((tmp_path / "ref" / "near_duplicates" / "clusters").glob("part-*.parquet"))) == 3  # a range each
     docs = [(int(i[3:]) % 3, int(i[3:]) // 3) for i in a.column("id").to_pylist()]
     assert docs == sorted(docs)  # input order: part-K holds documents K, K + 3, ... in order
     assert result.stats["global_stages"]["minhash"] == ref.stats["global_stages"]["minhash"]

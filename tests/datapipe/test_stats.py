@@ -154,7 +154,7 @@ def test_why_duplicates_name_the_copy_kept(run_dir, capsys):
 
     near = dropped.filter(pl.col("reason") == "near_duplicate").row(0, named=True)
     info = stats.why(run_dir, near["id"])
-    clusters = pl.read_parquet(run_dir / "near_duplicates" / "clusters.parquet")
+    clusters = pl.scan_parquet(run_dir / "near_duplicates" / "clusters").collect()
     cid = clusters.filter(pl.col("id") == near["id"])["cluster_id"].item()
     assert info["cluster"]["cluster_id"] == cid and info["cluster"]["kept"] == near["kept_id"]
     assert info["cluster"]["size"] == clusters.filter(pl.col("cluster_id") == cid).height

@@ -14,11 +14,11 @@ from scripts.experiment_curation import duplicate_clusters, write_pool
 
 def _curated_near_arm(folder: Path) -> None:
     """What a curated `near` arm leaves: near-duplicate clusters, and exact copies among the drops."""
-    (folder / "near_duplicates").mkdir(parents=True)
+    (folder / "near_duplicates" / "clusters").mkdir(parents=True)
     (folder / "dropped").mkdir()
     members = [(f"n{c}-{k}", f"n{c}-0") for c in range(40) for k in range(3)]  # 40 clusters of 3
     pq.write_table(pa.table({"id": [m for m, _ in members], "cluster_id": [c for _, c in members],
-                             "kept": [m == c for m, c in members]}), folder / "near_duplicates" / "clusters.parquet")
+                             "kept": [m == c for m, c in members]}), folder / "near_duplicates" / "clusters" / "part-00000.parquet")
     # exact copies: of a near cluster's member, and of a document in no near cluster
     copies = [(f"x{c}", f"n{c}-1") for c in range(40)] + [(f"y{i}", f"solo{i}") for i in range(40)]
     pq.write_table(pa.table({"id": [a for a, _ in copies], "domain": ["d"] * 80, "order": list(range(80)),

@@ -38,8 +38,9 @@ each writing one shuffle file:
 6. winners     one document kept per component; the others become `losers-tNNN.arrow` with reason
                `near_duplicate` and the kept id, which the next segment drops like any global stage's;
                each group's cluster members (`clusters/gNNN`, cut into ranges of input order: `OrderRanges`);
-7. clusters    one task merges those files by order into `near_duplicates/clusters.parquet`, one range
-               of every group's file at a time (`clusters_task`). The driver only adds up the tasks' counts.
+7. clusters    one task per order range merges that range of every group's file by order into
+               `near_duplicates/clusters/part-NNNNN.parquet` (`clusters_task`): the parts, in name order,
+               are the clusters in input order. The driver only adds up the tasks' counts.
 
 No step lists a folder: senders are known (the blocks, or the groups). Objects per step: one per
 task plus its record. A step's input shuffle is deleted once every task that reads it has left its record
@@ -64,7 +65,7 @@ import pyarrow.parquet as pq
 import zstandard
 
 from datapipe.core.schema import ROW_BITS
-from datapipe.core.shards import replacing
+from datapipe.core.shards import CLUSTERS_DIR, replacing
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.exchange import Combined, Exchange, Received, SenderFiles, average_sender_bytes, largest_sent, layout, route
 from datapipe.core.shuffle import write_shuffle
@@ -248,7 +249,7 @@ class Step:
     source: KeySource  # the keys, the documents' text and the grouping (`groups`) the step's readers use
     pairs_folder: str = ""  # pairs-u/, pairs-v/, decided/, wanted/ and frames/ (the eval split's: its own)
     edges_folder: str = ""  # where the checked edges go (the components' input)
-    out_dir: str = ""  # the run's output folder: near_duplicates/clusters.parquet
+    out_dir: str = ""  # the run's output folder: near_duplicates/clusters/
     wanted: Received | None = None  # where the fetch tasks read the wanted documents
     fetches: "Fetches | None" = None
     frames: Received | None = None  # where the check tasks read their frames (None: no group wants any)
@@ -704,24 +705,20 @@ def winners_task(step: Step, g: int) -> dict[str, Any]:
     return {"losers": losers.num_rows, "clusters": n_clusters, "bytes": size}
 
 
-def clusters_task(step: Step, _: int = 0) -> dict[str, Any]:
-    """`out_dir/near_duplicates/clusters.parquet`: every group's clusters merged by order, one order range at a
-    time (a row group each): a step holds one range of every group's file (`OrderRanges`), so memory is the
-    clusters' bytes over the ranges, not the corpus's."""
-    folder, out_dir, groups, ranges = location(step.folder), location(step.out_dir), step.groups, step.ranges
-    clusters = groups.files(folder / "clusters", ranges.count)
+def clusters_part(out_dir: str | Location, r: int) -> Location:
+    return location(out_dir) / CLUSTERS_DIR / f"part-{r:05d}.parquet"
+
+
+def clusters_task(step: Step, r: int) -> dict[str, Any]:
+    """`out_dir/near_duplicates/clusters/part-<r>.parquet`: order range r of every group's clusters merged by
+    order (an empty part where the range has none, so the parts are every range's). A task holds one range of every
+    group's file (`OrderRanges`): memory is the clusters' bytes over the ranges, and the ranges run in parallel."""
+    folder, groups, ranges = location(step.folder), step.groups, step.ranges
     schema = CLUSTER_SCHEMA.remove(CLUSTER_SCHEMA.get_field_index("order"))
-    rows = 0
-    path = out_dir / "near_duplicates" / "clusters.parquet"
-    with replacing(path, False) as tmp, tmp.open("wb") as sink, pq.ParquetWriter(sink, schema) as writer:
-        for r in range(ranges.count):
-            step = clusters.read(r, CLUSTER_SCHEMA)
-            if step.num_rows:
-                writer.write_table(step.sort_by([("order", "ascending")]).drop(["order"]).cast(schema))
-                rows += step.num_rows
-        if rows == 0:
-            writer.write_table(schema.empty_table())
-    return {"rows": rows}
+    rows = groups.files(folder / "clusters", ranges.count).read(r, CLUSTER_SCHEMA)
+    with replacing(clusters_part(step.out_dir, r), False) as tmp, tmp.open("wb") as sink:
+        pq.write_table(rows.sort_by([("order", "ascending")]).drop(["order"]).cast(schema), sink)
+    return {"rows": rows.num_rows}
 
 
 class NearDedupStage(MinHashStage, GlobalStage):
@@ -748,7 +745,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     """Run the whole resolution with `run_tasks(fn, shared, items, desc)` (an executor's: it calls
     `fn(shared, *item)` for each item); `senders` are the map side's blocks (paths below the work
     folder, `folder.parent`), holding `documents` documents in all (what sizes the groups). Writes
-    `out_dir/near_duplicates/clusters.parquet` and `folder/losers-tNNN.arrow` (one per group); returns a
+    `out_dir/near_duplicates/clusters/` and `folder/losers-tNNN.arrow` (one per group); returns a
     summary for the stats."""
     config = stage.config
     proposed = dataclasses.replace(resolve_groups(config.partitions, documents),
@@ -794,8 +791,8 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     kept = run_tasks(winners_task, step.with_groups(groups), parts, f"{stage.name} keep", record=record_in("records", "winners"))
     remove_tree(folder / "members")  # consumed
     groups = exchange_groups(run_tasks, folder / "clusters", groups, kept, f"{stage.name} keep", step.ranges.count)
-    run_tasks(clusters_task, step.with_groups(groups), [(0,)], f"{stage.name} clusters",
-              record=record_in("records", "clusters"))
+    run_tasks(clusters_task, step.with_groups(groups), [(r,) for r in range(step.ranges.count)],
+              f"{stage.name} clusters", record=record_in("records", "clusters"))
     losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)
     return {
         "candidate_pairs": sum(x["candidates"] for x in found),  # distinct within each bucket partition
