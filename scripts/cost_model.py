@@ -77,7 +77,8 @@ def layout(docs: float, text_bytes: float, units: int | None = None, blocks: int
     g = groups or max(1, min(p_near, -(-int(docs) // GROUP_DOCS)))
     return {"blocks": m, "block_bytes": int(text_bytes // m), "partitions_exact": p_exact, "partitions_near": p_near,
             "groups": g, "units": units or m, "shards": int(text_bytes * 0.5 // (64 * 2**20)) + 1,
-            "near_keys_bytes": key_bytes(MinHashConfig(), int(docs), m),
+            "near_keys_bytes": key_bytes(MinHashConfig(), int(docs), m),  # a block's nodes (signatures)
+            "near_bucket_bytes": key_bytes(MinHashConfig(), int(docs), m, "buckets"),
             "exact_keys_bytes": average_sender_bytes(int(docs), m, KEY_BYTES)}
 
 
@@ -182,7 +183,7 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
         "exact_dedup resolve": _add(_exchange(m, pe, lay["exact_keys_bytes"]), {"spread": 2 * pe, "plain": pe}, losers(pe)),
         "filters+minhash": _add({"spread": 3 * m + 4 * m}, {"spread": 2 * m}),  # + buckets, nodes
         "minhash resolve": _add(
-            _exchange(m, g, lay["near_keys_bytes"]), _exchange(m, g, lay["near_keys_bytes"]),  # pairs; gather
+            _exchange(m, g, lay["near_bucket_bytes"]), _exchange(m, g, lay["near_keys_bytes"]),  # pairs; gather
             step(k_u), step(k_v),  # attach, decide
             exact_check_requests(lay, docs, near_share, frame_ratio),  # wanted, fetch, frames, check
             *[step(k_e) for _ in range(rounds)],  # component rounds
@@ -214,7 +215,7 @@ def eval_requests(lay: dict[str, int], docs: float, near_share: float, frame_rat
     m, g = lay["blocks"], lay["groups"]
     choose = min(m, EVAL_CHOOSE_TASKS)
     candidates = max(1, int(fraction * docs / m)) * CANDIDATE_BYTES
-    keys = _layout(m, g, lay["near_keys_bytes"], lay["partitions_near"])
+    keys = _layout(m, g, lay["near_bucket_bytes"], lay["partitions_near"])
     buckets = 2 * g * min(g, keys.groups if isinstance(keys, Combined) else m)
     # per block all spread but the two files every block reads (held.arrow, near.arrow: one key each)
     return _add({"spread": 3 * 3 * m + 5 * m, "plain": 2 * m}, {"spread": m}, _exchange(m, choose, candidates),

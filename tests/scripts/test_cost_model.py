@@ -35,10 +35,10 @@ def test_every_exchange_at_the_forced_terabyte_layout_stays_within_four_times_it
     and the eval split's match, a header and a range of each file of the group's range), the rest once."""
     docs, m, pe, g = 65_536, 16_384, 233, 1_165
     lay = layout(docs, 235e6, blocks=m, partitions=g, groups=g)  # the run's 235 MB
-    buckets = _layout(m, g, lay["near_keys_bytes"])
+    buckets = _layout(m, g, lay["near_bucket_bytes"])
     exchanges = {  # name: (requests, senders, receivers)
         "ids and exact dedup's keys": (_exchange(m, pe, average_sender_bytes(docs, m, KEY_BYTES)), m, pe),
-        "near dedup's buckets": ({**_exchange(m, g, lay["near_keys_bytes"]), "match": 2 * g * buckets.groups}, m, g),
+        "near dedup's buckets": ({**_exchange(m, g, lay["near_bucket_bytes"]), "match": 2 * g * buckets.groups}, m, g),
         "near dedup's nodes": (_exchange(m, g, lay["near_keys_bytes"]), m, g),
         "the tokenizer's sample": (_exchange(m, 1, TOKENIZER_SAMPLE_BYTES / m), m, 1),
         "the eval split's candidates": (_exchange(m, EVAL_CHOOSE_TASKS, CANDIDATE_BYTES), m, EVAL_CHOOSE_TASKS),

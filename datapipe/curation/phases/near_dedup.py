@@ -112,10 +112,12 @@ class KeySource:
     received: tuple[tuple[str, Received], ...] = ()  # where the exchange put each kind's keys (`route_keys`)
 
     def key_exchange(self, kind: str, desc: str = "near dedup keys") -> Exchange:
-        """The exchange of the keys of `kind` to the groups, laid out at the groups' estimate of a sender's bytes (the
-        nodes keep each row's sender, which the exact check needs)."""
+        """The exchange of the keys of `kind` to the groups, laid out at the groups' estimate of a sender's bytes of
+        that kind (the nodes keep each row's sender, which the exact check needs)."""
+        groups = self.groups
+        largest = groups.bucket_bytes or groups.key_bytes if kind == "buckets" else groups.key_bytes
         return Exchange(f"{desc} {kind}", str(location(self.keys) / kind), tuple(s.rsplit("/", 1)[-1] for s in self.senders),
-                        self.groups.partitions, self.groups.key_bytes, spans=tuple(self.groups.starts()),
+                        groups.partitions, largest, spans=tuple(groups.starts()),
                         source_column="sender" if kind == "nodes" else None)
 
     def key_files(self, kind: str, partitions: int) -> Received:
@@ -150,7 +152,8 @@ class Groups:
 
     partitions: int
     count: int
-    key_bytes: int = 0  # the map side's largest key file, estimated: what lays out the keys' exchange (`route_keys`)
+    key_bytes: int = 0  # the map side's largest node file, estimated: what lays out the nodes' exchange (`route_keys`)
+    bucket_bytes: int = 0  # and its largest bucket file (0, a run recorded before: `key_bytes`, as that run laid them out)
     # the step folders (by name) whose group files were combined, and where to (`exchange_groups`)
     combined: tuple[tuple[str, Combined], ...] = ()
 
@@ -181,7 +184,8 @@ class Groups:
 
     def record(self) -> dict[str, int]:
         """What `records/groups.json` keeps: the grouping, fixed by a resolve's first run (not its combines)."""
-        return {"partitions": self.partitions, "count": self.count, "key_bytes": self.key_bytes}
+        return {"partitions": self.partitions, "count": self.count, "key_bytes": self.key_bytes,
+                "bucket_bytes": self.bucket_bytes}
 
 
 def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, results: Sequence[dict[str, Any]],
@@ -207,10 +211,10 @@ GROUP_DOCS = 16_384  # documents per resolve task, at least: a small corpus make
 _KEY_BYTES = {"buckets": 16, "nodes": 40}  # bytes a document's keys take per band (buckets), besides its signature (nodes)
 
 
-def key_bytes(config: MinHashConfig, documents: int, senders: int) -> int:
-    """A sender's key file's bytes, estimated (`shuffle.average_sender_bytes`) at the larger of a document's buckets
-    (one row per band) and its node (the signature): what lays out the keys' exchange."""
-    per_doc = max(_KEY_BYTES["buckets"] * config.lsh_params()[0], _KEY_BYTES["nodes"] + 4 * config.num_perm)
+def key_bytes(config: MinHashConfig, documents: int, senders: int, kind: str = "nodes") -> int:
+    """A sender's key file of `kind`, its bytes estimated (`shuffle.average_sender_bytes`): a document's buckets
+    (one row per band) or its node (the signature); what lays out that kind's exchange."""
+    per_doc = _KEY_BYTES["buckets"] * config.lsh_params()[0] if kind == "buckets" else _KEY_BYTES["nodes"] + 4 * config.num_perm
     return average_sender_bytes(documents, senders, per_doc)
 
 
@@ -749,7 +753,8 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     summary for the stats."""
     config = stage.config
     proposed = dataclasses.replace(resolve_groups(config.partitions, documents),
-                                   key_bytes=key_bytes(config, documents, len(senders)))
+                                   key_bytes=key_bytes(config, documents, len(senders)),
+                                   bucket_bytes=key_bytes(config, documents, len(senders), "buckets"))
     # fixed by the first run (the task's record, `records/groups.json`): a resume keeps its grouping
     first = run_tasks(first_run_choice_task, Choice(str(folder), proposed.record()), [()], f"{stage.name} groups",
                       record=record_in("records", "groups"))[0]
