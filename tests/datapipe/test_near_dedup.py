@@ -500,3 +500,21 @@ def test_without_verification_every_candidate_pair_joins_a_cluster(tmp_path):
     nodes = pa.concat_tables([read_work_table(f) for f in sorted((tmp_path / "unverified" / "work" / "minhash"
                                                                             / "nodes-by-group").glob("*.arrow"))])
     assert "signature" not in nodes.column_names
+
+
+def test_each_kind_of_key_is_laid_out_by_its_own_bytes_and_a_recorded_grouping_keeps_its_layout():
+    """A block's buckets (a row per band) and its nodes (the signature) are exchanged each by its own estimate, so
+    that the smaller buckets are cut into fewer combine ranges; a grouping recorded before the buckets had their own
+    (no `bucket_bytes`) lays them out as that run did, by the nodes'."""
+    from datapipe.curation.phases.near_dedup import Groups, KeySource, key_bytes, resolve_groups
+
+    config = near_dedup.MinHashConfig()
+    proposed = resolve_groups(1_165, 10**9)
+    groups = Groups(proposed.partitions, proposed.count, key_bytes=key_bytes(config, 10**9, 16_384),
+                    bucket_bytes=key_bytes(config, 10**9, 16_384, "buckets"))
+    assert groups.bucket_bytes < groups.key_bytes / 2  # 16-byte rows a band, against a 4-byte value a permutation
+    source = KeySource("keys", "work", ("read/b0",), groups=Groups(**groups.record()))
+    assert source.key_exchange("buckets").largest_bytes == groups.bucket_bytes
+    assert source.key_exchange("nodes").largest_bytes == groups.key_bytes
+    before = {k: v for k, v in groups.record().items() if k != "bucket_bytes"}
+    assert KeySource("keys", "work", ("read/b0",), groups=Groups(**before)).key_exchange("buckets").largest_bytes == groups.key_bytes
