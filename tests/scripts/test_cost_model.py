@@ -4,7 +4,7 @@ import argparse
 import math
 
 from scripts.cost_model import (CANDIDATE_BYTES, EVAL_CHOOSE_TASKS, KEY_BYTES, LOSER_BYTES, PAIR_BYTES,
-                                TOKENIZER_SAMPLE_BYTES, _exchange, _layout, _step_bytes, average_sender_bytes,
+                                TOKENIZER_SAMPLE_BYTES, WANTED_BYTES, _exchange, _layout, _step_bytes, average_sender_bytes,
                                 exact_check_requests, fetch_reads, layout, measured_phases, requests, tokenizer_mb_s)
 
 
@@ -42,8 +42,14 @@ def test_every_exchange_at_the_forced_terabyte_layout_stays_within_four_times_it
         "near dedup's nodes": (_exchange(m, g, lay["near_keys_bytes"]), m, g),
         "the tokenizer's sample": (_exchange(m, 1, TOKENIZER_SAMPLE_BYTES / m), m, 1),
         "the eval split's candidates": (_exchange(m, EVAL_CHOOSE_TASKS, CANDIDATE_BYTES), m, EVAL_CHOOSE_TASKS),
-        "the losers by unit": (_exchange(m, 16, average_sender_bytes(docs // 10, m, LOSER_BYTES)), m, 16),
+        # the losers split by the 16 input files' units: of exact dedup's partitions, of near dedup's groups
+        "exact dedup's losers by unit": (_exchange(pe, 16, average_sender_bytes(docs // 10, pe, LOSER_BYTES)), pe, 16),
+        "near dedup's losers by unit": (_exchange(g, 16, average_sender_bytes(docs // 10, g, LOSER_BYTES)), g, 16),
         "a group-to-group step (pairs-v)": (_exchange(g, g, _step_bytes(docs * PAIR_BYTES["pairs-v"], g)), g, g),
+        # the exact check's 5% of documents near the threshold: one fetch task (6 MB of frames)
+        "the wanted documents": (_exchange(g, 1, _step_bytes(0.1 * docs * WANTED_BYTES, g), m), g, 1),
+        "the frames": (_exchange(1, g, 0.1 * docs * 1_800), 1, g),
+        "the eval split's edges": (_exchange(g, 1, 1_000), g, 1),
     }
     over = {name: (sum(r.values()), 4 * (s + n)) for name, (r, s, n) in exchanges.items() if sum(r.values()) > 4 * (s + n)}
     assert over == {}
