@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from datapipe.core.shards import atomic_write_bytes
 from datapipe.core.storage import Location, RemotePath, cat_ranges, location, spread
-from datapipe.core.workfiles import DamagedWorkFile, digest
+from datapipe.core.workfiles import DamagedWorkFile, checked_ranges, digest
 
 MAGIC = b"DPSHUF02"
 SUFFIX = ".shuffle"
@@ -208,12 +208,10 @@ def _remote_reads(paths: list[RemotePath], p0: int, p1: int, partitions: int) ->
 
 
 def _cat_ranges(fs, paths: list[RemotePath], names: list[str], starts: list[int], ends: list[int | None]) -> list[bytes]:
-    """fsspec's concurrent range reads; a file that is gone is a DamagedWorkFile naming it."""
-    try:
-        return cat_ranges(fs, names, starts, ends)
-    except FileNotFoundError as exc:
-        missing = next((p for p in paths if p.path in str(exc)), paths[0])
-        raise DamagedWorkFile(missing, "it is missing (deleted after its task finished)") from None
+    """fsspec's concurrent range reads of `names` (of the files `paths`); a file that is gone, emptied or cut short of
+    a range is a DamagedWorkFile naming it (`workfiles.checked_ranges`)."""
+    by_name = {p.path: p for p in paths}
+    return checked_ranges([by_name[n] for n in names], cat_ranges(fs, names, starts, ends, on_error="return"))
 
 
 def read_shuffle(paths: Sequence[str | Location], p: int, partitions: int, schema: pa.Schema | None = None, *,

@@ -14,6 +14,7 @@ partition (`datapipe.core.shuffle`). xxh3 hashes at memory speed: the check cost
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import struct
@@ -87,18 +88,27 @@ def read_work_bytes(path: str | Path | Location) -> pa.Buffer:
     return verified(path, data)
 
 
+def checked_ranges(paths: Sequence[Location], pieces: list) -> list[bytes]:
+    """The pieces of `cat_ranges(..., on_error="return")` over work files (`paths[i]`'s range is `pieces[i]`): a file
+    that is gone, or one a range starts past the end of (S3 answers 416, which s3fs raises as EINVAL: the file emptied
+    or cut), is a DamagedWorkFile naming it; any other error is raised as it is."""
+    for path, piece in zip(paths, pieces):
+        if isinstance(piece, FileNotFoundError):
+            raise DamagedWorkFile(path, "it is missing (deleted after its task finished)")
+        if isinstance(piece, OSError) and piece.errno == errno.EINVAL:
+            raise DamagedWorkFile(path, "it is shorter than its task wrote (emptied or cut)")
+        if isinstance(piece, BaseException):
+            raise piece
+    return pieces
+
+
 def read_work_ranges(paths: Sequence[str | Path | Location], starts: list[int], ends: list[int]) -> list[bytes]:
     """Byte ranges of work files (`starts[i]` to `ends[i]` of `paths[i]`), unchecked (the caller checks what it reads:
     a frame's own checksum): on an object store all requested at once (`cat_ranges`), on a disk read in turn, a file
     opened once for its run of ranges; a missing file, or one shorter than a range, is a DamagedWorkFile naming it."""
     paths = [location(p) for p in paths]
     if paths and isinstance(paths[0], RemotePath):  # one work folder: every path on one file system
-        out = cat_ranges(paths[0].fs, [p.path for p in paths], starts, ends, on_error="return")
-        for path, piece in zip(paths, out):
-            if isinstance(piece, FileNotFoundError):
-                raise DamagedWorkFile(path, "it is missing (deleted after its task finished)")
-            if isinstance(piece, BaseException):
-                raise piece
+        out = checked_ranges(paths, cat_ranges(paths[0].fs, [p.path for p in paths], starts, ends, on_error="return"))
     else:
         out = []
         for path, ranges in itertools.groupby(zip(paths, starts, ends), key=lambda r: r[0]):

@@ -155,6 +155,26 @@ def test_a_range_of_partitions_is_read_in_one_piece_of_each_file(tmp_path, parti
     assert list(zip(got.column("sender").to_pylist(), got.column("p").to_pylist(), got.column("name").to_pylist())) == expected
 
 
+@pytest.mark.parametrize("how", ["emptied", "cut"])
+def test_an_emptied_or_cut_file_on_s3_is_named_not_a_range_error(s3_server, how):
+    """S3 answers a range that starts past an object's end with 416 (s3fs: OSError EINVAL): an emptied file read whole
+    or by its header, or a file cut inside its header, is the DamagedWorkFile naming it, as on a disk."""
+    from datapipe.core.storage import location, spread
+    from datapipe.core.workfiles import read_work_ranges
+
+    folder = location(f"s3://{s3_server[1]}/damaged-{how}")
+    table = pa.table({"key": np.arange(50, dtype=np.int64)})
+    write_shuffle(folder / "s.shuffle", table, np.arange(50) % 3, 3)
+    path = spread(shuffle_files(str(folder), ["s"])[0])
+    data = path.fs.cat_file(path.path)
+    path.fs.pipe_file(path.path, b"" if how == "emptied" else data[:20])
+    for p, through in ((0, 3), (1, 2)):  # read whole (one request); a header, then a range
+        with pytest.raises(DamagedWorkFile, match=r"s\.shuffle is damaged"):
+            read_shuffle([path], p, 3, through=through)
+    with pytest.raises(DamagedWorkFile, match="shorter than its task wrote"):
+        read_work_ranges([path], [40], [60])  # the exact check's reads of a block's frames
+
+
 def _damaged(data: bytes, how: str, at: int) -> bytes:
     if how == "cut":
         return data[: len(data) // 2]
