@@ -82,27 +82,32 @@ def layout(docs: float, text_bytes: float, units: int | None = None, blocks: int
             "exact_keys_bytes": average_sender_bytes(int(docs), m, KEY_BYTES)}
 
 
-def _layout(senders: int, receivers: int, largest_bytes: float, partitions: int | None = None) -> Any:
-    """`exchange.layout` of `senders` files of `largest_bytes` each to `receivers` (each a span of adjacent partitions
-    where there are more `partitions` than receivers)."""
+def _exchange_of(senders: int, receivers: int, largest_bytes: float, partitions: int | None = None) -> Exchange:
+    """An exchange of `senders` files of `largest_bytes` each to `receivers` (each a span of adjacent partitions where
+    there are more `partitions` than receivers)."""
     partitions = partitions or receivers
     spans = tuple(i * partitions // receivers for i in range(receivers)) if receivers != partitions else None
-    return exchange.layout(Exchange("x", "x", tuple(str(i) for i in range(senders)), partitions, int(largest_bytes),
-                                    spans=spans))
+    return Exchange("x", "x", tuple(str(i) for i in range(senders)), partitions, int(largest_bytes), spans=spans)
+
+
+def _layout(senders: int, receivers: int, largest_bytes: float, partitions: int | None = None) -> Any:
+    """`exchange.layout` of that exchange: where its receivers read."""
+    return exchange.layout(_exchange_of(senders, receivers, largest_bytes, partitions))
 
 
 def _exchange(senders: int, receivers: int, largest_bytes: float, partitions: int | None = None) -> dict[str, int]:
-    """Requests of an exchange laid out as `exchange.layout` lays it out: each sender's file written once; combined,
-    its range read by each combine task of its group (a header and a range; with one range the file whole, one
-    request), the combined files written (and their records), each receiver reading a header and a range of each
-    file of its range; else each receiver reading a header and a range of every sender's file."""
-    lay = _layout(senders, receivers, largest_bytes, partitions)
-    if not isinstance(lay, Combined):
-        return {"spread": senders + 2 * senders * receivers, "plain": 0}
-    ranges = len(lay.starts)
-    sender_reads = senders if ranges == 1 else 2 * senders * ranges
-    return {"spread": senders + sender_reads + lay.groups * ranges + 2 * lay.groups * receivers,
-            "plain": 2 * lay.groups * ranges}
+    """Requests of an exchange laid out as `exchange.plan` lays it out: each sender's file written once; each level of
+    combines reading its senders' files (whole, one request, where a group fits a task; else a header and a range by
+    each range's task) and writing its files (and their records); each receiver reading a header and a range of each
+    file of its range, or of every sender's file where nothing is combined."""
+    combines, received = exchange.plan(_exchange_of(senders, receivers, largest_bytes, partitions))
+    spread, plain = senders, 0
+    for _, lay in combines:
+        ranges = len(lay.starts)
+        spread += (lay.senders if ranges == 1 else 2 * lay.senders * ranges) + lay.groups * ranges
+        plain += 2 * lay.groups * ranges
+    files = received.groups if isinstance(received, Combined) else len(received.names)
+    return {"spread": spread + 2 * files * receivers, "plain": plain}
 
 
 def _step_bytes(step_bytes: float, senders: int) -> float:
@@ -216,7 +221,7 @@ def eval_requests(lay: dict[str, int], docs: float, near_share: float, frame_rat
     choose = min(m, EVAL_CHOOSE_TASKS)
     candidates = max(1, int(fraction * docs / m)) * CANDIDATE_BYTES
     keys = _layout(m, g, lay["near_bucket_bytes"], lay["partitions_near"])
-    buckets = 2 * g * min(g, keys.groups if isinstance(keys, Combined) else m)
+    buckets = 2 * g * min(g, keys.groups if isinstance(keys, Combined) else len(keys.names))
     # per block all spread but the two files every block reads (held.arrow, near.arrow: one key each)
     return _add({"spread": 3 * 3 * m + 5 * m, "plain": 2 * m}, {"spread": m}, _exchange(m, choose, candidates),
                 {"spread": 2 * choose, "plain": choose + 3}, {"spread": buckets + 3 * g}, step(_step_bytes(1e3 * g, g)), step(_step_bytes(1e3 * g, g)),

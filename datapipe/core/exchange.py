@@ -6,11 +6,12 @@ Every global decision of a run moves rows the same way. A step's M sending tasks
 
 - **directly**, each receiver reading its range of every sender's file, where that is few files a receiver and few
   requests: at most RECEIVER_FILES senders and 2 M R <= 4 (M + R) (or where no two senders' files fit one merge);
-- else **combined** (a two-level exchange): combine tasks merge the senders, as many to a group as fit one task's
-  COMBINE_BYTES, into at most RECEIVER_FILES groups, each cut into partition ranges where its files do not fit a
-  task whole; a receiver reads one file of its range per group. Requests grow as M x ranges + R x groups, not
-  M x R (with one range a combine reads each sender's file whole: one request), and a combine task holds at most
-  COMBINE_BYTES. The senders' files go once every combine is done.
+- else **combined**: combine tasks merge the senders, as many to a group as fit one task's COMBINE_BYTES (each
+  sender's file read whole, in one request), into at most RECEIVER_FILES groups; a receiver reads one file per
+  group. Where a group's files do not fit a task whole, they are first merged whole into batches of as many as fit
+  (a level more), and the batches' groups are cut into partition ranges, one task each: a receiver reads one file of
+  its range per group. Requests grow as M + batches x ranges + R x groups, not M x R, and a combine task holds at
+  most COMBINE_BYTES. Each level's senders' files go once its combines are done.
 
 Either way the receivers read the same rows in the same order, so the outputs do not depend on the choice. The
 combine tasks are recorded through `run_tasks` (the run loop checks the records), so a resumed run skips them.
@@ -86,6 +87,7 @@ class Combined:
     senders: int
     per_file: int
     starts: tuple[int, ...] = (0,)
+    prefix: str = "combined"  # the files' names ("batch": a first level's, `plan`)
 
     @property
     def groups(self) -> int:
@@ -98,7 +100,7 @@ class Combined:
         return self.starts[r], self.starts[r + 1] if r + 1 < len(self.starts) else self.partitions
 
     def name(self, r: int, k: int) -> str:
-        return f"combined-{k:05d}" if len(self.starts) == 1 else f"combined-r{r:03d}-{k:05d}"
+        return f"{self.prefix}-{k:05d}" if len(self.starts) == 1 else f"{self.prefix}-r{r:03d}-{k:05d}"
 
     def files(self, r: int) -> list[Location]:
         """The files of range r, one per group."""
@@ -135,10 +137,9 @@ def combine_layout(folder: str | Location, senders: int, partitions: int, larges
     return Combined(str(folder), partitions, senders, per_file, starts)
 
 
-def layout(exchange: Exchange) -> Received:
-    """Where `exchange`'s receivers will read (`route` decides by this, the cost model counts by it): the senders'
-    own files where a receiver reads few of them and the requests stay within 4 x (senders + receivers), or where
-    no two senders' files fit one combine task; else the combined files."""
+def _one_level(exchange: Exchange) -> Received:
+    """The senders' own files where a receiver reads few of them and the requests stay within 4 x (senders +
+    receivers), or where no two senders' files fit one combine task; else the combined files."""
     m, r = len(exchange.senders), exchange.receivers
     combined = combine_layout(exchange.folder, m, exchange.partitions, exchange.largest_bytes, exchange.spans)
     if (m <= RECEIVER_FILES and 2 * m * r <= 4 * (m + r)) or combined.per_file < 2:
@@ -146,20 +147,47 @@ def layout(exchange: Exchange) -> Received:
     return combined
 
 
+def plan(exchange: Exchange) -> tuple[list[tuple[Exchange, Combined]], Received]:
+    """The combines `exchange` needs, in order (each level's exchange and how it is combined), and where its receivers
+    read. Where a group's senders do not fit one combine task whole, each sender's file would be read by every partition
+    range's task (2 x senders x ranges requests): the senders are first merged whole into batches of as many as fit a
+    task (each file read once, in one request), and the batches' files are then exchanged as any senders' are."""
+    received = _one_level(exchange)
+    fit = COMBINE_BYTES // (3 * max(int(exchange.largest_bytes), 1))
+    if not isinstance(received, Combined) or len(received.starts) == 1 or fit < 2:
+        return ([(exchange, received)] if isinstance(received, Combined) else []), received
+    m = len(exchange.senders)
+    batches = Combined(exchange.folder, exchange.partitions, m, min(fit, m), prefix="batch")
+    merged = Exchange(f"{exchange.desc} batches", exchange.folder, tuple(batches.name(0, k) for k in range(batches.groups)),
+                      exchange.partitions, batches.per_file * int(exchange.largest_bytes), exchange.spans,
+                      records=exchange.records)  # the sender column, where asked for, is in the batches' rows
+    then, received = plan(merged)
+    return [(exchange, batches), *then], received
+
+
+def layout(exchange: Exchange) -> Received:
+    """Where `exchange`'s receivers will read (`route` decides by this, the cost model counts by it): `plan`'s."""
+    return plan(exchange)[1]
+
+
 def route(run_tasks: Callable[..., list], exchange: Exchange) -> Received:
-    """Where `exchange`'s receivers read (`layout`), once the combine tasks it needs have run (one per group of
-    senders and partition range, each recorded) and the senders' files they merged are deleted."""
-    received = layout(exchange)
-    if isinstance(received, SenderFiles):
-        return received
-    groups = [list(exchange.senders[i : i + received.per_file]) for i in range(0, len(exchange.senders), received.per_file)]
+    """Where `exchange`'s receivers read (`layout`), once the combine tasks it needs have run (`plan`: one per group of
+    senders and partition range, each recorded, level after level) and the senders' files each level merged are
+    deleted."""
+    combines, received = plan(exchange)
+    for level, combined in combines:
+        _combine(run_tasks, level, combined)
+    return received
+
+
+def _combine(run_tasks: Callable[..., list], exchange: Exchange, combined: Combined) -> None:
+    groups = [list(exchange.senders[i : i + combined.per_file]) for i in range(0, len(exchange.senders), combined.per_file)]
     records = location(exchange.records) if exchange.records is not None else location(exchange.folder).parent / "records"
-    items = [(r, k, g) for r in range(len(received.starts)) for k, g in enumerate(groups)]
-    run_tasks(combine_task, CombineTask(received, exchange.source_column, str(records)), items, f"{exchange.desc} combine",
+    items = [(r, k, g) for r in range(len(combined.starts)) for k, g in enumerate(groups)]
+    run_tasks(combine_task, CombineTask(combined, exchange.source_column, str(records)), items, f"{exchange.desc} combine",
               record=combine_record)
     # every combine task has left its record: the senders' files are read by no one now (a resume skips the combines)
     remove_files([spread(p) for p in shuffle_files(exchange.folder, exchange.senders)])
-    return received
 
 
 def largest_sent(results: Sequence[dict[str, Any]], key: str = "bytes") -> int:

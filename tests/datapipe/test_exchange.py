@@ -35,14 +35,15 @@ class _Tasks:
         return [fn(shared, *item) for item in items]
 
 
-@pytest.mark.parametrize("receiver_files, per_file, ranges", [(64, 2, 1), (2, 3, 2)])
+@pytest.mark.parametrize("receiver_files, groups, ranges, calls", [(64, 3, 1, [3]), (2, 2, 2, [3, 4])])
 def test_combined_senders_give_each_receiver_the_same_rows_in_the_same_order(tmp_path, monkeypatch, receiver_files,
-                                                                             per_file, ranges):
+                                                                             groups, ranges, calls):
     """5 senders to 4 receivers (2 x 5 x 4 requests: past 4 x (5 + 4)): merged as many to a group as fit a combine
-    task's bytes (2 here); where that leaves more groups than a receiver may read (RECEIVER_FILES), larger groups
-    cut into partition ranges, one task each. Every partition reads the same rows, in the same order, from the
-    combined files as from the 5 senders' (so receivers' outputs do not change), and never more than RECEIVER_FILES
-    files."""
+    task's bytes (2 here), each sender's file read whole; where that leaves more groups than a receiver may read
+    (RECEIVER_FILES), the senders are first merged whole into batches of 2 (3 tasks), and the 3 batches' files into
+    2 groups cut into 2 partition ranges, one task each (4). Every partition reads the same rows, in the same order,
+    from the combined files as from the 5 senders' (so receivers' outputs do not change), and never more than
+    RECEIVER_FILES files."""
     rng = np.random.default_rng(0)
     names = tuple(f"b{i}" for i in range(5))
     largest = _write_senders(tmp_path, names, 4, rng)
@@ -51,15 +52,14 @@ def test_combined_senders_give_each_receiver_the_same_rows_in_the_same_order(tmp
     run_tasks = _Tasks()
     direct = [read_shuffle(shuffle_files(tmp_path, names), p, 4) for p in range(4)]
     combined = route(run_tasks, Exchange("keys", str(tmp_path), names, 4, largest))
-    groups = -(-5 // per_file)
-    assert isinstance(combined, Combined)
-    assert (combined.per_file, len(combined.starts), combined.groups) == (per_file, ranges, groups)
-    assert run_tasks.calls == [groups * ranges] and groups <= receiver_files
+    assert isinstance(combined, Combined) and combined == exchange.layout(Exchange("keys", str(tmp_path), names, 4, largest))
+    assert (combined.per_file, len(combined.starts), combined.groups) == (2, ranges, groups)
+    assert run_tasks.calls == calls and groups <= receiver_files
     for p in range(4):
         assert combined.read(p).equals(direct[p])
     span = combined.read(1, through=4).to_pylist()  # over both ranges when there are two: the same rows
     assert sorted(span, key=str) == sorted((r for p in (1, 2, 3) for r in direct[p].to_pylist()), key=str)
-    # the senders' files, read by no one now, are gone
+    # the senders' files (and the batches'), read by no one now, are gone
     assert sorted(f.name for f in tmp_path.iterdir() if f.is_file()) == sorted(
         f"{combined.name(r, k)}.shuffle" for r in range(ranges) for k in range(groups))
 
@@ -96,6 +96,23 @@ def test_the_layout_for_a_terabyte_keeps_receivers_to_a_few_files_and_tasks_with
     assert all(s % 5 == 0 for s in aligned.starts)
 
 
+def test_at_a_terabytes_bytes_each_sender_is_read_once_and_receivers_read_a_few_files():
+    """1 TB's near-dedup nodes (16,384 files of 34 MB, 1,165 partitions): 64 groups of 256 would not fit a combine task
+    whole, and each of 25 partition ranges' tasks would read every sender (2 x 16,384 x 25 requests). `plan` merges the
+    senders whole into batches that fit a task first (each sender's file read once), then the batches' files in
+    partition ranges: no task holds more than COMBINE_BYTES, a receiver reads at most RECEIVER_FILES files."""
+    big = Exchange("nodes", "keys", tuple(f"b{i}" for i in range(16_384)), 1_165, 34_000_000)
+    combines, received = exchange.plan(big)
+    (first, batches), (second, ranged) = combines
+    assert first is big and batches.prefix == "batch" and len(batches.starts) == 1
+    assert 3 * batches.per_file * 34_000_000 <= exchange.COMBINE_BYTES  # a batch's senders fit its task whole
+    assert second.senders == tuple(batches.name(0, k) for k in range(batches.groups)) and received is ranged
+    assert 3 * ranged.per_file * second.largest_bytes / len(ranged.starts) <= exchange.COMBINE_BYTES * 1.01
+    assert ranged.groups <= exchange.RECEIVER_FILES
+    reads = 16_384 + 2 * batches.groups * len(ranged.starts)  # each sender whole once; a batch file's range by each range
+    assert reads < 2 * 16_384 * len(exchange.combine_layout("keys", 16_384, 1_165, 34_000_000).starts) / 5
+
+
 def test_a_combined_file_keeps_each_rows_sender_among_all_senders(tmp_path, monkeypatch):
     """With `source_column`, the combined files hold each row's sender (its index among all senders), as reading the
     senders' own files with `source_column` gives it."""
@@ -106,8 +123,34 @@ def test_a_combined_file_keeps_each_rows_sender_among_all_senders(tmp_path, monk
     direct = [read_shuffle(shuffle_files(tmp_path, names), p, 3, source_column="sender") for p in range(3)]
     largest = max(os.path.getsize(tmp_path / f"{name}.shuffle") for name in names)
     monkeypatch.setattr(exchange, "COMBINE_BYTES", 6 * largest + 1)  # two to a group
-    monkeypatch.setattr(exchange, "RECEIVER_FILES", 2)  # so three to a group, in two ranges
+    monkeypatch.setattr(exchange, "RECEIVER_FILES", 2)  # so batches of two first, then the batches in two ranges
     combined = route(_Tasks(), Exchange("keys", str(tmp_path), names, 3, largest, source_column="sender"))
-    assert (combined.per_file, len(combined.starts)) == (3, 2)
+    assert (combined.per_file, len(combined.starts), combined.prefix) == (2, 2, "combined")
     for p in range(3):
         assert combined.read(p).to_pylist() == direct[p].to_pylist()
+
+
+def test_a_run_whose_keys_are_batched_first_gives_the_same_shards_on_ray(tmp_path, monkeypatch, ray_local, slice_input):
+    """A curate run on Ray whose ids' and exact dedup's keys do not fit a combine task by group (a small COMBINE_BYTES,
+    two files a receiver): they are merged whole into batches first, then the batches in partition ranges (the
+    decisions are the driver's; the tasks follow the layout they are given), and the shards are those of the run
+    that reads its keys in one level, on the local executor."""
+    from helpers import small_config
+    from datapipe import curate
+    from datapipe.curation.executors import LocalExecutor, RayExecutor
+
+    def run(out, executor):
+        cfg = small_config(out, [slice_input], read={"block_bytes": 4096}, output={"keep_work": True},
+                           dedup={"exact": {"enabled": True, "partitions": 4}, "minhash": {"enabled": True, "partitions": 4}})
+        return [s["sha256"] for s in curate(cfg, executor=executor, progress=False, log=lambda _: None).manifest["shards"]]
+
+    reference = run(tmp_path / "ref", LocalExecutor())
+    monkeypatch.setattr(exchange, "COMBINE_BYTES", 2000)  # 3 of the 10 blocks' key files fit a task, 5 a group would not
+    monkeypatch.setattr(exchange, "RECEIVER_FILES", 2)
+    assert run(tmp_path / "batched", RayExecutor(progress=False)) == reference
+    for step in ("ids", "exact_dedup"):
+        work = tmp_path / "batched" / "work" / step
+        assert len(list((work / "records").glob("combine-keys-batch-*.json"))) == 4  # 10 senders, 3 to a batch
+        # the receivers read the batches' groups by range; the blocks' files and the batches' are gone
+        assert sorted(f.name for f in (work / "keys").iterdir()) == [f"combined-r{r:03d}-{k:05d}.shuffle"
+                                                                     for r in range(2) for k in range(2)]

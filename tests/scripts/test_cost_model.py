@@ -24,9 +24,12 @@ def test_an_exchange_grows_as_senders_times_ranges_plus_receivers_once_combined(
     # 256 small files fit one combine task: 256 writes, 256 files read whole (1 request each), 1 combined file (and
     # its record's 2), and each of 5 receivers reads 2 ranges of it
     assert _exchange(256, 5, 1000) == {"spread": 256 + 256 + 1 + 10, "plain": 2}
-    # 1 TB's near-dedup keys (16,384 files of 9 MB, 1,165 receivers): 64 groups of 256 (RECEIVER_FILES), each cut
-    # into 7 partition ranges to fit COMBINE_BYTES; every sender's range read by 7 tasks, 448 files, 64 a receiver
-    assert _exchange(16_384, 1_165, 9e6) == {"spread": 16_384 + 2 * 16_384 * 7 + 448 + 2 * 64 * 1_165, "plain": 896}
+    # 1 TB's near-dedup keys (16,384 files of 9 MB, 1,165 receivers): 64 groups of 256 (RECEIVER_FILES) would not fit
+    # a combine task whole, so the files are first merged whole into 421 batches of 39 (each read once), then the
+    # batches' files 7 to a group (61 groups), each group cut into 7 partition ranges: every batch file's range read
+    # by 7 tasks (a header and a range), 427 files, 61 a receiver
+    assert _exchange(16_384, 1_165, 9e6) == {"spread": 16_384 + (16_384 + 421) + (2 * 421 * 7 + 427) + 2 * 61 * 1_165,
+                                             "plain": 2 * 421 + 2 * 427}
 
 
 def test_every_exchange_at_the_forced_terabyte_layout_stays_within_four_times_its_tasks():
