@@ -5,11 +5,13 @@ to `upstream` (moto's server, say) on a connection of its own, and the answer co
 range reads (GETs with a `Range` header) that are in flight at once, the most it saw (`most_in_flight`) and in
 all (`ranges`): what a server sees of a client's concurrency, which a test of "all at once" needs, since a local
 server answers too fast for sequential requests to overlap by chance or concurrent ones to be told apart by
-time. Point s3fs at `proxy.endpoint` (AWS_ENDPOINT_URL) for the reads to be counted. For reads: a request body
-is passed on as read (no chunked uploads)."""
+time. It also counts every request by kind (`requests`: "GET", "GET range", "PUT", "POST", ...). Point s3fs at
+`proxy.endpoint` (AWS_ENDPOINT_URL) for the requests to be counted. A request body is passed on as read (no chunked
+uploads)."""
 
 from __future__ import annotations
 
+import collections
 import http.client
 import http.server
 import threading
@@ -26,6 +28,7 @@ class LatencyProxy:
         self.latency = latency
         self.lock = threading.Lock()
         self.in_flight = self.most_in_flight = self.ranges = 0
+        self.requests: collections.Counter[str] = collections.Counter()
         self.server = _Server(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -44,10 +47,13 @@ class LatencyProxy:
     def reset(self) -> None:
         with self.lock:
             self.most_in_flight = self.ranges = 0
+            self.requests.clear()
 
     def forward(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, list, bytes]:
         """Wait the latency, then send the request upstream; (status, reason, headers, body) of its answer."""
         ranged = method == "GET" and any(k.lower() == "range" for k in headers)
+        with self.lock:
+            self.requests["GET range" if ranged else method] += 1
         if ranged:
             with self.lock:
                 self.in_flight += 1

@@ -146,3 +146,42 @@ def test_the_eval_split_adds_its_own_phase_of_requests():
     # three recorded tasks a block at least (a record's check and write, an output), all below hashed prefixes: 9
     # spread requests a block; the two files every block reads (held, near) are one key each: 2 plain ones a block
     assert on["eval split"]["spread"] >= 9 * lay["blocks"] and on["eval split"]["plain"] >= 2 * lay["blocks"]
+
+
+def test_the_formula_counts_a_batched_exchange_on_the_s3_server_request_for_request(s3_server, monkeypatch):
+    """12 senders to 4 receivers, every partition in every file, with COMBINE_BYTES fitting two files and 2 files a
+    receiver: the senders are merged whole into 6 batches, the batches into 2 groups in 3 partition ranges, and each
+    receiver reads its range of both groups' files. Every PUT and GET the S3 server sees through a counting proxy is
+    one the formula (`_exchange`) counts (no records here: the combines run in this process, unrecorded)."""
+    import uuid
+
+    import numpy as np
+    import pyarrow as pa
+    import s3fs
+
+    from datapipe.core import exchange
+    from datapipe.core.exchange import Exchange, route
+    from datapipe.core.shuffle import write_shuffle
+    from datapipe.testing.latency_proxy import LatencyProxy
+
+    folder = f"s3://{s3_server[1]}/{uuid.uuid4().hex[:12]}/keys"
+    names = tuple(f"b{i}" for i in range(12))
+    with LatencyProxy(s3_server[0], 0.0) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        s3fs.S3FileSystem.clear_instance_cache()
+        from datapipe.core.storage import location
+
+        sizes = [write_shuffle(location(folder) / f"{n}.shuffle", pa.table({"order": np.arange(40, dtype=np.int64) + 40 * i}),
+                               np.arange(40) % 4, 4) for i, n in enumerate(names)]
+        monkeypatch.setattr(exchange, "COMBINE_BYTES", 6 * max(sizes) + 1)
+        monkeypatch.setattr(exchange, "RECEIVER_FILES", 2)
+        combines, received = exchange.plan(Exchange("keys", folder, names, 4, max(sizes)))
+        route(lambda fn, shared, items, desc, record=None: [fn(shared, *item) for item in items],
+              Exchange("keys", folder, names, 4, max(sizes)))
+        rows = [received.read(p).num_rows for p in range(4)]
+        counted = dict(proxy.requests)
+    s3fs.S3FileSystem.clear_instance_cache()
+    assert rows == [120] * 4 and [(c.prefix, c.groups, len(c.starts)) for _, c in combines] == [("batch", 6, 1), ("combined", 2, 3)]
+    formula = _exchange(12, 4, max(sizes))
+    assert counted.get("PUT", 0) + counted.get("GET range", 0) == formula["spread"]
+    assert formula["plain"] == 2 * (6 + 2 * 3)  # the records the formula counts beside: none written here
