@@ -244,9 +244,10 @@ def measured_phases(run: dict[str, Any]) -> dict[str, float]:
             phase = "selection"
         elif step.startswith("exact_dedup "):
             phase = "exact_dedup resolve"
+        elif step.startswith("tokenizer sample"):  # the sample and its exchange's combines (and batches)
+            phase = "tokenize"
         elif step in ("minhash clusters", "minhash drop") or not step.startswith("minhash "):
-            phase = {"tokenizer sample": "tokenize", "tokenizer sample combine": "tokenize", "shards cut": "shards",
-                     "shards plan": "shards"}.get(step, step)
+            phase = {"shards cut": "shards", "shards plan": "shards"}.get(step, step)
         else:
             phase = "minhash resolve"
         out[phase] = out.get(phase, 0.0) + seconds
