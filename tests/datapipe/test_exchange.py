@@ -141,7 +141,7 @@ def test_a_run_whose_keys_are_batched_first_gives_the_same_shards_on_ray(tmp_pat
 
     def run(out, executor):
         cfg = small_config(out, [slice_input], read={"block_bytes": 4096}, output={"keep_work": True},
-                           dedup={"exact": {"enabled": True, "partitions": 4}, "minhash": {"enabled": True, "partitions": 4}})
+                           dedup={"exact": {"enabled": True, "partitions": 4}})
         return [s["sha256"] for s in curate(cfg, executor=executor, progress=False, log=lambda _: None).manifest["shards"]]
 
     reference = run(tmp_path / "ref", LocalExecutor())
