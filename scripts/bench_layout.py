@@ -59,6 +59,7 @@ POOL = 2_000  # kept pieces whose sentences make the documents
 SENTENCES = 12  # sentences a document
 EXACT_SHARE = 0.05
 _COMBINED = re.compile(r"combined-(?:r(\d+)-)?\d+\.shuffle$")
+_BATCH = re.compile(r"batch-\d+\.shuffle$")  # a first level's files, where a group did not fit a combine task
 
 
 def target_layout(fraction: float) -> dict[str, int]:
@@ -175,10 +176,13 @@ def exchange_fan_in(written: dict[str, set[str]]) -> dict[str, Any]:
         if not shuffles:
             continue
         by_range = Counter(m.group(1) or "0" for k in shuffles if (m := _COMBINED.search(k)))
-        senders = len(shuffles) - sum(by_range.values())
+        batches = sum(1 for k in shuffles if _BATCH.search(k))
+        senders = len(shuffles) - sum(by_range.values()) - batches
         if by_range:
-            receivers[folder] = max(by_range.values())
-            combines[folder] = -(-senders // receivers[folder]) if senders else 0
+            receivers[folder] = groups = max(by_range.values())
+            # with batches, two levels: the senders merged into the batches, the batches into the groups
+            merged = [(senders, batches), (batches, groups)] if batches else [(senders, groups)]
+            combines[folder] = max(-(-a // b) for a, b in merged) if senders else 0
         else:
             receivers[folder] = senders
     top = max(receivers.items(), key=lambda kv: kv[1], default=(None, 0))

@@ -46,11 +46,15 @@ def test_the_fan_in_is_read_off_the_files_each_exchange_wrote():
         # 8 senders combined in 2 groups, each cut in 3 ranges: a receiver reads 2 files, a combine task merged 4
         "work/minhash/nodes": {f"work/minhash/nodes/ab/b{i}.shuffle" for i in range(8)}
         | {f"work/minhash/nodes/cd/combined-r{r:03d}-{k:05d}.shuffle" for r in range(3) for k in range(2)},
+        # 12 senders merged whole into 4 batches of 3, the batches into 2 groups in 2 ranges: a combine task merged 3
+        "work/ids/keys": {f"work/ids/keys/ab/b{i}.shuffle" for i in range(12)}
+        | {f"work/ids/keys/cd/batch-{k:05d}.shuffle" for k in range(4)}
+        | {f"work/ids/keys/ef/combined-r{r:03d}-{k:05d}.shuffle" for r in range(2) for k in range(2)},
         # a small exchange read directly: every receiver reads all 3 group files
         "work/minhash/pairs-u": {f"work/minhash/pairs-u/ef/g{g:03d}.shuffle" for g in range(3)},
         "work/read": {"work/read/u000000-b00000.arrow"},
     }
     fan_in = exchange_fan_in(written)
-    assert fan_in["receiver_files_by_folder"] == {"work/minhash/nodes": 2, "work/minhash/pairs-u": 3}
-    assert fan_in["sender_files_a_combine_task_by_folder"] == {"work/minhash/nodes": 4}
+    assert fan_in["receiver_files_by_folder"] == {"work/ids/keys": 2, "work/minhash/nodes": 2, "work/minhash/pairs-u": 3}
+    assert fan_in["sender_files_a_combine_task_by_folder"] == {"work/ids/keys": 3, "work/minhash/nodes": 4}
     assert (fan_in["most_files_a_receiver_reads"], fan_in["in_folder"]) == (3, "work/minhash/pairs-u")
