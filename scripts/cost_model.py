@@ -194,9 +194,10 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
             *[step(k_e) for _ in range(rounds)],  # component rounds
             step(k_m), step(k_m), {"spread": g},  # members (ids in the nodes: no reads), winners
             losers(g)),
-        # the winners' cluster rows sent to the merge tasks, each writing its part (OUT's: one prefix) and record
+        # the winners' cluster rows sent to the merge tasks, each writing its part (OUT's, one prefix: a temporary
+        # key, its copy to the part's name and its deletion) and its record
         "minhash clusters": _add(_exchange(g, merge_ranges(lay), k_m), {"spread": 2 * merge_ranges(lay),
-                                                                        "plain": merge_ranges(lay)}),
+                                                                        "plain": 3 * merge_ranges(lay)}),
         "minhash drop": _add({"spread": 4 * m}, {"spread": 2 * m}),
         # the tokenizer's sample (a block and its view read, the sample written and combined, one training task),
         # then the tokenize tasks
