@@ -814,6 +814,8 @@ def _find_dropped(out: Path | RemotePath, doc_id: str) -> dict[str, Any] | None:
 
 def _find_cluster(out: Path | RemotePath, doc_id: str) -> dict[str, Any] | None:
     parts = sorted((out / CLUSTERS_DIR).glob("*.parquet"))
+    older = out / "near_duplicates" / "clusters.parquet"  # where a run before the parts wrote them, in one file
+    parts = parts or ([older] if older.is_file() else [])
     if not parts:
         return None
     lf = _scan(parts, parquet=True)

@@ -168,6 +168,23 @@ def test_why_duplicates_name_the_copy_kept(run_dir, capsys):
     assert (info["stage"], info["reason"], info["kept_id"]) == ("filters", filtered["reason"], None)
 
 
+def test_why_reads_the_clusters_of_a_folder_written_before_the_parts(run_dir, tmp_path):
+    """An output folder of a run before the clusters were written in parts (one near_duplicates/clusters.parquet):
+    a near copy's cluster is found there as in the parts (not taken as no cluster)."""
+    import shutil
+
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    dropped = pl.read_parquet(run_dir / "dropped" / "*.parquet")
+    near = dropped.filter(pl.col("reason") == "near_duplicate").row(0, named=True)
+    older = tmp_path / "older"
+    shutil.copytree(run_dir, older)
+    pq.write_table(pq.read_table(older / "near_duplicates" / "clusters"), older / "near_duplicates" / "clusters.parquet")
+    shutil.rmtree(older / "near_duplicates" / "clusters")
+    assert stats.why(older, near["id"])["cluster"] == stats.why(run_dir, near["id"])["cluster"] is not None
+
+
 def test_why_kept_quarantined_and_unknown(run_dir, capsys):
     shard = read_manifest(run_dir)["shards"][-1]
     kept_id = read_table(run_dir / shard["path"]).column("id")[0].as_py()
