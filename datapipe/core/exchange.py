@@ -30,9 +30,10 @@ import pyarrow.compute as pc
 from datapipe.core.shuffle import SUFFIX, read_shuffle, shuffle_files, write_shuffle
 from datapipe.core.storage import Location, location, remove_files, spread
 
-# sender files one combine task merges, at most, unless more are needed for RECEIVER_FILES: S3_CONNECTIONS reads in
-# flight, so 4,096 small files are 64 rounds of a request's latency; and 4,096 to a group keep an exchange of 16,384
-# senders to 1,165 receivers (1 TB's) within 4 x (senders + receivers) even where its receivers read it twice
+# sender files one combine task merges, at most, unless more are needed for RECEIVER_FILES: its reads are
+# S3_CONNECTIONS in flight, so COMBINE_SENDERS / S3_CONNECTIONS rounds of a request's latency; and groups this large
+# keep the exchanges of 1 TB's layout within 4 x (senders + receivers) where its files are small, even one its
+# receivers read twice (tests/scripts/test_cost_model.py)
 COMBINE_SENDERS = 4096
 COMBINE_BYTES = 1 << 30  # bytes of sender files one combine task holds at most (its senders' ranges, then their merge)
 RECEIVER_FILES = 64  # files a receiver reads, at most: the senders are merged into this many groups or fewer
