@@ -4,6 +4,7 @@ requests, else combined; either way every receiver reads the same rows in the sa
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -154,3 +155,36 @@ def test_a_run_whose_keys_are_batched_first_gives_the_same_shards_on_ray(tmp_pat
         # the receivers read the batches' groups by range; the blocks' files and the batches' are gone
         assert sorted(f.name for f in (work / "keys").iterdir()) == [f"combined-r{r:03d}-{k:05d}.shuffle"
                                                                      for r in range(2) for k in range(2)]
+
+
+def test_a_run_killed_between_the_batches_and_their_ranges_resumes_to_the_same_shards(tmp_path, monkeypatch,
+                                                                                        slice_input):
+    """Killed at the second combine task of the batches' level (the batches written, the blocks' key files gone,
+    one range file written): the resume skips the batches by their records and gives the one-level run's shards."""
+    from helpers import Interrupted, small_config
+    from datapipe import curate
+    from datapipe.curation.executors import LocalExecutor
+
+    def run(out):
+        cfg = small_config(out, [slice_input], read={"block_bytes": 4096}, dedup={"exact": {"enabled": True, "partitions": 4}})
+        return [s["sha256"] for s in curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None).manifest["shards"]]
+
+    reference = run(tmp_path / "ref")
+    monkeypatch.setattr(exchange, "COMBINE_BYTES", 2000)
+    monkeypatch.setattr(exchange, "RECEIVER_FILES", 2)
+    combine, ranged = exchange.combine_task, []
+
+    def killed_at_the_second_range(task, r, k, names):
+        if task.layout.prefix == "combined" and Path(task.records).parent.name == "ids":  # the ids' keys, second level
+            ranged.append((r, k))
+            if len(ranged) == 2:
+                raise Interrupted("killed")
+        return combine(task, r, k, names)
+
+    monkeypatch.setattr(exchange, "combine_task", killed_at_the_second_range)
+    with pytest.raises(Interrupted):
+        run(tmp_path / "out")
+    keys = tmp_path / "out" / "work" / "ids" / "keys"
+    assert sorted(f.name for f in keys.iterdir()) == [f"batch-{k:05d}.shuffle" for k in range(4)] + ["combined-r000-00000.shuffle"]
+    monkeypatch.setattr(exchange, "combine_task", combine)
+    assert run(tmp_path / "out") == reference
