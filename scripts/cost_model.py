@@ -51,7 +51,7 @@ from datapipe.core.storage import PREFIXES
 from datapipe.curation.config import auto_block_bytes, auto_partitions
 from datapipe.curation.losers import LOSER_BYTES
 from datapipe.curation.phases.eval_split import CANDIDATE_BYTES, CHOOSE_TASKS as EVAL_CHOOSE_TASKS
-from datapipe.curation.phases.near_dedup import FETCH_BYTES, FETCH_GAP, GROUP_DOCS, MERGE_RANGES, key_bytes
+from datapipe.curation.phases.near_dedup import FETCH_BYTES, FETCH_GAP, GROUP_DOCS, key_bytes, order_ranges
 from stages.exact_dedup import KEY_BYTES
 from stages.minhash import MinHashConfig
 
@@ -268,8 +268,8 @@ def tokenizer_mb_s(args: argparse.Namespace, cpu_run: dict[str, Any] | None) -> 
 
 
 def merge_ranges(lay: dict[str, int]) -> int:
-    """The clusters merge's tasks: one per order range, a range per input unit up to MERGE_RANGES."""
-    return max(1, min(MERGE_RANGES, lay["units"]))
+    """The clusters merge's tasks: the runner's order ranges for the layout's input units."""
+    return order_ranges(lay["units"]).count
 
 
 def _tasks(lay: dict[str, int], phase: str) -> int:

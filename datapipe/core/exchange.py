@@ -121,6 +121,12 @@ class Combined:
 Received = Combined | SenderFiles  # where an exchange's receivers read: both `.read(p, schema, through=...)`
 
 
+def _fit(largest_bytes: int) -> int:
+    """Sender files of `largest_bytes` one combine task holds whole: three times over (the ranges read, the merged
+    table, its bytes) within COMBINE_BYTES."""
+    return COMBINE_BYTES // (3 * max(int(largest_bytes), 1))
+
+
 def combine_layout(folder: str | Location, senders: int, partitions: int, largest_bytes: int,
                    spans: Sequence[int] | None = None) -> Combined:
     """How `senders` files of at most `largest_bytes` each are merged. As many senders to a group as fit one combine
@@ -130,7 +136,7 @@ def combine_layout(folder: str | Location, senders: int, partitions: int, larges
     share of the bytes). `spans`: the partitions a receiver's span may start at (default: any), which the
     ranges' starts are taken from, so a receiver's span lies in one range."""
     largest = max(int(largest_bytes), 1)
-    fit = COMBINE_BYTES // (3 * largest)
+    fit = _fit(largest)
     per_file = max(-(-senders // RECEIVER_FILES), min(max(senders, 1), COMBINE_SENDERS, max(1, fit)))
     cuts = sorted(set(spans)) if spans is not None else list(range(partitions))
     ranges = max(1, min(len(cuts), -(-3 * per_file * largest // COMBINE_BYTES)))
@@ -154,7 +160,7 @@ def plan(exchange: Exchange) -> tuple[list[tuple[Exchange, Combined]], Received]
     range's task (2 x senders x ranges requests): the senders are first merged whole into batches of as many as fit a
     task (each file read once, in one request), and the batches' files are then exchanged as any senders' are."""
     received = _one_level(exchange)
-    fit = COMBINE_BYTES // (3 * max(int(exchange.largest_bytes), 1))
+    fit = _fit(exchange.largest_bytes)
     if not isinstance(received, Combined) or len(received.starts) == 1 or fit < 2:
         return ([(exchange, received)] if isinstance(received, Combined) else []), received
     m = len(exchange.senders)

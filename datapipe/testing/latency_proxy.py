@@ -27,7 +27,7 @@ class LatencyProxy:
         self.upstream = urllib.parse.urlsplit(upstream)
         self.latency = latency
         self.lock = threading.Lock()
-        self.in_flight = self.most_in_flight = self.ranges = 0
+        self.in_flight = self.most_in_flight = 0
         self.requests: collections.Counter[str] = collections.Counter()
         self.server = _Server(("127.0.0.1", 0), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -46,18 +46,21 @@ class LatencyProxy:
 
     def reset(self) -> None:
         with self.lock:
-            self.most_in_flight = self.ranges = 0
+            self.most_in_flight = 0
             self.requests.clear()
+
+    @property
+    def ranges(self) -> int:
+        """The range reads in all."""
+        return self.requests["GET range"]
 
     def forward(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, list, bytes]:
         """Wait the latency, then send the request upstream; (status, reason, headers, body) of its answer."""
         ranged = method == "GET" and any(k.lower() == "range" for k in headers)
         with self.lock:
             self.requests["GET range" if ranged else method] += 1
-        if ranged:
-            with self.lock:
+            if ranged:
                 self.in_flight += 1
-                self.ranges += 1
                 self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
             time.sleep(self.latency)

@@ -692,6 +692,11 @@ class OrderRanges:
 MERGE_RANGES = 256  # order ranges of the clusters merge, at most (one per input unit below that)
 
 
+def order_ranges(units: int) -> OrderRanges:
+    """The clusters merge's order ranges (a task each) for `units` input units: one a unit, at most MERGE_RANGES."""
+    return OrderRanges(units, max(1, min(MERGE_RANGES, units)))
+
+
 def winners_task(step: Step, g: int) -> dict[str, Any]:
     config, groups, ranges, root = step.config, step.groups, step.ranges, location(step.folder)
     members = groups.read(root / "members", g, MEMBER_SCHEMA)
@@ -768,7 +773,7 @@ def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir:
     units = max((x.get("units", 0) for x in gathered), default=0)
     remove_tree(folder / "nodes")
     source = dataclasses.replace(source, gathered=True)
-    step = dataclasses.replace(step, source=source, ranges=OrderRanges(units, max(1, min(MERGE_RANGES, units))))
+    step = dataclasses.replace(step, source=source, ranges=order_ranges(units))
     # the verified edges are the components' input, as the pairs step's star edges are without verification
     verified = (verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name, found)
                 if config.verify else _edges_summary(found))
