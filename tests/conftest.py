@@ -19,7 +19,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
-from helpers import ASSETS, stop_cluster  # noqa: E402
+# helpers (and torch with it) is imported where a fixture needs it: xdist's controller process, which runs no test,
+# loads this file too, and the workers start only after it has.
+ASSETS = Path(__file__).parent / "assets"
 
 
 @pytest.fixture(scope="session")
@@ -210,6 +212,8 @@ def two_node_cluster(tmp_path_factory):
             pytest.skip(f"Ray cannot start a second node here: {worker.stderr[-500:]}")
         yield Cluster(address, {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}, homes)
     finally:
+        from helpers import stop_cluster
+
         stop_cluster([str(t) for t in temps] + [f"address={address}"])
         for t in temps:
             shutil.rmtree(t, ignore_errors=True)
