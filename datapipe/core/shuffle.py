@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from datapipe.core.shards import atomic_write_bytes
 from datapipe.core.storage import Location, RemotePath, cat_ranges, location, spread
-from datapipe.core.workfiles import DamagedWorkFile, checked_ranges, digest
+from datapipe.core.workfiles import MISSING, DamagedWorkFile, checked_ranges, digest
 
 MAGIC = b"DPSHUF02"
 SUFFIX = ".shuffle"
@@ -144,7 +144,7 @@ def _local_reads(paths: list[Path], p0: int, p1: int, partitions: int) -> list[P
         try:
             f = open(path, "rb")
         except FileNotFoundError:
-            raise DamagedWorkFile(path, "it is missing (deleted after its task finished)") from None
+            raise DamagedWorkFile(path, MISSING) from None
         with f:
             pieces = []
             for a, b in _header_ranges(p0, p1, partitions):
@@ -180,7 +180,7 @@ def _whole_reads(paths: list[Path] | list[RemotePath], partitions: int) -> list[
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            raise DamagedWorkFile(path, "it is missing (deleted after its task finished)") from None
+            raise DamagedWorkFile(path, MISSING) from None
         out.append(_whole(path, data, partitions))
     return out
 

@@ -32,6 +32,9 @@ TRAILER_MAGIC = b"DPCHECK1"
 _TRAILER = struct.Struct("<8sQQ")
 
 
+MISSING = "it is missing (deleted after its task finished)"  # the problem of a work file that is gone
+
+
 class DamagedWorkFile(RunStopped):
     """A work file that is not what its task wrote: cut, emptied, changed or gone."""
 
@@ -84,7 +87,7 @@ def read_work_bytes(path: str | Path | Location) -> pa.Buffer:
             with pa.memory_map(str(path), "r") as source:
                 data = source.read_buffer()
     except FileNotFoundError:
-        raise DamagedWorkFile(path, "it is missing (deleted after its task finished)") from None
+        raise DamagedWorkFile(path, MISSING) from None
     return verified(path, data)
 
 
@@ -94,7 +97,7 @@ def checked_ranges(paths: Sequence[Location], pieces: list) -> list[bytes]:
     or cut), is a DamagedWorkFile naming it; any other error is raised as it is."""
     for path, piece in zip(paths, pieces):
         if isinstance(piece, FileNotFoundError):
-            raise DamagedWorkFile(path, "it is missing (deleted after its task finished)")
+            raise DamagedWorkFile(path, MISSING)
         if isinstance(piece, OSError) and piece.errno == errno.EINVAL:
             raise DamagedWorkFile(path, "it is shorter than its task wrote (emptied or cut)")
         if isinstance(piece, BaseException):
@@ -118,7 +121,7 @@ def read_work_ranges(paths: Sequence[str | Path | Location], starts: list[int], 
                         f.seek(a)
                         out.append(f.read(b - a))
             except FileNotFoundError:
-                raise DamagedWorkFile(path, "it is missing (deleted after its task finished)") from None
+                raise DamagedWorkFile(path, MISSING) from None
     for path, piece, a, b in zip(paths, out, starts, ends):
         if len(piece) != b - a:
             raise DamagedWorkFile(path, "it is shorter than its task wrote")

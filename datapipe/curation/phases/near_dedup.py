@@ -115,7 +115,7 @@ class KeySource:
         """The exchange of the keys of `kind` to the groups, laid out at the groups' estimate of a sender's bytes of
         that kind (the nodes keep each row's sender, which the exact check needs)."""
         groups = self.groups
-        largest = groups.bucket_bytes or groups.key_bytes if kind == "buckets" else groups.key_bytes
+        largest = (groups.bucket_bytes or groups.key_bytes) if kind == "buckets" else groups.key_bytes
         return Exchange(f"{desc} {kind}", str(location(self.keys) / kind), tuple(s.rsplit("/", 1)[-1] for s in self.senders),
                         groups.partitions, largest, spans=tuple(groups.starts()),
                         source_column="sender" if kind == "nodes" else None)
