@@ -162,10 +162,16 @@ def _compile_loops(half: int) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """The tests of the two-node cluster run in one test process (`--dist loadgroup`), which starts it once."""
+    """The tests of the two-node cluster run in one test process (`--dist loadgroup`), which starts it once; so do
+    the tests on the session's local Ray (`ray_local`, or the `ray_local` mark where a test asks for it by name): one
+    Ray and one set of its workers for the suite instead of one in each test process, and a module's Ray fixtures
+    built once."""
     for item in items:
-        if "two_node_cluster" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "two_node_cluster" in names:
             item.add_marker(pytest.mark.xdist_group("two_node_cluster"))
+        elif "ray_local" in names or item.get_closest_marker("ray_local"):
+            item.add_marker(pytest.mark.xdist_group("ray_local"))
 
 
 def _free_port() -> int:

@@ -187,7 +187,7 @@ def _only_line_with(marker: str) -> tuple[int, str]:
     return found[0]
 
 
-@pytest.mark.parametrize("kind", ["local", "ray"])
+@pytest.mark.parametrize("kind", ["local", pytest.param("ray", marks=pytest.mark.ray_local)])
 def test_a_check_that_raises_names_the_filter_the_document_and_its_line(tmp_path, monkeypatch, request, kind):
     mod = _module(tmp_path, monkeypatch, f"user_faulty_raise_{kind}", FAULTY)
     cfg = load_config(_recipe(tmp_path, f"[{{path: '{mod}:RaisesOn', args: {{marker: 'GROUPDEL(8)'}}}}]"))
@@ -201,7 +201,8 @@ def test_a_check_that_raises_names_the_filter_the_document_and_its_line(tmp_path
     assert "Traceback" not in message and "RayTaskError" not in message
 
 
-@pytest.mark.parametrize("answer, kind", [("false", "ray"), ("true", "local"), ("42", "local"), ("0.5", "local")])
+@pytest.mark.parametrize("answer, kind", [pytest.param("false", "ray", marks=pytest.mark.ray_local), ("true", "local"),
+                                          ("42", "local"), ("0.5", "local")])
 def test_a_check_answering_other_than_none_or_a_string_stops_the_run(tmp_path, monkeypatch, request, answer, kind):
     mod = _module(tmp_path, monkeypatch, f"user_faulty_answer_{kind}_{answer.replace('.', '_')}", FAULTY)
     cfg = load_config(_recipe(tmp_path, f"[{{path: '{mod}:Answers', args: {{answer: {answer}}}}}]"))
@@ -231,6 +232,7 @@ def test_a_map_stage_that_raises_names_the_stage_and_the_batch(tmp_path, monkeyp
         _run(cfg)
 
 
+@pytest.mark.ray_local
 def test_a_stage_holding_a_lock_names_the_stage_and_the_attribute_on_ray(tmp_path, monkeypatch, request):
     mod = _module(tmp_path, monkeypatch, "user_faulty_lock", FAULTY)
     cfg = load_config(_recipe(tmp_path, f"[{{path: '{mod}:HoldsALock'}}]"))
