@@ -24,8 +24,10 @@ from datapipe.core.storage import Location
 from datapipe.curation.phase import Phase, RunTasks, recorded_task
 
 
+@functools.cache
 def _named_after(task: Callable[..., Any]) -> Callable[..., tuple[Any, bool]]:
-    """`recorded_task` under the task's own name, which Ray shows (`ray::segment_task`) and a stall error names."""
+    """`recorded_task` under the task's own name, which Ray shows (`ray::segment_task`) and a stall error names;
+    one for each task function, so that an executor sends each to its workers once (`RayExecutor.run_tasks`)."""
 
     def recorded(parts: tuple[Callable[..., Any], Callable[..., Location], Any], *item: Any) -> tuple[Any, bool]:
         return recorded_task(parts, *item)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helpers import ASSETS
+from helpers import ASSETS, STALL_S, small_config
 from datapipe.curation import executors
 from datapipe.curation.executors import _embedded, _progress, _ray_executor
 from datapipe.curation.executors import LocalExecutor, PhaseStalled, RayExecutor
@@ -66,6 +66,23 @@ def test_a_phase_whose_tasks_never_finish_stops_with_an_error_naming_it(ray_here
     assert f"raylet.out, runtime_env_agent.log in {ray_here._private.worker._global_node.get_logs_dir_path()})" in message
     # the stalled tasks were cancelled: the shared Ray's two CPUs are free for the next test (else this stalls)
     assert RayExecutor(progress=False, stall_timeout_s=60).run_tasks(nap, None, [(0,), (0,)], "after") == [None, None]
+
+
+def test_a_task_function_is_sent_to_the_cluster_once_not_once_a_phase(ray_local, tmp_path, slice_input):
+    """Ray stores a function in its cluster (and each worker loads it) for every Ray function made from a Python
+    one: the executor makes one a task function, so a second run, whose phases run the same tasks, sends none."""
+    from ray._private.worker import global_worker
+
+    from datapipe import curate
+
+    def sent() -> int:
+        return len(global_worker.gcs_client.internal_kv_keys(b"RemoteFunction:", b"fun"))
+
+    for out in ("first", "second"):
+        before = sent()
+        curate(small_config(tmp_path / out, [slice_input]), executor=RayExecutor(progress=False, stall_timeout_s=STALL_S),
+               progress=False, log=lambda _: None)
+    assert sent() == before and before > 0
 
 
 def test_the_stall_stop_does_not_wait_on_a_dead_cluster_that_ray_remembers(ray_here, tmp_path, monkeypatch):

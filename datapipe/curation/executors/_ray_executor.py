@@ -168,6 +168,19 @@ _SHORT = reprlib.Repr()  # (keyword arguments only from Python 3.12)
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict = 2, 48, 48, 4, 4, 3
 
 
+# Ray's function of each task function (and Ray module): Ray sends a function to the cluster, and each worker loads it,
+# once per function it makes, so one made per phase would be sent and loaded again by every phase of every run. Ray sends
+# it again by itself after a restart (another cluster or job).
+_REMOTE_FUNCTIONS: dict[tuple[int, Callable[..., Any]], Any] = {}
+
+
+def _remote_function(ray: Any, fn: Callable[..., Any]) -> Any:
+    key = (id(ray), fn)
+    if key not in _REMOTE_FUNCTIONS:
+        _REMOTE_FUNCTIONS[key] = ray.remote(fn)
+    return _REMOTE_FUNCTIONS[key]
+
+
 def task_label(name: str, item: tuple) -> str:
     """`segment_task(0, 3, 12)`: a task as the stall error names it, its arguments cut short."""
     return f"{name}({', '.join(_SHORT.repr(a) for a in item)})"
@@ -419,7 +432,8 @@ class RayExecutor:
         """`memory`: about how many bytes each task needs (Ray then places them so that they fit)."""
         if not items:
             return []
-        remote = self.ray.remote(num_cpus=1, max_retries=self.max_retries, **self._task_env, **self._memory(memory))(fn)
+        remote = _remote_function(self.ray, fn).options(num_cpus=1, max_retries=self.max_retries, **self._task_env,
+                                                        **self._memory(memory))
         try:
             shared_ref = self.ray.put(shared)
         except (TypeError, pickle.PicklingError):  # Ray's error quotes the whole plan's repr and names no stage
