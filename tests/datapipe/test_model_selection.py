@@ -292,10 +292,11 @@ def test_a_target_without_text_is_refused_at_planning_and_the_fixed_target_then_
     assert (out / "selection" / "model.npz").exists()
 
 
-def test_datapipe_curate_with_a_fasttext_model_on_ray_keeps_by_the_model_s_own_scores(tmp_path: Path) -> None:
-    """The user's path: `datapipe curate ... --set selection.method=fasttext --set selection.model=model.bin` on Ray
-    (the default executor), the model file named relative to the working folder: every published score is the
-    binding's own probability of `__label__hq` for that document, and the kept ones are the best scored."""
+def test_datapipe_curate_with_a_fasttext_model_on_ray_keeps_by_the_model_s_own_scores(tmp_path: Path, ray_local) -> None:
+    """The user's path: `datapipe curate ... --set selection.method=fasttext --set selection.model=model.bin` on a
+    Ray cluster (the session's, whose workers run in another folder), the model file named relative to the driver's
+    working folder: every published score is the binding's own probability of `__label__hq` for that document, and
+    the kept ones are the best scored."""
     import subprocess
     import sys
 
@@ -306,8 +307,9 @@ def test_datapipe_curate_with_a_fasttext_model_on_ray_keeps_by_the_model_s_own_s
     train(tmp_path / "ft")
     (tmp_path / "c.yaml").write_text(f"inputs: [{{path: '{ASSETS / 'corpus_slice.jsonl'}', domain_field: source}}]\n"
                                      "normalize: {enabled: false}\ntokenizer: {train: {vocab_size: 400}}\n")
+    address = ray_local.get_runtime_context().gcs_address
     done = subprocess.run([sys.executable, "-m", "datapipe", "curate", "c.yaml", "--no-progress", "--output", "out",
-                           "--set", "selection.method=fasttext", "--set", "selection.model=ft/model.bin",
+                           "--ray-address", address, "--set", "selection.method=fasttext", "--set", "selection.model=ft/model.bin",
                            "--set", f"selection.keep_tokens={BUDGET}"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     model = fasttext.load_model(str(tmp_path / "ft" / "model.bin"))
