@@ -28,11 +28,14 @@ ASSETS = Path(__file__).parent / "assets"
 def ray_local():
     """An embedded local Ray with 2 CPUs, shared by every test that needs one. Without the two workers Ray starts
     ahead for its first driver: they would have no runtime_env, and every task of the tests has one (RayExecutor's
-    on a Ray it did not start: `worker_env`), so Ray starts its own workers for those anyway."""
+    on a Ray it did not start: `worker_env`), so Ray starts its own workers for those anyway. Idle workers are kept (10
+    minutes, not Ray's 1 s once more are idle than it has CPUs): the tests' tasks come with a few environments (the S3
+    settings or not), and each switch would otherwise kill the idle workers of the other and start them again later."""
     ray = pytest.importorskip("ray")
     try:
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 _system_config={"prestart_worker_first_driver": False})
+                 _system_config={"prestart_worker_first_driver": False,
+                                 "idle_worker_killing_time_threshold_ms": 600_000})
     except Exception as exc:  # noqa: BLE001 - a machine where Ray cannot start skips, never fails
         pytest.skip(f"Ray cannot start here: {exc}")
     yield ray
