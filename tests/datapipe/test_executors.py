@@ -198,6 +198,24 @@ def test_an_embedded_ray_starts_with_its_metrics_off_and_the_driver_keeps_its_en
     assert "RAY_enable_metrics_collection" not in os.environ
 
 
+def test_an_embedded_ray_shipping_modules_starts_no_workers_ahead_that_no_task_would_use(monkeypatch, tmp_path):
+    """Ray starts two workers ahead for its first driver, without a runtime_env; a run that ships its stages' modules
+    runs every task in workers started with them, so those two would start (~1 s of CPU each) for nothing."""
+    import ray
+
+    seen = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append(kwargs))
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2})
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    (tmp_path / "my_stage.py").write_text("")
+    RayExecutor(progress=False).shutdown()
+    RayExecutor(progress=False, py_modules=[str(tmp_path / "my_stage.py")]).shutdown()
+    assert "_system_config" not in seen[0] and "runtime_env" not in seen[0]
+    assert seen[1]["_system_config"] == {"prestart_worker_first_driver": False}
+    assert seen[1]["runtime_env"] == {"py_modules": [str(tmp_path / "my_stage.py")]}
+
+
 # ------------------------------------------------------------------------------ an embedded Ray dies with its driver
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux's")

@@ -348,8 +348,11 @@ class RayExecutor:
                     # (the storage settings are in _WORKER_ENV already)
                     with _environment({**_WORKER_ENV, **_EMBEDDED_RAY_ENV}), _without_idle_head_processes(), \
                             _dying_with_the_raylet():
+                        # The two workers Ray starts ahead for its first driver have no runtime_env: with the
+                        # stages' modules shipped, every task runs in workers Ray starts for those, so not them.
                         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-                                 **({"runtime_env": shipped} if shipped else {}), **kwargs)
+                                 **({"runtime_env": shipped, "_system_config": {"prestart_worker_first_driver": False}}
+                                    if shipped else {}), **kwargs)
                 finally:
                     auth_log.removeFilter(notice)
             else:
