@@ -200,7 +200,7 @@ def test_an_embedded_ray_starts_with_its_metrics_off_and_the_driver_keeps_its_en
 
 def test_an_embedded_ray_shipping_modules_starts_no_workers_ahead_that_no_task_would_use(monkeypatch, tmp_path):
     """Ray starts two workers ahead for its first driver, without a runtime_env; a run that ships its stages' modules
-    runs every task in workers started with them, so those two would start (~1 s of CPU each) for nothing."""
+    runs every task in workers started with them, so those two would start for nothing."""
     import ray
 
     seen = []

@@ -9,6 +9,7 @@ module does not import Ray.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import pickle
@@ -168,17 +169,12 @@ _SHORT = reprlib.Repr()  # (keyword arguments only from Python 3.12)
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict = 2, 48, 48, 4, 4, 3
 
 
-# Ray's function of each task function (and Ray module): Ray sends a function to the cluster, and each worker loads it,
-# once per function it makes, so one made per phase would be sent and loaded again by every phase of every run. Ray sends
-# it again by itself after a restart (another cluster or job).
-_REMOTE_FUNCTIONS: dict[tuple[int, Callable[..., Any]], Any] = {}
-
-
+@functools.cache
 def _remote_function(ray: Any, fn: Callable[..., Any]) -> Any:
-    key = (id(ray), fn)
-    if key not in _REMOTE_FUNCTIONS:
-        _REMOTE_FUNCTIONS[key] = ray.remote(fn)
-    return _REMOTE_FUNCTIONS[key]
+    """Ray's function of a task function (one for each): Ray sends a function to the cluster, and each worker loads it,
+    once per function it makes, so one made per phase would be sent and loaded again by every phase of every run. Ray
+    sends it again by itself after a restart (another cluster or job)."""
+    return ray.remote(fn)
 
 
 def task_label(name: str, item: tuple) -> str:
