@@ -1,32 +1,34 @@
-"""The pre-registered analysis of `scripts/experiment_selection.py` (second experiment): per-pool compute ratios,
-t-intervals, floors and censoring, the mixture each arm trained on, what selection costs on the other domains.
+"""The pre-registered analysis of `scripts/experiment_selection.py`: every table from the pools' committed raw results.
 
-    python -m scripts.analyze_selection runs/selection2 [--pools ...] [--markdown] [--plot PICTURE]
+    python -m scripts.analyze_selection [RAW_DIR] [--markdown] [--plot PICTURE]   # RAW_DIR: benchmarks/selection_within_domain
 
-Fixed before the runs (committed with the experiment script):
-- **Comparisons** (COMPARISONS): every arm against `random`; each selector against its mixture-matched arm
-  (`mm_<selector>`: random at the selector's own per-domain token shares), which says what it buys beyond its mixture.
-- **Target loss** per (pool, target, comparison): the reference arm's eval loss on the target eval set at TARGET_AT of
-  its final tokens (linear interpolation; it trains on past it).
-- **Endpoint**: the compute at which the arm's eval loss first reaches that target loss (linear interpolation between
-  evaluations), FLOPs of training plus every FLOP of its selection (`model_selection.flops` of its manifest: fit and
-  scoring; a fastText model's own training is not counted: a user applies a published one); the reference's compute
-  at TARGET_AT, its own selection FLOPs included, is the denominator. Reached at the first evaluation: a **floor**,
-  the ratio an upper bound (flagged `<=`); never reached: **censored** at the final compute, the ratio a lower bound
-  (flagged `>=`). Both stay in the interval at their bound, and the tables count them.
-- **Statistic**: the mean over pools of log(ratio) with a two-sided 95% t-interval (df = pools - 1), as
-  exp(mean) [exp(lower), exp(upper)].
-- **Decision**: *pays* when the upper bound is below 0.9 and the point at most 0.8; *costs* when the lower bound is
-  above 1; otherwise no difference is shown. The experiment's question is answered on a within-domain target
-  (`man8`, `man3`) by a selector against its mixture-matched arm.
-- **Beside the ratios**, per arm (means over pools): its kept tokens and the epochs training reads them (the cut is
-  filled: none should exceed 1), its token share per domain (the target's domain first), its selection CPU seconds,
-  and its final loss per domain on the general eval set (what selection costs elsewhere). Per pool and target: the
-  target eval set's unigram cross-entropy under the random arm's token counts (add-one), the loss a model that knows
-  only token frequencies reaches; a pool whose random target loss is not below it is flagged (still in the
-  token-frequency stage).
-- **Known-answer control** (`junk`): expected ratio 1 / (1 - j), j the junk share of the tokens of the junk pool
-  before selection (random keeps tokens in proportion, in expectation), read from its curated folder `pool-junk`.
+Fixed before the first cell trained (committed with the experiment script):
+- **Primary endpoint** (PRIMARY_COMPARISON): on the primary target (man3), classifier_man3 against its
+  mixture-matched random mm_man3. The target loss is the reference arm's loss on the target's eval set at step
+  TARGET_STEP of STEPS (an evaluation point); the endpoint is the compute at which the arm's loss first reaches it
+  (linear interpolation between evaluations): training FLOPs plus every FLOP of its selection (the manifest's
+  `model_selection.flops`: fit and scoring), over the reference's compute at TARGET_STEP plus its own selection FLOPs.
+  Reached at the first evaluation: a **floor** (the ratio an upper bound); never reached: **censored** at the final
+  compute (a lower bound). Both stay in the interval at their bound, and the tables count them.
+- **Statistic**: one log ratio per pool; the mean over pools with a two-sided 95% t-interval (df = pools - 1),
+  reported as exp(mean) [exp(lower), exp(upper)].
+- **Decision** on the primary: *pays* when the point is at most 0.8 and the upper bound below 0.9; *beats
+  mixture-matched random* when the upper bound is below 1; *costs* when the lower bound is above 1; otherwise no
+  difference is shown. The README recommends a selector for a target inside a domain only if the primary pays.
+- **Secondaries** (SECONDARY_COMPARISONS, the same statistic, no decision drawn from them alone): the final-loss
+  difference of every comparison (arm minus reference at STEPS, t-interval); classifier_T against mm_T on man8 and
+  code; on every target each arm against random, aa against random (the A/A arm: its interval should hold 1);
+  the slice share each arm kept; diversity against random on the general eval set (mean over its domains of the
+  final loss, difference per pool, t-interval): the "diversity diet" question.
+- **Checks** (reported per pool; a violating pool is named, never dropped): every mm_T arm's realised domain shares
+  within SHARE_TOLERANCE of classifier_T's (largest absolute difference over domains); no arm short of its budget in
+  any group (capped); every arm's epochs (tokens trained over tokens kept) below 1; the frequency check: random's
+  target loss at TARGET_STEP at least FREQUENCY_MARGIN nats below the target eval set's own unigram entropy (a model
+  that knows only the slice's token frequencies), else the pool is still in the token-frequency stage; every pool
+  with the same tokenizer, eval set and design.
+- **Pool count**: after FIRST_POOLS pools, the sample sd of aa/random's per-pool log FLOPs ratio on the primary target
+  through `scripts.selection_power.pools_needed` (80% power to show a 20% saving), within [FIRST_POOLS, 32]. Only
+  random and aa enter it, so it cannot favour a selector; one target only, since a pool's targets share its cells.
 """
 
 from __future__ import annotations
@@ -40,29 +42,34 @@ from typing import Any
 import numpy as np
 import scipy.stats
 
-from datapipe.core import shards
-from datapipe.train.experiment import cell_compute, eval_curve
-from scripts.experiment_selection import ARMS, EVAL_EVERY, FIRST_POOLS, POOL_SEEDS, SELECTORS, STEPS, TARGET_DOMAIN, TARGETS
+from scripts.experiment_selection import (ARMS, FIRST_POOLS, POOL_SEEDS, PRIMARY, RAW_DIR, STEPS, TARGET_DOMAIN,
+                                          TARGETS)
 
-TARGET_AT = 0.75 / 1.5  # of the reference's final tokens: 0.75 B where it trains to 1.5 B
+TARGET_STEP = 300
 BASELINE = "random"
-COMPARISONS = [(arm, BASELINE) for arm in ARMS if arm != BASELINE] + [(s, f"mm_{s}") for s in SELECTORS]
+PRIMARY_COMPARISON = (PRIMARY, f"classifier_{PRIMARY}", f"mm_{PRIMARY}")  # (target, arm, reference)
+SECONDARY_COMPARISONS = (
+    [(t, f"classifier_{t}", f"mm_{t}") for t in TARGETS if t != PRIMARY]
+    + [(t, arm, BASELINE) for t in TARGETS for arm in ("aa", "diversity", f"classifier_{t}", f"mm_{t}")])
+COMPARISONS = [PRIMARY_COMPARISON] + SECONDARY_COMPARISONS
 PAYS_UPPER, PAYS_POINT = 0.9, 0.8
+SHARE_TOLERANCE, FREQUENCY_MARGIN = 0.02, 0.3
 
 Curve = list[tuple[float, float, float]]  # (tokens trained, eval loss, training FLOPs) per evaluation
 
 
-def t_interval(log_ratios: list[float], level: float = 0.95) -> dict[str, Any]:
-    """exp(mean) of the log ratios and the two-sided t-interval of the mean (df = n - 1); no interval below n = 2."""
-    x = np.asarray(log_ratios, np.float64)
+def t_interval(values: list[float], level: float = 0.95, log: bool = True) -> dict[str, Any]:
+    """The mean and its two-sided t-interval (df = n - 1); with `log`, of log ratios, exponentiated. No interval below 2."""
+    x = np.asarray(values, np.float64)
     n = len(x)
+    back = math.exp if log else float
     if n == 0:
-        return {"ratio": None, "low": None, "high": None, "n": 0}
+        return {"ratio" if log else "mean": None, "low": None, "high": None, "n": 0}
     mean = float(x.mean())
     if n < 2:
-        return {"ratio": math.exp(mean), "low": None, "high": None, "n": 1}
+        return {"ratio" if log else "mean": back(mean), "low": None, "high": None, "n": 1}
     half = float(scipy.stats.t.ppf(0.5 + level / 2, n - 1) * x.std(ddof=1) / math.sqrt(n))
-    return {"ratio": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half), "n": n}
+    return {"ratio" if log else "mean": back(mean), "low": back(mean - half), "high": back(mean + half), "n": n}
 
 
 def crossing(curve: Curve, target: float) -> tuple[float, float] | None:
@@ -85,156 +92,190 @@ def at_tokens(curve: Curve, tokens: float) -> tuple[float, float]:
     return float(np.interp(tokens, xs, [c[1] for c in curve])), float(np.interp(tokens, xs, [c[2] for c in curve]))
 
 
+def target_point(reference: Curve) -> tuple[float, float, float]:
+    """(tokens, loss, flops) of the reference at TARGET_STEP of STEPS."""
+    tokens = reference[-1][0] * TARGET_STEP / STEPS
+    return (tokens, *at_tokens(reference, tokens))
+
+
 def compare(curve: Curve, selection_flops: float, reference: Curve, reference_selection_flops: float) -> dict[str, Any]:
-    """One pool's comparison of an arm with its reference: the reference's loss at TARGET_AT of its final tokens is
-    the target; the arm's FLOPs to it (its selection's added) over the reference's (its own selection's added)."""
-    ref_tokens = reference[-1][0] * TARGET_AT
-    target, ref_flops = at_tokens(reference, ref_tokens)
+    """One pool's comparison of an arm with its reference on one target."""
+    ref_tokens, target, ref_flops = target_point(reference)
     ref_flops += reference_selection_flops
     hit = crossing(curve, target)
     bound = "censored" if hit is None else "floor" if hit[0] == curve[0][0] else None
     tokens, flops = hit if hit is not None else (curve[-1][0], curve[-1][2])
     flops += selection_flops
     return {"target_loss": target, "bound": bound, "tokens": tokens, "flops": flops,
-            "log_flops_ratio": math.log(flops / ref_flops), "log_tokens_ratio": math.log(tokens / ref_tokens)}
+            "log_flops_ratio": math.log(flops / ref_flops), "log_tokens_ratio": math.log(tokens / ref_tokens),
+            "final_loss_difference": curve[-1][1] - reference[-1][1]}
 
 
-def unigram_loss(train: Path, evaluation: Path) -> float:
-    """Cross-entropy (nats a token) of the eval folder's tokens under the training folder's token counts, add-one."""
-    def counts(folder: Path) -> np.ndarray:
-        total = np.zeros(0, np.int64)
-        for shard in shards.read_manifest(folder)["shards"]:
-            ids = shards.open_shard(folder, shard["path"]).column("tokens").combine_chunks().flatten().to_numpy()
-            found = np.bincount(ids)
-            total = np.pad(total, (0, max(0, len(found) - len(total)))) + np.pad(found, (0, max(0, len(total) - len(found))))
-        return total
-
-    train_counts, eval_counts = counts(train), counts(evaluation)
-    size = max(len(train_counts), len(eval_counts))
-    train_counts = np.pad(train_counts, (0, size - len(train_counts))) + 1
-    eval_counts = np.pad(eval_counts, (0, size - len(eval_counts)))
-    return float(-(eval_counts * np.log(train_counts / train_counts.sum())).sum() / eval_counts.sum())
+def share_gap(kept: dict[str, Any], matched: dict[str, Any]) -> float:
+    """The largest absolute difference of two arms' token shares over their domains."""
+    a, b = kept["domain_tokens"], matched["domain_tokens"]
+    ta, tb = max(sum(a.values()), 1), max(sum(b.values()), 1)
+    return max(abs(a.get(d, 0) / ta - b.get(d, 0) / tb) for d in set(a) | set(b))
 
 
-def _general_losses(cell: Path) -> dict[str, float]:
-    """The cell's final loss per domain on the general eval set (its extra_evals.json)."""
-    path = cell / "extra_evals.json"
-    if not path.exists():
-        return {}
-    record = next((v for k, v in json.loads(path.read_text()).items() if k.startswith("general=")), {})
-    return {d: float(v["loss"]) for d, v in record.get("eval_domains", {}).items() if v.get("loss") is not None}
+def capped(arm: dict[str, Any]) -> list[str]:
+    """The groups whose kept tokens fall short of the arm's budget ('*': the whole corpus)."""
+    kept = arm["kept"]
+    return [g for g, budget in arm["budgets"].items()
+            if (kept["tokens"] if g == "*" else kept["domain_tokens"].get(g, 0)) < budget]
 
 
-def pool_result(out: Path, seed: int, target: str) -> dict[str, Any]:
-    """One pool and target: each comparison, and per arm what it trained on and what it cost."""
-    folder = out / "pools" / str(seed) / target
-    cells = folder / "experiment" / "cells"
-    curves = {arm: eval_curve(cells / arm / f"seed-{seed}", EVAL_EVERY, STEPS) for arm in ARMS}
-    manifests = {arm: shards.read_manifest(folder / "data" / arm) for arm in ARMS}
-    selection = {arm: manifests[arm].get("model_selection") or {} for arm in ARMS}
-    flops = {arm: float(selection[arm].get("flops") or 0.0) for arm in ARMS}
-    arms = {}
-    for arm in ARMS:
-        kept = int(manifests[arm]["total_tokens"])
-        trained = cell_compute(cells / arm / f"seed-{seed}")["tokens_trained"] or 0
-        domains = {d: int(v["tokens"]) for d, v in manifests[arm]["domains"].items()}
-        arms[arm] = {"kept_tokens": kept, "epochs": trained / max(kept, 1),
-                     "shares": {d: n / max(kept, 1) for d, n in sorted(domains.items())},
-                     "selection_flops": flops[arm], "selection_cpu_seconds": float(selection[arm].get("cpu_seconds") or 0.0),
-                     "final_loss": curves[arm][-1][1], "general": _general_losses(cells / arm / f"seed-{seed}")}
-    comparisons = {f"{a}/{r}": compare(curves[a], flops[a], curves[r], flops[r]) for a, r in COMPARISONS}
-    junk_pool = shards.read_manifest(out / "pools" / str(seed) / "pool-junk")
-    floor = unigram_loss(folder / "data" / BASELINE, out / "target" / target / "eval")
-    return {"comparisons": comparisons, "arms": arms, "unigram_loss": floor,
-            "frequency_stage": comparisons[f"aa/{BASELINE}"]["target_loss"] >= floor,
-            "junk_share": junk_pool["domains"].get("junk", {}).get("tokens", 0) / max(junk_pool["total_tokens"], 1)}
+def frequency_check(random_target_loss: float, entropy: float) -> bool:
+    """True when random's target loss is at least FREQUENCY_MARGIN nats below the slice's unigram entropy."""
+    return random_target_loss <= entropy - FREQUENCY_MARGIN
+
+
+def pool_checks(raw: dict[str, Any]) -> dict[str, Any]:
+    """One pool's checks: mixture match, budgets, epochs, the frequency stage."""
+    arms = raw["arms"]
+    gaps = {t: share_gap(arms[f"classifier_{t}"]["kept"], arms[f"mm_{t}"]["kept"]) for t in TARGETS}
+    epochs = {a: (arms[a]["tokens_trained"] or 0) / max(arms[a]["kept"]["tokens"], 1) for a in ARMS}
+    frequency = {}
+    for t in TARGETS:
+        _, loss, _ = target_point(arms[BASELINE]["curves"][t])
+        frequency[t] = {"random_target_loss": loss, "unigram_entropy": raw["unigram_entropy"][t],
+                        "passes": frequency_check(loss, raw["unigram_entropy"][t])}
+    problems = ([f"mm_{t} shares off classifier_{t}'s by {g:.3f}" for t, g in gaps.items() if g > SHARE_TOLERANCE]
+                + [f"{a} capped in {', '.join(capped(arms[a]))}" for a in ARMS if capped(arms[a])]
+                + [f"{a} read {e:.2f} epochs" for a, e in epochs.items() if e >= 1.0]
+                + [f"{t}: random's target loss {f['random_target_loss']:.3f} not {FREQUENCY_MARGIN} below the unigram "
+                   f"entropy {f['unigram_entropy']:.3f}" for t, f in frequency.items() if not f["passes"]])
+    return {"share_gaps": gaps, "epochs": epochs, "frequency": frequency, "problems": problems}
+
+
+def pool_comparisons(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    arms = raw["arms"]
+    return {f"{t}:{a}/{r}": compare(arms[a]["curves"][t], arms[a]["selection"]["flops"], arms[r]["curves"][t],
+                                    arms[r]["selection"]["flops"]) for t, a, r in COMPARISONS}
 
 
 def verdict(interval: dict[str, Any]) -> str:
     if interval["high"] is not None and interval["high"] < PAYS_UPPER and interval["ratio"] <= PAYS_POINT:
         return "pays"
+    if interval["high"] is not None and interval["high"] < 1.0:
+        return "beats mixture-matched random" if interval.get("against_mm") else "beats its reference"
     if interval["low"] is not None and interval["low"] > 1.0:
         return "costs"
     return "no difference shown"
 
 
-def summarize(per_pool: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """One target's table from its pools' results."""
-    pools = sorted(per_pool)
+def general_mean(arm: dict[str, Any]) -> float:
+    """The arm's final loss on the general eval set, the plain mean over its domains."""
+    return float(np.mean(list(arm["general_loss"].values())))
+
+
+def load_pools(raw_dir: Path, pools: list[int] | None = None) -> dict[int, dict[str, Any]]:
+    """The committed raw results, every one of the same tokenizer, eval set and design (else an error naming them)."""
+    files = sorted(raw_dir.glob("pool-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    raws = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in files}
+    if pools is not None:
+        missing = sorted(set(pools) - set(raws))
+        if missing:
+            raise SystemExit(f"no raw results for pools {missing} in {raw_dir}")
+        raws = {s: raws[s] for s in pools}
+    if not raws:
+        raise SystemExit(f"no raw results (pool-SEED.json) in {raw_dir}: run python -m scripts.experiment_selection first")
+    first = next(iter(raws.values()))
+    for seed, raw in raws.items():
+        for key in ("tokenizer_sha256", "eval_sha256", "design"):
+            if raw[key] != first[key]:
+                raise SystemExit(f"pool {seed}'s {key} differs from pool {next(iter(raws))}'s: the pools are not one experiment")
+    return raws
+
+
+def summarize(raws: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    pools = sorted(raws)
+    per_pool = {s: pool_comparisons(raws[s]) for s in pools}
+    checks = {s: pool_checks(raws[s]) for s in pools}
     comparisons = {}
-    for arm, reference in COMPARISONS:
-        rows = [per_pool[s]["comparisons"][f"{arm}/{reference}"] for s in pools]
-        interval = t_interval([r["log_flops_ratio"] for r in rows])
-        comparisons[f"{arm}/{reference}"] = {
-            "flops_ratio": interval, "tokens_ratio": t_interval([r["log_tokens_ratio"] for r in rows]),
-            "floors": sum(r["bound"] == "floor" for r in rows), "censored": sum(r["bound"] == "censored" for r in rows),
-            "verdict": verdict(interval), "per_pool": {s: round(math.exp(r["log_flops_ratio"]), 4) for s, r in zip(pools, rows)}}
+    for t, a, r in COMPARISONS:
+        name = f"{t}:{a}/{r}"
+        rows = [per_pool[s][name] for s in pools]
+        interval = {**t_interval([x["log_flops_ratio"] for x in rows]), "against_mm": r.startswith("mm_")}
+        comparisons[name] = {
+            "flops_ratio": interval, "tokens_ratio": t_interval([x["log_tokens_ratio"] for x in rows]),
+            "final_loss_difference": t_interval([x["final_loss_difference"] for x in rows], log=False),
+            "floors": sum(x["bound"] == "floor" for x in rows), "censored": sum(x["bound"] == "censored" for x in rows),
+            "verdict": verdict(interval), "per_pool": {s: round(math.exp(x["log_flops_ratio"]), 4) for s, x in zip(pools, rows)}}
     arms = {}
     for arm in ARMS:
-        rows = [per_pool[s]["arms"][arm] for s in pools]
-        domains = sorted({d for r in rows for d in r["shares"]} | {d for r in rows for d in r["general"]})
-        arms[arm] = {"kept_tokens_mean": float(np.mean([r["kept_tokens"] for r in rows])),
-                     "kept_tokens_min": min(r["kept_tokens"] for r in rows), "epochs_max": max(r["epochs"] for r in rows),
-                     "shares": {d: float(np.mean([r["shares"].get(d, 0.0) for r in rows])) for d in domains},
-                     "general_loss": {d: float(np.mean([r["general"][d] for r in rows if d in r["general"]]))
-                                      for d in domains if any(d in r["general"] for r in rows)},
-                     "selection_cpu_seconds_mean": float(np.mean([r["selection_cpu_seconds"] for r in rows])),
-                     "selection_flops_mean": float(np.mean([r["selection_flops"] for r in rows])),
-                     "final_loss_mean": float(np.mean([r["final_loss"] for r in rows]))}
-    junk = float(np.mean([per_pool[s]["junk_share"] for s in pools]))
-    return {"pools": pools, "comparisons": comparisons, "arms": arms, "junk_expected_ratio": 1.0 / (1.0 - junk),
-            "frequency_stage_pools": [s for s in pools if per_pool[s]["frequency_stage"]]}
+        rows = [raws[s]["arms"][arm] for s in pools]
+        domains = sorted({d for r in rows for d in r["kept"]["domain_tokens"]})
+        arms[arm] = {"kept_tokens_mean": float(np.mean([r["kept"]["tokens"] for r in rows])),
+                     "kept_tokens_min": min(r["kept"]["tokens"] for r in rows),
+                     "epochs_max": max(checks[s]["epochs"][arm] for s in pools),
+                     "shares": {d: float(np.mean([r["kept"]["domain_tokens"].get(d, 0) / r["kept"]["tokens"] for r in rows]))
+                                for d in domains},
+                     "slice_shares": {t: float(np.mean([r["kept"]["slice_tokens"][t] / r["kept"]["tokens"] for r in rows]))
+                                      for t in TARGETS},
+                     "general_loss": {d: float(np.mean([r["general_loss"][d] for r in rows]))
+                                      for d in sorted({d for r in rows for d in r["general_loss"]})},
+                     "selection_cpu_seconds_mean": float(np.mean([r["selection"]["cpu_seconds"] for r in rows])),
+                     "selection_flops_mean": float(np.mean([r["selection"]["flops"] for r in rows]))}
+    pool_slices = {t: float(np.mean([raws[s]["pool"]["slice_tokens"][t] / raws[s]["pool"]["tokens"] for s in pools]))
+                   for t in TARGETS}
+    diversity = t_interval([general_mean(raws[s]["arms"]["diversity"]) - general_mean(raws[s]["arms"][BASELINE])
+                            for s in pools], log=False)
+    primary = comparisons["{}:{}/{}".format(*PRIMARY_COMPARISON)]
+    return {"pools": pools, "primary": {"comparison": "{}:{}/{}".format(*PRIMARY_COMPARISON), **primary},
+            "comparisons": comparisons, "arms": arms, "pool_slice_shares": pool_slices,
+            "diversity_general_loss_difference": diversity,
+            "checks": {s: checks[s] for s in pools}, "flagged_pools": {s: c["problems"] for s, c in checks.items() if c["problems"]},
+            "final_pool_count": final_pool_count(per_pool)}
 
 
-def final_pool_count(result: dict[str, Any]) -> dict[str, Any]:
-    """Stage 1's rule for the final number of pools: the pooled sd over targets of the A/A log ratios (each target's
-    deviations from its own mean), through `scripts.selection_power.pools_needed`, within [FIRST_POOLS, all seeds]."""
+def final_pool_count(per_pool: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The A/A rule: the sd of aa/random's log FLOPs ratios on the primary target, through `pools_needed`."""
     from scripts.selection_power import pools_needed
 
-    deviations, groups = [], 0
-    for table in result["per_pool"].values():
-        logs = np.array([p["comparisons"][f"aa/{BASELINE}"]["log_flops_ratio"] for p in table.values()])
-        deviations += list(logs - logs.mean())
-        groups += 1
-    if len(deviations) - groups < 1:  # one pool a target: no spread yet
-        return {"aa_sd": None, "pools": None}
-    sd = float(math.sqrt(np.sum(np.square(deviations)) / (len(deviations) - groups)))
-    return {"aa_sd": sd, "pools": min(max(pools_needed(sd), FIRST_POOLS), len(POOL_SEEDS))}
+    logs = [p[f"{PRIMARY}:aa/{BASELINE}"]["log_flops_ratio"] for p in per_pool.values()]
+    if len(logs) < 2:
+        return {"aa_sd": None, "pools": None, "binding": False}
+    sd = float(np.std(logs, ddof=1))
+    return {"aa_sd": sd, "pools": min(max(pools_needed(sd), FIRST_POOLS), len(POOL_SEEDS)),
+            "binding": len(logs) >= FIRST_POOLS}
 
 
-def analyze(out: Path, pools: list[int]) -> dict[str, Any]:
-    per_pool = {t: {s: pool_result(out, s, t) for s in pools} for t in TARGETS}
-    result = {"pools": pools, "targets": {t: summarize(per_pool[t]) for t in TARGETS}, "per_pool": per_pool}
-    result["final_pool_count"] = final_pool_count(result)
-    return result
+def _fmt(v: float | None, digits: int = 2) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
 
 
-def _fmt(v: float | None) -> str:
-    return "–" if v is None else f"{v:.2f}"
+def _interval(i: dict[str, Any], key: str = "ratio", digits: int = 2) -> str:
+    return f"{_fmt(i[key], digits)} [{_fmt(i['low'], digits)}, {_fmt(i['high'], digits)}]"
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = []
-    for target, table in result["targets"].items():
-        domain = TARGET_DOMAIN[target]
-        lines += [f"#### Target `{target}` ({len(table['pools'])} pools; its domain `{domain}`)", "",
-                  "| arm / reference | FLOPs to target [95% t-interval] | tokens | floors | censored | verdict |",
-                  "|---|---|---|---|---|---|"]
-        for name, c in table["comparisons"].items():
-            f, t = c["flops_ratio"], c["tokens_ratio"]
-            extra = f" (expected {table['junk_expected_ratio']:.2f})" if name == f"junk/{BASELINE}" else ""
-            lines.append(f"| {name} | {_fmt(f['ratio'])} [{_fmt(f['low'])}, {_fmt(f['high'])}]{extra} | {_fmt(t['ratio'])} | "
-                         f"{c['floors']} | {c['censored']} | {c['verdict']} |")
-        domains = sorted({d for a in table["arms"].values() for d in a["general_loss"]})
-        lines += ["", f"| arm | kept tokens (mean, fewest) | epochs (most) | `{domain}` share | selection CPU s | "
-                  + " | ".join(f"final loss `{d}`" for d in domains) + " |", "|---|---|---|---|---|" + "---|" * len(domains)]
-        for arm, a in table["arms"].items():
-            losses = " | ".join(_fmt(a["general_loss"].get(d)) for d in domains)
-            lines.append(f"| {arm} | {a['kept_tokens_mean']:,.0f}, {a['kept_tokens_min']:,} | {a['epochs_max']:.2f} | "
-                         f"{a['shares'].get(domain, 0.0):.2f} | {a['selection_cpu_seconds_mean']:.1f} | {losses} |")
-        flagged = table["frequency_stage_pools"]
-        lines += ["", f"Pools still in the token-frequency stage (random's target loss not below the unigram loss): "
-                  f"{', '.join(map(str, flagged)) if flagged else 'none'}.", ""]
+    p = result["primary"]
+    lines = [f"**Primary** ({len(result['pools'])} pools), `{p['comparison']}`: FLOPs to the target "
+             f"{_interval(p['flops_ratio'])} (95% t), final-loss difference {_interval(p['final_loss_difference'], 'mean', 3)} "
+             f"nats: **{p['verdict']}**.", "",
+             "| target: arm / reference | FLOPs to target [95% t] | tokens | final loss difference [95% t] | floors | censored | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for name, c in result["comparisons"].items():
+        lines.append(f"| {name} | {_interval(c['flops_ratio'])} | {_fmt(c['tokens_ratio']['ratio'])} | "
+                     f"{_interval(c['final_loss_difference'], 'mean', 3)} | {c['floors']} | {c['censored']} | {c['verdict']} |")
+    general = sorted({d for a in result["arms"].values() for d in a["general_loss"]})
+    lines += ["", "| arm | kept tokens (mean, fewest) | epochs (most) | `man` share | " + " | ".join(f"`{t}` slice" for t in TARGETS)
+              + " | selection CPU s | " + " | ".join(f"general `{d}`" for d in general) + " |",
+              "|---|---|---|---|" + "---|" * (len(TARGETS) + 1 + len(general))]
+    for arm, a in result["arms"].items():
+        lines.append(f"| {arm} | {a['kept_tokens_mean']:,.0f}, {a['kept_tokens_min']:,} | {a['epochs_max']:.2f} | "
+                     f"{a['shares'].get('man', 0.0):.3f} | " + " | ".join(f"{a['slice_shares'][t]:.3f}" for t in TARGETS)
+                     + f" | {a['selection_cpu_seconds_mean']:.1f} | " + " | ".join(_fmt(a["general_loss"].get(d), 3) for d in general) + " |")
+    d = result["diversity_general_loss_difference"]
+    flagged = result["flagged_pools"]
+    count = result["final_pool_count"]
+    lines += ["", f"The pool's own slice shares: " + ", ".join(f"`{t}` {s:.3f}" for t, s in result["pool_slice_shares"].items()) + ".",
+              f"Diversity minus random on the general eval set (mean over its domains of the final loss): {_interval(d, 'mean', 3)} nats.",
+              "Checks: " + ("every pool passes." if not flagged else
+                            "; ".join(f"pool {s}: {', '.join(ps)}" for s, ps in flagged.items()) + "."),
+              f"A/A spread on `{PRIMARY}` (sd of the log ratio): {_fmt(count['aa_sd'], 3)}; the rule's pool count: "
+              f"{count['pools']}{'' if count['binding'] else ' (not binding before ' + str(FIRST_POOLS) + ' pools)'}.", ""]
     return "\n".join(lines)
 
 
@@ -244,24 +285,22 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    targets = list(result["targets"])
-    fig, axes = plt.subplots(1, len(targets), figsize=(5 * len(targets), 5), sharex=True)
-    for ax, target in zip(np.atleast_1d(axes), targets):
-        names = list(result["targets"][target]["comparisons"])
-        for i, name in enumerate(names):
-            c = result["targets"][target]["comparisons"][name]
-            ratios = list(c["per_pool"].values())
-            ax.scatter(ratios, [i] * len(ratios), s=8, color="gray")
-            f = c["flops_ratio"]
-            if f["low"] is not None:
-                ax.plot([f["low"], f["high"]], [i, i], color="black", lw=2)
-            ax.scatter([f["ratio"]], [i], color="red", zorder=3)
-        ax.axvline(1.0, color="gray", ls=":")
-        ax.axvline(PAYS_UPPER, color="green", ls="--", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_yticks(range(len(names)), names)
-        ax.set_title(f"target {target}")
-        ax.set_xlabel("FLOPs to the reference's loss at 0.75 B (ratio)")
+    names = list(result["comparisons"])
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.5))
+    for i, name in enumerate(names):
+        c = result["comparisons"][name]
+        ratios = list(c["per_pool"].values())
+        ax.scatter(ratios, [i] * len(ratios), s=8, color="gray")
+        f = c["flops_ratio"]
+        if f["low"] is not None:
+            ax.plot([f["low"], f["high"]], [i, i], color="black", lw=2)
+        ax.scatter([f["ratio"]], [i], color="red" if i == 0 else "black", zorder=3)
+    ax.axvline(1.0, color="gray", ls=":")
+    ax.axvline(PAYS_UPPER, color="green", ls="--", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"FLOPs to the reference's loss at step {TARGET_STEP} (ratio; red: the primary)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -269,14 +308,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", nargs="?", default="runs/selection2")
-    parser.add_argument("--pools", type=int, nargs="+", default=POOL_SEEDS[:FIRST_POOLS])
+    parser.add_argument("raw", nargs="?", default=str(RAW_DIR), help="the folder of pool-SEED.json files")
+    parser.add_argument("--pools", type=int, nargs="+", default=None, help="these pools only (default: every raw file)")
     parser.add_argument("--plot", default=None, help="write the picture here (PNG)")
     parser.add_argument("--markdown", action="store_true", help="print the tables as Markdown after the JSON")
     args = parser.parse_args(argv)
-    result = analyze(Path(args.out), args.pools)
-    (Path(args.out) / "analysis.json").write_text(json.dumps(result, indent=1, default=str))
-    print(json.dumps({"targets": result["targets"], "final_pool_count": result["final_pool_count"]}, indent=1))
+    result = summarize(load_pools(Path(args.raw), args.pools))
+    print(json.dumps({k: v for k, v in result.items() if k != "checks"}, indent=1, default=str))
     if args.markdown:
         print(markdown(result))
     if args.plot:

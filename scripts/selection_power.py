@@ -8,7 +8,9 @@ reference arm's), with a two-sided 95% t-interval. The spread of one pool's log 
 only by chance is the A/A arm's: the sample standard deviation of its per-pool log ratios. With n pools and a true
 ratio r, the interval's upper bound falls below `bound` when T = (mean - log bound) / (s / sqrt n) < -t(0.975, n - 1),
 T noncentral t with df n - 1 and noncentrality (log r - log bound) sqrt(n) / sd: that probability is the power.
-`pays` (point <= 0.8 as well as upper bound < 0.9) is also given, by simulation: at a true ratio of exactly 0.8 the
+The default spread is the first experiment's (small pools, code-share sampling noise); the within-domain experiment's
+final count comes from its own A/A spread on its primary target (`scripts.analyze_selection.final_pool_count`, the
+same `pools_needed`). `pays` (point <= 0.8 as well as upper bound < 0.9) is also given, by simulation: at a true ratio of exactly 0.8 the
 point condition holds about half the time whatever n, so the rule's own pass rate is reported beside the power.
 """
 
@@ -50,6 +52,8 @@ def pays_rate(n: int, sd: float, true_ratio: float = TRUE_RATIO, draws: int = 20
 def pools_needed(sd: float, target_power: float = POWER) -> int:
     """The fewest pools (at least 2) whose power reaches `target_power`."""
     n = 2
+    if sd <= 0:  # no spread: two pools show any true difference
+        return n
     while power(n, sd) < target_power:
         n += 1
     return n

@@ -191,6 +191,9 @@ class SelectionConfig:
     threshold: float | None = note(None, help="keep the documents scoring at least this (the classifier's logit, DSIR's "
                                    "log weight plus Gumbel noise, the perplexity band's -|log ppl - center|)")
     per_domain: bool = note(False, help="apply keep_fraction / keep_tokens to each domain separately")
+    domain_tokens: dict[str, int] = note({}, help="a budget per domain: keep the best-scored documents of each named domain "
+                                         "until they hold its tokens, the last one kept crossing it; a domain not named "
+                                         "keeps none (e.g. random at another selection's per-domain tokens: a mixture-matched control)")
     target_docs: int = note(20000, help="at most this many target documents fit the model (the first ones read)")
     sample_docs: int = note(20000, help="the corpus side of the model: a seeded sample of about this many training documents")
     seed: int = note(0, help="seed of the corpus sample and of DSIR's and random's Gumbel noise")
@@ -202,13 +205,16 @@ class SelectionConfig:
     def __post_init__(self) -> None:
         if not self.enabled:
             return
-        rules = [self.keep_fraction is not None, self.keep_tokens is not None, self.threshold is not None]
-        check(sum(rules) == 1, "set exactly one of keep_fraction, keep_tokens and threshold")
+        rules = [self.keep_fraction is not None, self.keep_tokens is not None, self.threshold is not None, bool(self.domain_tokens)]
+        check(sum(rules) == 1, "set exactly one of keep_fraction, keep_tokens, threshold and domain_tokens")
+        check(all(isinstance(n, int) and n >= 0 for n in self.domain_tokens.values()),
+              f"domain_tokens must map each domain to a token count >= 0, got {self.domain_tokens!r}")
+        check(not (self.domain_tokens and self.per_domain), "domain_tokens is a budget per domain already: leave per_domain off")
         if self.keep_fraction is not None:
             check(0.0 < self.keep_fraction <= 1.0, f"keep_fraction must be in (0, 1], got {self.keep_fraction!r}")
         if self.keep_tokens is not None:
             check(self.keep_tokens > 0, f"keep_tokens must be > 0, got {self.keep_tokens!r}")
-        check(self.method != "random" or self.threshold is None, "method 'random' keeps a budget: set keep_fraction or keep_tokens")
+        check(self.method != "random" or self.threshold is None, "method 'random' keeps a budget: set keep_fraction, keep_tokens or domain_tokens")
         check(self.method != "fasttext" or (self.model is not None and self.target is None),
               "method 'fasttext' scores with an existing fastText model: set model (its .bin file), not target")
         check(self.method in ("random", "fasttext") or (self.target is None) != (self.model is None),

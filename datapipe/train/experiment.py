@@ -347,19 +347,22 @@ def _cell_state(cfg: TrainConfig) -> str:
     return "restart" if any((run_dir / name).exists() for name in RUN_FILES) else "fresh"
 
 
-def eval_curve(run_dir: str | Path, every: int, steps: int,
-               records: list[dict[str, Any]] | None = None) -> list[tuple[int, float, float | None]]:
+def eval_curve(run_dir: str | Path, every: int, steps: int, records: list[dict[str, Any]] | None = None,
+               domain: str | None = None) -> list[tuple[int, float, float | None]]:
     """(tokens trained, eval loss, training FLOPs) of the evaluations in RUN_DIR/metrics.jsonl at every `every` steps
     and at the last step (so every seed's curve has the same points; a run split by train.stop_at also evaluated
     where it stopped); of a step logged twice (a run resumed from an earlier checkpoint) the later record counts.
-    FLOPs are None in a run logged before they were."""
+    FLOPs are None in a run logged before they were. `domain`: that eval domain's loss (`eval_domains`) instead of
+    the overall one; an evaluation without it is an error naming the run."""
     by_step: dict[int, tuple[int, float, float | None]] = {}
     for record in records if records is not None else _metrics(run_dir):
         on_grid = record["step"] % every == 0 or record["step"] == steps
         if "eval_loss" in record and "tokens" in record and on_grid:
             flops = record.get("flops")
-            by_step[int(record["step"])] = (int(record["tokens"]), float(record["eval_loss"]),
-                                            float(flops) if flops is not None else None)
+            loss = record["eval_loss"] if domain is None else (record.get("eval_domains", {}).get(domain) or {}).get("loss")
+            if loss is None:
+                raise ValueError(f"{run_dir}: the evaluation at step {record['step']} has no loss of eval domain {domain!r}")
+            by_step[int(record["step"])] = (int(record["tokens"]), float(loss), float(flops) if flops is not None else None)
     return [by_step[s] for s in sorted(by_step)]
 
 

@@ -137,6 +137,22 @@ def test_per_domain_fraction_and_threshold(tmp_path: Path) -> None:
     assert (again["kept"] == (again["score"] >= threshold)).all() and again["kept"].any() and not again["kept"].all()
 
 
+def test_domain_tokens_fill_each_named_domain_s_budget_and_keep_none_of_the_others(tmp_path: Path) -> None:
+    """Random at per-domain budgets (a mixture-matched control): each named domain full, one not named kept out."""
+    budgets = {"man": 3000, "code": 1500}
+    _run(_config(tmp_path / "a", target=None, method="random", keep_tokens=None, domain_tokens=budgets))
+    scores = _scores(tmp_path / "a").to_pandas()
+    assert set(scores["domain"]) - set(budgets)  # the slice has a domain the budgets leave out
+    for domain, rows in scores.groupby("domain"):
+        kept = rows.sort_values("score", ascending=False)["num_tokens"][rows["kept"]].to_numpy()
+        if domain not in budgets:
+            assert len(kept) == 0
+        else:
+            assert kept[:-1].sum() < budgets[domain] <= kept.sum()
+    with pytest.raises(ConfigError, match=r"domain_tokens names domains .*\['mann'\]"):
+        _run(_config(tmp_path / "b", target=None, method="random", keep_tokens=None, domain_tokens={"mann": 10}))
+
+
 def test_an_edited_target_refuses_the_folder_and_a_missing_one_is_named(finished: Path, tmp_path: Path) -> None:
     target = tmp_path / "target.jsonl"
     shutil.copy(ASSETS / "target_code.jsonl", target)

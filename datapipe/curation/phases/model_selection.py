@@ -343,6 +343,13 @@ def _drops(out_dir: Location, block: str, input_index: int, dropped: pa.Table, s
     return counters
 
 
+def _budget(cfg: SelectionConfig, group: str, tokens: int) -> float:
+    """A group's token budget: its `domain_tokens` entry (0 when not named), else keep_tokens or keep_fraction of it."""
+    if cfg.domain_tokens:
+        return cfg.domain_tokens.get(group, 0)
+    return cfg.keep_tokens if cfg.keep_tokens is not None else cfg.keep_fraction * tokens
+
+
 def select_by_model(run_tasks: RunTasks, work: Location, out_dir: Location, blocks: list[tuple[str, int]], segment: str,
                     cfg: SelectionConfig, totals: dict[str, list[int]], counters: Counters, held_out: RowCopies | None,
                     cwd: str, task_bytes: int) -> tuple[RowCopies, dict[str, Any]]:
@@ -350,18 +357,24 @@ def select_by_model(run_tasks: RunTasks, work: Location, out_dir: Location, bloc
     stats. `totals`: training [documents, tokens] per domain. Updates `counters`. `cwd`: where relative paths of the
     recipe are read from; `task_bytes`: a block task's memory."""
     names = [b for b, _ in blocks]
+    unknown = sorted(set(cfg.domain_tokens) - set(totals))
+    if unknown:
+        raise ConfigError(f"selection.domain_tokens names domains the corpus has no training documents of: {unknown}; "
+                          f"its domains are {sorted(totals)}")
     fitted = fit_model(run_tasks, work, out_dir, names, segment, cfg, sum(n for n, _ in totals.values()), held_out, cwd,
                        task_bytes)
-    scored = run_tasks(score_task, BlockTask(str(work), segment, held_out, per_domain=cfg.per_domain, sha256=fitted["sha256"]),
+    scored = run_tasks(score_task, BlockTask(str(work), segment, held_out, per_domain=cfg.per_domain or bool(cfg.domain_tokens),
+                                             sha256=fitted["sha256"]),
                        [(b,) for b in names],
                        "selection score", record=record_in(FOLDER, "score", first_item_only=True),
                        memory=task_bytes + fasttext_bytes(cfg))
     group_cuts, report = None, {}
     if cfg.threshold is None:
-        group_tokens = {d: k for d, (_, k) in totals.items()} if cfg.per_domain else {ALL: sum(k for _, k in totals.values())}
+        by_domain = cfg.per_domain or bool(cfg.domain_tokens)
+        group_tokens = {d: k for d, (_, k) in totals.items()} if by_domain else {ALL: sum(k for _, k in totals.values())}
         # fill: every arm of a comparison holds its whole budget, however long the document at the cut
-        budgets = {g: Budget(float(cfg.keep_tokens if cfg.keep_tokens is not None else cfg.keep_fraction * k), by_tokens=True, fill=True)
-                   for g, k in group_tokens.items() if k > 0}
+        budgets = {g: Budget(float(_budget(cfg, g, k)), by_tokens=True, fill=True) for g, k in group_tokens.items()
+                   if k > 0 and _budget(cfg, g, k) > 0}  # a group with no budget keeps none
         group_cuts, report, kept_tokens = cuts(run_tasks, work, FOLDER, names, budgets, held_out)
         for g, entry in report.items():
             entry.update(budget_tokens=budgets[g].value, tokens_in=group_tokens[g], tokens_kept=kept_tokens[g])
