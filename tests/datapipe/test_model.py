@@ -115,3 +115,30 @@ def test_cuda_paths_match_sdpa(kind, doc_of):
         b = forward(fast, batch)
     real = batch["doc_ids"][0] >= 0
     torch.testing.assert_close(a[0, real], b[0, real], atol=5e-2, rtol=5e-2)  # bf16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["flex", "varlen"])
+def test_cuda_paths_give_sdpa_s_loss_and_gradients_and_never_attend_across_pieces(kind):
+    """On a packed batch in bf16: the same loss and parameter gradients as sdpa within bf16 tolerance, and changing
+    the first piece leaves the second piece's logits as they were."""
+    batch, _ = packed_row([20, 7, 25], seq_len=64)
+    batch = {k: v.cuda() for k, v in batch.items()}
+    grads, losses = {}, {}
+    for name in ("sdpa", kind):
+        model = tiny(attention=name).cuda().train()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = token_losses(forward(model, batch).float(), batch["labels"]).sum() / (batch["labels"] >= 0).sum()
+        loss.backward()
+        losses[name] = float(loss)
+        grads[name] = torch.cat([p.grad.flatten().float() for p in model.parameters()])
+    assert abs(losses[kind] - losses["sdpa"]) < 2e-2
+    cosine = torch.nn.functional.cosine_similarity(grads[kind], grads["sdpa"], dim=0)
+    assert cosine > 0.99 and (grads[kind] - grads["sdpa"]).norm() < 0.1 * grads["sdpa"].norm()
+    model = tiny(attention=kind).cuda()
+    other = batch["input_ids"].clone()
+    other[0, :20] = 3  # the first piece changed
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        a, b = forward(model, batch), forward(model, batch, other)
+    torch.testing.assert_close(a[0, 20:52], b[0, 20:52], atol=0, rtol=0)  # the other pieces see none of it
