@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -275,10 +276,22 @@ def _cluster_once_started(driver: subprocess.Popen, deadline: float) -> list:
     raise AssertionError(f"Ray's agents and a worker did not start: {sorted(names.values())}")
 
 
+def _listening(processes: list) -> list[tuple[str, str]]:
+    """(command line, address) of every TCP socket the processes listen on."""
+    import psutil
+
+    found = []
+    for process, name in processes:
+        with contextlib.suppress(psutil.Error):
+            found += [(name, c.laddr.ip) for c in process.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    return found
+
+
 @linux_only
-def test_a_killed_driver_leaves_no_process_of_its_embedded_ray(tmp_path):
-    """`datapipe curate` on its embedded Ray, killed with SIGKILL: every process of that Ray (GCS, raylet, agents,
-    workers) is gone seconds later. (Ray's agents used to wait 60 s for the dead GCS, a starting worker ~25 s.)"""
+def test_an_embedded_ray_listens_on_loopback_only_and_a_killed_driver_leaves_no_process_of_it(tmp_path):
+    """`datapipe curate` on its embedded Ray: every server of that Ray (GCS, raylet, agents, workers) and the driver
+    listen on 127.0.0.1 only and its token file is the owner's alone (0600); killed with SIGKILL, every process of
+    it is gone seconds later. (Ray's agents used to wait 60 s for the dead GCS, a starting worker ~25 s.)"""
     pytest.importorskip("ray")
     import psutil  # Ray's own copy (ray/thirdparty_files), importable once Ray is
 
@@ -292,6 +305,7 @@ def test_a_killed_driver_leaves_no_process_of_its_embedded_ray(tmp_path):
     cluster: list = []
     try:
         cluster = _cluster_once_started(driver, time.monotonic() + 120)
+        sockets = _listening([(psutil.Process(driver.pid), "driver"), *cluster])
     finally:
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
@@ -302,6 +316,8 @@ def test_a_killed_driver_leaves_no_process_of_its_embedded_ray(tmp_path):
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
     assert not alive, f"alive 15 s after the driver was killed: {[name for _, name in alive]}"
+    assert len(sockets) >= 4 and all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for _, ip in sockets), sockets
+    assert (Path.home() / ".ray" / "auth_token").stat().st_mode & 0o777 == 0o600
 
 
 def test_without_rays_private_internals_an_embedded_init_is_left_as_ray_makes_it(monkeypatch):

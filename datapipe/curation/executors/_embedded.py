@@ -1,6 +1,7 @@
 """The start of an embedded (local) Ray: patches of Ray's private internals, in place only during its `ray.init`.
 
-Without the autoscaler's monitor and the dashboard's head (`_without_idle_head_processes`), with the raylet's
+On 127.0.0.1 only (`_on_loopback_only`), its token file the owner's alone (`_private_token_file`), without the
+autoscaler's monitor and the dashboard's head (`_without_idle_head_processes`), with the raylet's
 children dying with it (`_dying_with_the_raylet`, `_DIE_WITH_THE_RAYLET`), in the workers' environment
 (`_environment`) with Ray's metrics off (`_EMBEDDED_RAY_ENV`), and without Ray's token-authentication notice
 (`_DropTokenAuthNotice`). With other internals (another Ray version) each patch steps aside and Ray starts as usual.
@@ -104,6 +105,44 @@ def _dying_with_the_raylet() -> Iterator[None]:
         yield
     finally:
         services._build_python_executable_command_memory_profileable, services._site_flags = interpreter, site_flags
+
+
+# Ray takes the machine's network address as a node's and binds its servers there, unless it treats the machine as a
+# single computer (a laptop): then the node's address is the loopback one. The processes `ray.init` starts read the
+# variable; this process has read it into ray_constants at import already.
+_LOOPBACK_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+@contextlib.contextmanager
+def _on_loopback_only() -> Iterator[None]:
+    """`ray.init` of an embedded instance whose every server (GCS, raylet, object manager, agents, workers) listens on
+    127.0.0.1 only: a run on one machine has nothing to offer another (the token refuses a stranger, but nothing
+    needs to be reachable). With other internals (another Ray version) Ray binds as usual."""
+    try:
+        from ray._private import ray_constants
+
+        before = ray_constants.ENABLE_RAY_CLUSTER
+    except (ImportError, AttributeError):
+        yield
+        return
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        with _environment(_LOOPBACK_ONLY_ENV):
+            yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+def _private_token_file() -> None:
+    """Ray writes its authentication token (~/.ray/auth_token) readable by every user of the machine (0644): make it
+    the owner's alone (0600), as an SSH key is. Left as it is when it is someone else's or is not there."""
+    path = os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    try:
+        info = os.stat(path)
+        if info.st_uid == os.getuid() and info.st_mode & 0o077:
+            os.chmod(path, 0o600)
+    except OSError:
+        pass
 
 
 class _DropTokenAuthNotice(logging.Filter):

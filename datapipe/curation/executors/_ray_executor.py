@@ -28,6 +28,8 @@ from datapipe.curation.executors._embedded import (
     _DropTokenAuthNotice,
     _dying_with_the_raylet,
     _environment,
+    _on_loopback_only,
+    _private_token_file,
     _without_idle_head_processes,
 )
 from datapipe.curation.executors._progress import _bar
@@ -343,7 +345,7 @@ class RayExecutor:
                 try:
                     # (the storage settings are in _WORKER_ENV already)
                     with _environment({**_WORKER_ENV, **_EMBEDDED_RAY_ENV}), _without_idle_head_processes(), \
-                            _dying_with_the_raylet():
+                            _dying_with_the_raylet(), _on_loopback_only():
                         # The two workers Ray starts ahead for its first driver have no runtime_env: with the
                         # stages' modules shipped, every task runs in workers Ray starts for those, so not them.
                         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
@@ -351,6 +353,7 @@ class RayExecutor:
                                     if shipped else {}), **kwargs)
                 finally:
                     auth_log.removeFilter(notice)
+                    _private_token_file()
             else:
                 ray.init(address=address, runtime_env={"env_vars": worker_env(), **shipped}, **kwargs)
                 self._connected_with = address
