@@ -156,9 +156,9 @@ class LossPredictor:
     def _rls(self, f: np.ndarray, y: float) -> None:
         lam = self.cfg.forget
         x = np.concatenate([[1.0], (f - self.mean) / self.std])
-        Px = self.P @ x
-        gain = Px / (lam + x @ Px)
-        self.w += gain * (y - x @ self.w)
+        Px = _dot(self.P, x)
+        gain = Px / (lam + _dot(x, Px))
+        self.w += gain * (y - _dot(x, self.w))
         self.P = (self.P - np.outer(gain, Px)) / lam
 
     def snapshot(self) -> dict[str, Any] | None:
@@ -177,11 +177,21 @@ class LossPredictor:
         self.w, self.P = np.array(state["w"], dtype=np.float64), np.array(state["P"], dtype=np.float64)
 
 
+def _dot(a: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """a @ x for a vector x, as exact products summed in a fixed order: BLAS's dot and gemv sum in an order (and
+    with fused multiply-adds) that depend on the CPU's kernel and thread count, and the plan must not."""
+    a = np.asarray(a, dtype=np.float64)
+    total = a[..., 0] * x[0]
+    for j in range(1, len(x)):  # elementwise, one rounding each: the same bits on every CPU (a sum's SIMD order is not)
+        total = total + a[..., j] * x[j]
+    return total
+
+
 def predict(snapshot: Mapping[str, Any], feats: np.ndarray) -> np.ndarray:
     """Predicted loss of each row of `feats` under a predictor snapshot."""
     w = np.asarray(snapshot["w"])
     z = (np.asarray(feats) - np.asarray(snapshot["mean"])) / np.asarray(snapshot["std"])
-    return w[0] + z @ w[1:]
+    return w[0] + _dot(z, w[1:])
 
 
 def select(n: int, pred: np.ndarray | None, keep: int, cfg: Prioritize, rng: np.random.Generator) -> np.ndarray:

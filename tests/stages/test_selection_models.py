@@ -132,13 +132,12 @@ def test_a_model_survives_its_bytes():
 def test_the_classifier_s_fit_flops_count_its_evaluations_and_its_optimizer(monkeypatch):
     """'a b' and 'a' against 'c': 5 feature nonzeros (a, b, (a b); a; c), 3 documents, 257 parameters at 256 buckets.
     The test counts the loss's evaluations itself; each costs 4 per nonzero, 30 per document, 6 per parameter; each
-    L-BFGS-B iteration 86 per parameter (two-loop product at 10 pairs, step, pair)."""
-    import scipy.optimize
-
+    L-BFGS iteration 86 per parameter (two-loop product at 10 pairs, step, pair)."""
+    from stages.selection import _lbfgs
     from stages.selection._classifier import QualityClassifier
 
     counted = {}
-    minimize = scipy.optimize.minimize
+    minimize = _lbfgs.minimize
 
     def counting(fun, x0, **kwargs):
         calls = [0]
@@ -148,15 +147,42 @@ def test_the_classifier_s_fit_flops_count_its_evaluations_and_its_optimizer(monk
             return fun(theta)
 
         result = minimize(fun_counted, x0, **kwargs)
-        counted.update(evaluations=calls[0], iterations=int(result.nit))
+        counted.update(evaluations=calls[0], iterations=result.iterations)
         return result
 
-    monkeypatch.setattr(scipy.optimize, "minimize", counting)
+    monkeypatch.setattr(_lbfgs, "minimize", counting)
     model = QualityClassifier.fit(["a b", "a"], ["c"], buckets=1 << 8, iterations=7)
     assert count_matrix(["a b", "a", "c"], 1 << 8).nnz == 5  # no two of the n-grams share a bucket
     per_evaluation = 4 * 5 + 30 * 3 + 6 * 257
     expected = 4 * 5 + counted["evaluations"] * per_evaluation + counted["iterations"] * 86 * 257
     assert counted["iterations"] >= 1 and model.fit_flops == expected
+
+
+def test_lbfgs_reaches_scipy_s_minimum_of_a_logistic_loss_and_of_an_ill_conditioned_quadratic():
+    """The BLAS-free L-BFGS against scipy's L-BFGS-B on the same problems: the same minimum to 1e-6 of the loss."""
+    import numpy as np
+    import scipy.optimize
+
+    from stages.selection import _lbfgs
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(200, 30)), (rng.random(200) < 0.5).astype(np.float64)
+
+    def logistic(theta):
+        z = x @ theta
+        return float(np.sum(np.logaddexp(0, z) - y * z)) / 200 + 1e-3 * float(theta @ theta), \
+            (x.T @ (1 / (1 + np.exp(-z)) - y)) / 200 + 2e-3 * theta
+
+    scale = np.logspace(0, 3, 30)
+
+    def quadratic(theta):
+        return 0.5 * float(np.sum(scale * (theta - 1) ** 2)), scale * (theta - 1)
+
+    for fun in (logistic, quadratic):
+        ours = _lbfgs.minimize(fun, np.zeros(30), max_iterations=500)
+        theirs = scipy.optimize.minimize(fun, np.zeros(30), jac=True, method="L-BFGS-B", options={"maxiter": 500})
+        assert ours.value <= theirs.fun + 1e-6 * max(1.0, abs(theirs.fun))
+        assert ours.evaluations >= ours.iterations >= 1
 
 
 def test_fit_flops_add_the_knots_scoring_of_the_corpus_sample():
