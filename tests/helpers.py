@@ -271,8 +271,9 @@ def run_tasks_in_process():
     return Run(LocalExecutor(), progress=False, resumed=False, started=time.perf_counter()).tasks("test")
 
 
-class Interrupted(Exception):
-    """What `CrashAfter` raises: a run killed mid-way."""
+class Interrupted(BaseException):
+    """What `CrashAfter` raises: a run killed mid-way. A BaseException, as KeyboardInterrupt is: a kill is no error of
+    the stage's, which a stage's wrapper would name (`UserStageFailed`)."""
 
 
 class CrashAfter:

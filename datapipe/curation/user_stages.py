@@ -221,6 +221,34 @@ def build_user_stages(entries: Sequence[Any], *, keep_text: bool = False) -> lis
     return built
 
 
+def check_extra_stages(objects: Sequence[Any], taken: set[str], *, keep_text: bool = False) -> list[Any]:
+    """`curate(cfg, extra_stages=[...])`'s objects as the recipe's entries are: a document filter wrapped in a
+    `DomainFilterStage`, a map stage in a `CheckedStage` (a raising one is a `UserStageFailed` naming it, the
+    documents and the user's own file and line), a global stage as it is. Anything else, or a name already taken
+    (`taken`: the stages before them), is refused here, before any work."""
+    built = []
+    for i, obj in enumerate(objects):
+        key, where = f"extra_stages[{i}]", f"{type(obj).__module__}.{type(obj).__qualname__}"
+        name = getattr(obj, "name", None)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{key}: a {where} has no non-empty string `name`; a stage (map or global) or a document "
+                              "filter names itself, and the funnel counts its drops by that name (stages/base.py)")
+        if name in SHIPPED_NAMES or name in taken:
+            raise ConfigError(f"{key}: the stage name {name!r} is taken by a stage before it; the funnel counts drops "
+                              "by name, so give it another `name`")
+        taken.add(name)
+        if isinstance(obj, GlobalStage):
+            built.append(obj)
+        elif callable(getattr(obj, "check", None)):
+            built.append(DomainFilterStage(obj, (), key=key, path=where, keep_text=keep_text))
+        elif callable(obj):
+            built.append(CheckedStage(obj, key, where))
+        else:
+            raise ConfigError(f"{key}: a {where} named {name!r} has neither __call__(batch) -> StageResult (a map "
+                              "stage), check(text) (a document filter), nor is a stages.base.GlobalStage")
+    return built
+
+
 def worker_modules(entries: Sequence[Any]) -> list[str]:
     """The files or folders Ray ships to its workers (runtime_env py_modules) so that they import the entries'
     modules: each module's top-level package folder, or its file; none for an installed package (site-packages)

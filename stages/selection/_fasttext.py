@@ -18,8 +18,12 @@ from typing import Any
 import numpy as np
 
 
+PROBE = "a line of plain text that the model classifies before any work, to find a damaged file at the start"
+
+
 @functools.lru_cache(maxsize=2)
-def _loaded(path: str) -> Any:
+def _loaded(path: str, size: int, mtime_ns: int) -> Any:
+    """The model of `path` as it is now (its size and time in the key: a file replaced is read again)."""
     import fasttext  # imported when used: only this method needs the binding
 
     return fasttext.load_model(path)
@@ -30,7 +34,8 @@ def load(path: str) -> Any:
     if not os.path.isfile(path):
         raise ValueError(f"{path!r} is not a file on this machine (fastText reads local files)")
     try:
-        return _loaded(path)
+        info = os.stat(path)
+        return _loaded(path, info.st_size, info.st_mtime_ns)
     except Exception as exc:  # noqa: BLE001 - the binding raises ValueError or RuntimeError by version; say which
         raise ValueError(f"fastText cannot load it ({type(exc).__name__}: {exc})") from None
 
@@ -45,11 +50,19 @@ class FastTextScorer:
         return load(self.path)
 
     def check(self) -> None:
-        """The file loads and is a classifier with `label` (ValueError otherwise)."""
+        """The file loads, is a classifier with `label`, and classifies a line (ValueError otherwise): a file cut
+        short loads, and only its first prediction finds the matrices' sizes wrong."""
         labels = list(self.model.labels)
         if self.label not in labels:
             raise ValueError(f"it has no label {self.label!r} (its labels: {', '.join(labels[:10])}); set "
                              "selection.fasttext_label to the label of what you want kept")
+        try:
+            scores = self.scores([PROBE])
+        except Exception as exc:  # noqa: BLE001 - the binding raises ValueError or RuntimeError ('Vector::mul: size mismatch')
+            raise ValueError(f"it loads but cannot classify a line ({type(exc).__name__}: {exc}): the file is damaged "
+                             "or cut short") from None
+        if not np.isfinite(scores).all():
+            raise ValueError(f"it gives the probe line a score of {scores[0]}: the file is damaged")
 
     @staticmethod
     def unload() -> None:

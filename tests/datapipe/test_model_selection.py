@@ -347,6 +347,24 @@ def test_a_fasttext_model_that_is_not_a_local_file_is_refused_at_planning(tmp_pa
         assert not (tmp_path / "out" / "run.json").exists()
 
 
+def test_a_cut_fasttext_model_is_one_paragraph_at_planning_and_the_intact_file_restored_resumes(tmp_path: Path) -> None:
+    """A model file cut to half loads but cannot classify: named before any work, the folder not claimed, so the
+    same command with the intact file put back runs."""
+    from tiny_fasttext import train
+
+    model = train(tmp_path / "ft")
+    intact = model.read_bytes()
+    model.write_bytes(intact[: len(intact) // 2])
+    cfg = _config(tmp_path / "out", target=None, method="fasttext", model=str(model))
+    with pytest.raises(ConfigError, match=rf"selection.model: '{model}' is not a fastText classifier datapipe can use: "
+                       r"it loads but cannot classify a line \(.*\): the file is damaged or cut short"):
+        _run(cfg)
+    assert not (tmp_path / "out" / "run.json").exists()
+    model.write_bytes(intact)
+    _run(cfg)
+    assert (tmp_path / "out" / "manifest.json").exists()
+
+
 def test_a_fasttext_model_s_tasks_declare_its_file_s_memory(tmp_path: Path) -> None:
     """The tasks that load a fastText model (the fit, which scores the sample, and the scoring) ask for their block's
     memory plus the model file's size; the tasks that do not load it (apply) ask for the block's alone."""

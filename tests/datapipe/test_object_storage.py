@@ -23,6 +23,7 @@ from datapipe.core.schema import empty_dropped
 from datapipe.core.shards import read_manifest
 from datapipe.core.storage import location
 from datapipe.curation.executors import LocalExecutor, RayExecutor
+from datapipe.curation.user_stages import UserStageFailed
 from datapipe import curate
 from datapipe.inspect import stats
 from datapipe.loader import PackedLoader
@@ -115,7 +116,7 @@ def test_a_stopped_s3_run_resumes_over_its_work_objects(tmp_path, s3_input):
     stage = FailOnce(str(tmp_path / "marker"))
     (tmp_path / "ref-marker").write_text("never fails")
     _run(_config(ref, inp), LocalExecutor(), extra_stages=[FailOnce(str(tmp_path / "ref-marker"))])
-    with pytest.raises(RuntimeError, match="stopped part-way"):
+    with pytest.raises(UserStageFailed, match="stopped part-way"):  # the stage named, as a recipe's is
         _run(_config(remote, inp, output={"keep_work": True, "shard_bytes": 8192}), LocalExecutor(), extra_stages=[stage])
     work = location(remote) / "work"
     records = sorted((work / "read").glob("*/*.json"))  # below hashed key prefixes (`spread`)

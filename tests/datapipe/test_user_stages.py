@@ -4,7 +4,9 @@ shipped to the workers of a real Ray cluster."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -230,6 +232,42 @@ def test_a_map_stage_that_raises_names_the_stage_and_the_batch(tmp_path, monkeyp
                        rf"\d+ documents \('[^']+' to '[^']+', lines \d+ to \d+ of .*corpus_slice.jsonl\): it raised KeyError: "
                        r"'no such column' \(.*, line \d+, in __call__\)\. Fix the stage"):
         _run(cfg)
+
+
+def _run_extra(cfg, extra, executor=None):
+    from datapipe import curate
+
+    return curate(cfg, executor=executor or LocalExecutor(), extra_stages=extra, progress=False, log=lambda _: None)
+
+
+@pytest.mark.ray_local
+def test_a_raising_extra_stage_on_ray_names_itself_the_batch_and_the_user_s_line(tmp_path, monkeypatch, request):
+    """`curate(cfg, extra_stages=[...])` wraps its stages as the recipe's are: on the Ray executor the error is the
+    stage's, naming it, the documents and the line of the user's file, not Ray's wrapper of a worker's stack."""
+    mod = _module(tmp_path, monkeypatch, "user_extra_raise", FAULTY)
+    stage = importlib.import_module(mod).RaisingStage()
+    cfg = load_config(_recipe(tmp_path, "[]"))
+    with pytest.raises(UserStageFailed) as failed:
+        _run_extra(cfg, [stage], _executor("ray", request, mod))
+    message = str(failed.value)
+    assert re.match(rf"extra_stages\[0\]: stage 'raising_stage' \({mod}\.RaisingStage\), on a batch of \d+ documents "
+                    rf"\('[^']+' to '[^']+', lines \d+ to \d+ of .*corpus_slice.jsonl\): it raised KeyError: 'no such "
+                    rf"column' \({re.escape(str(tmp_path / 'mods' / f'{mod}.py'))}, line \d+, in __call__\)", message), message
+    assert "Traceback" not in message and "RayTaskError" not in message
+
+
+def test_an_extra_filter_object_drops_under_its_name_and_anything_else_is_refused_before_any_work(tmp_path, monkeypatch):
+    mod = importlib.import_module(_module(tmp_path, monkeypatch, "user_extra_filter", FILTER))
+    cfg = load_config(_recipe(tmp_path, "[]"))
+    stats = _run_extra(cfg, [mod.ShortDocs(min_words=50)]).stats
+    assert sum(stats["dropped"]["short_docs"].get(d, {}).get("short_docs:too_few_words", 0) for d in stats["dropped"]["short_docs"]) > 0
+    for extra, message in (([mod.NotAStage()], r"extra_stages\[0\]: a user_extra_filter.NotAStage has no non-empty string `name`"),
+                           ([mod.Named()], r"extra_stages\[0\]: the stage name 'filters' is taken"),
+                           ([mod.ShortDocs(), mod.ShortDocs()], r"extra_stages\[1\]: the stage name 'short_docs' is taken")):
+        out = tmp_path / f"refused-{len(extra)}-{type(extra[0]).__name__}"
+        with pytest.raises(ConfigError, match=message):
+            _run_extra(load_config(_recipe(tmp_path, "[]", out=out.name)), extra)
+        assert not out.exists()  # refused before the output folder was claimed
 
 
 @pytest.mark.ray_local

@@ -26,7 +26,7 @@ from datapipe.curation.phase import Phase
 from datapipe.curation.plan import Plan, Segment, block_name, stage_title, task_memory, text_bytes
 from datapipe.curation.config import CurateConfig
 from datapipe.curation.phases.near_dedup import NearDedupStage
-from datapipe.curation.user_stages import UserStageFailed, build_user_stages
+from datapipe.curation.user_stages import UserStageFailed, build_user_stages, check_extra_stages
 from stages.base import FilterStage, GlobalStage, Stage, write_keys
 from stages.exact_dedup import ExactDedupStage
 from stages.langid import LangIdStage
@@ -44,7 +44,7 @@ def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage] = 
         pipeline.append(LangIdStage(cfg.langid, keep_text=cfg.output.keep_dropped_text))
     pipeline.append(FilterStage(per_domain, default, keep_text=cfg.output.keep_dropped_text))
     pipeline += build_user_stages(cfg.stages, keep_text=cfg.output.keep_dropped_text)  # the recipe's `stages`
-    pipeline += extra_stages  # Python's `curate(cfg, extra_stages=[...])`
+    pipeline += check_extra_stages(extra_stages, {s.name for s in pipeline}, keep_text=cfg.output.keep_dropped_text)
     if cfg.dedup.minhash.enabled:
         pipeline.append(NearDedupStage(cfg.dedup.minhash))
     segments = [Segment("seg0", [])]
