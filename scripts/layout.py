@@ -1,6 +1,6 @@
-"""The README's layout section, generated from the tree: every package and module with the first sentence of its
-docstring. `python -m scripts.layout` prints it with line counts per wing; `--write` rewrites the README section
-between its markers; tests/test_architecture.py fails when the README and the tree disagree."""
+"""docs/layout.md's listing, generated from the tree: every package and module with the first sentence of its
+docstring. `python -m scripts.layout` prints it with line counts per wing; `--write` rewrites the listing between
+its markers; tests/test_architecture.py fails when docs/layout.md and the tree disagree."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+LAYOUT_DOC = "docs/layout.md"
 BEGIN, END = "<!-- layout:begin (python -m scripts.layout --write) -->", "<!-- layout:end -->"
 TOPS = ("datapipe", "stages")
 
@@ -60,14 +61,14 @@ def line_counts() -> dict[str, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--write", action="store_true", help="rewrite README.md's layout section")
+    ap.add_argument("--write", action="store_true", help="rewrite docs/layout.md's listing")
     args = ap.parse_args()
     section = render()
     if args.write:
-        readme = ROOT / "README.md"
+        readme = ROOT / LAYOUT_DOC
         text = readme.read_text()
         if readme_section(text) is None:
-            raise SystemExit(f"README.md has no {BEGIN} … {END} markers")
+            raise SystemExit(f"{LAYOUT_DOC} has no {BEGIN} … {END} markers")
         a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
         readme.write_text(text[:a] + "\n" + section + "\n" + text[b:])
     print(section)

@@ -1,4 +1,4 @@
-"""The package's layers are a rule the build checks (import-linter), and the README's layout names every module."""
+"""The package's layers are a rule the build checks (import-linter), and docs/layout.md names every module."""
 
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ def test_a_planted_violating_import_breaks_the_contract(tmp_path):
     assert re.search(r"core imports nothing else of ours\s+BROKEN", done.stdout), done.stdout
 
 
-def test_the_readme_layout_is_the_tree():
-    from scripts.layout import readme_section, render
+def test_the_layout_doc_is_the_tree():
+    from scripts.layout import LAYOUT_DOC, readme_section, render
 
-    section = readme_section((ROOT / "README.md").read_text())
-    assert section is not None, "README.md lost its layout markers"
-    assert section == render(), "README.md's layout section is stale: run `python -m scripts.layout --write`"
+    section = readme_section((ROOT / LAYOUT_DOC).read_text())
+    assert section is not None, f"{LAYOUT_DOC} lost its layout markers"
+    assert section == render(), f"{LAYOUT_DOC}'s listing is stale: run `python -m scripts.layout --write`"
 
 
 def _nodes():

@@ -163,3 +163,15 @@ def test_the_readme_quickstart_writes_only_under_its_output_folder(tmp_path, mon
     assert (out / "manifest.json").exists() and (out / "tokenizer.json").exists()
     after = (_tree(REPO), _git_status(), hashlib.sha256(tokenizer.read_bytes()).hexdigest(), tokenizer.stat().st_mtime_ns)
     assert after == before
+
+
+def test_the_readme_python_example_curates_and_loads_batches(tmp_path, monkeypatch, ray_local, capsys):
+    """The README's Python block as it stands, on the session's Ray, its output folder moved under tmp_path."""
+    text = (REPO / "README.md").read_text()
+    code = text.split("```python\n")[1].split("```")[0]
+    assert '"out/mine"' in code
+    monkeypatch.chdir(REPO)  # the recipe's input path is relative to the checkout, as in the README
+    exec(compile(code.replace('"out/mine"', repr(str(tmp_path / "mine"))), "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split()[0].isdigit() and printed[-1] == "torch.Size([8, 512])"
+
