@@ -22,6 +22,7 @@ an object next to the final key, moved to it when complete, and the manifest is 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import hashlib
 import json
@@ -129,7 +130,32 @@ def replacing(path: str | Path | RemotePath, durable: bool) -> Iterator[Path | R
 # (shards, manifest, stats) ask for it, not the many small intermediate files under work/.
 
 
-def atomic_write_bytes(path: str | Path | RemotePath, data: bytes, *, durable: bool = False) -> None:
+# The outputs the running task has published (files outside the work folder: shards, dropped documents, scores,
+# clusters), each {path, bytes, sha256}: its record keeps them and a resumed run checks them (`noting_outputs`).
+_TASK_OUTPUTS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar("task_outputs", default=None)
+
+
+@contextlib.contextmanager
+def noting_outputs() -> Iterator[list[dict[str, Any]]]:
+    """While the block runs, every output published (`published=True` writes, `write_shard`, `note_published`) is
+    listed in what it yields, with its size and sha256 (from the bytes written: no read back from an object store)."""
+    outputs: list[dict[str, Any]] = []
+    token = _TASK_OUTPUTS.set(outputs)
+    try:
+        yield outputs
+    finally:
+        _TASK_OUTPUTS.reset(token)
+
+
+def note_published(path: str | Path | RemotePath, size: int, sha256: str) -> None:
+    """That the running task (if any notes its outputs) wrote the output `path` of `size` bytes and that digest."""
+    outputs = _TASK_OUTPUTS.get()
+    if outputs is not None:
+        outputs.append({"path": str(path), "bytes": int(size), "sha256": sha256})
+
+
+def atomic_write_bytes(path: str | Path | RemotePath, data: bytes, *, durable: bool = False, published: bool = False) -> None:
+    """Write `data` to `path` atomically; `published`: an output of the run, noted for its task's record."""
     path = location(path)
     if isinstance(path, RemotePath) and path.is_object_store:
         # One PUT: an object store makes an object visible only once its upload is complete, so a
@@ -138,9 +164,11 @@ def atomic_write_bytes(path: str | Path | RemotePath, data: bytes, *, durable: b
             path.fs.pipe_file(path.path, data)
         except OSError as exc:
             raise _output_error(path, exc) from exc
-        return
-    with replacing(path, durable) as tmp, open(tmp, "wb") as f:
-        f.write(data)
+    else:
+        with replacing(path, durable) as tmp, open(tmp, "wb") as f:
+            f.write(data)
+    if published:
+        note_published(path, len(data), hashlib.sha256(data).hexdigest())
 
 
 def atomic_write_json(path: str | Path | RemotePath, obj: Any, *, durable: bool = False) -> None:
@@ -148,15 +176,15 @@ def atomic_write_json(path: str | Path | RemotePath, obj: Any, *, durable: bool 
 
 
 def atomic_write_table(path: str | Path | RemotePath, table: pa.Table, *, format: str = "arrow", durable: bool = False,
-                       compression: str | None = None) -> None:
+                       compression: str | None = None, published: bool = False) -> None:
     """Write an Arrow IPC file (or Parquet) atomically. Output is byte-for-byte deterministic.
     `compression` ("zstd", "lz4"): IPC buffer compression, for work files read a few times (`read_table`
-    then decompresses instead of memory-mapping)."""
+    then decompresses instead of memory-mapping). `published`: an output of the run, noted for its task's record."""
     if format not in ("arrow", "parquet"):
         raise ValueError(f"format must be one of {{'arrow', 'parquet'}}, got {format!r}")
     path = location(path)
     if isinstance(path, RemotePath):  # serialised here, then one upload
-        atomic_write_bytes(path, table_bytes(table, format, compression))
+        atomic_write_bytes(path, table_bytes(table, format, compression), published=published)
         return
     options = pa.ipc.IpcWriteOptions(compression=compression)
     with replacing(path, durable) as tmp:
@@ -165,6 +193,8 @@ def atomic_write_table(path: str | Path | RemotePath, table: pa.Table, *, format
                 writer.write_table(table)
         else:
             pq.write_table(table, tmp)
+    if published:
+        note_published(path, path.stat().st_size, file_sha256(path))
 
 
 def table_bytes(table: pa.Table, format: str = "arrow", compression: str | None = None) -> bytes:
@@ -251,6 +281,7 @@ def write_shard(out_dir: str | Path, index: int, table: pa.Table) -> ShardInfo:
     else:
         atomic_write_table(path, table.combine_chunks(), durable=True)
         size, sha256 = path.stat().st_size, file_sha256(path)
+    note_published(path, size, sha256)
     domains: dict[str, dict[str, int]] = {}
     if table.num_rows:
         grouped = table.group_by("domain").aggregate([("num_tokens", "sum"), ("num_tokens", "count")])

@@ -9,10 +9,12 @@ resumed run skips it; the run loop is the only caller of `recorded_task`.
 from __future__ import annotations
 
 import functools
+import posixpath
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from datapipe.core.storage import Location, location, spread
+from datapipe.core.shards import file_sha256, noting_outputs
+from datapipe.core.storage import Location, RemotePath, location, spread
 from datapipe.core.workfiles import read_record, write_record
 
 RunTasks = Callable[..., list[Any]]
@@ -29,16 +31,52 @@ class Phase:
     memory: int | None = None  # bytes one task needs (Ray's `memory=`), from its input
 
 
+OUTPUTS = "published_outputs"  # a record's list of the files its task wrote outside the work folder
+
+
 def recorded_task(parts: tuple[Callable[..., Any], Callable[..., Location], Any], *item: Any) -> tuple[Any, bool]:
-    """In a worker: the task's recorded result if its record is there and sound, else the task run and its record
-    written (after its outputs). With whether it was found done."""
+    """In a worker: the task's recorded result if its record is there and sound and every output it published
+    (outside the work folder: shards, dropped documents, scores, clusters) is as it wrote it, else the task run and
+    its record written (after its outputs; with each published output's size and digest). With whether it was found
+    done: a shard cut or deleted since its task finished is written again by that task."""
     task, record, shared = parts
     path = record_location(record, shared, *item)
-    if (done := read_record(path)) is not None:
+    done = read_record(path)
+    if isinstance(done, dict) and all(_as_written(path, output) for output in done.pop(OUTPUTS, [])):
         return done, True
-    result = task(shared, *item)
-    write_record(path, result)
+    with noting_outputs() as outputs:
+        result = task(shared, *item)
+    if outputs and not isinstance(result, dict):
+        raise TypeError(f"{getattr(task, '__name__', task)} published outputs and returned a {type(result).__name__}: "
+                        "a task that publishes returns a dict, which its record extends with them")
+    write_record(path, {**result, OUTPUTS: [{**o, "path": _relative(path, o["path"])} for o in outputs]} if outputs else result)
     return result, False
+
+
+def _split_scheme(path: str) -> tuple[str, str]:
+    scheme, sep, rest = path.partition("://")
+    return (scheme + sep, rest) if sep else ("", path)
+
+
+def _relative(record: Location, output: str) -> str:
+    """`output` relative to the record's folder (so that a moved output folder still finds it)."""
+    (scheme, rest), (its_scheme, its_rest) = _split_scheme(str(record)), _split_scheme(output)
+    if scheme != its_scheme:
+        return output
+    return posixpath.relpath(its_rest, posixpath.dirname(rest))
+
+
+def _as_written(record: Location, output: dict[str, Any]) -> bool:
+    """Whether a published output is there with the size and digest its task recorded."""
+    scheme, rest = _split_scheme(str(record))
+    path = output["path"] if "://" in output["path"] else scheme + posixpath.normpath(
+        posixpath.join(posixpath.dirname(rest), output["path"]))
+    try:
+        found = location(path)
+        size = found.size() if isinstance(found, RemotePath) else found.stat().st_size
+        return size == output["bytes"] and file_sha256(found) == output["sha256"]
+    except (OSError, ValueError):  # gone, or unreadable: its task writes it again
+        return False
 
 
 def record_location(record: Callable[..., Location], shared: Any, *item: Any) -> Location:

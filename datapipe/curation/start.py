@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from datapipe.core.config import ConfigError
-from datapipe.core.shards import make_folder, remove_temporaries
-from datapipe.core.storage import absolute, check_reachable, location, make_local_folder, reachable, remove_tree
+from datapipe.core.config import ConfigError, RunStopped
+from datapipe.core.shards import make_folder, read_manifest, remove_temporaries
+from datapipe.core.storage import (RemotePath, absolute, check_reachable, location, make_local_folder, reachable,
+                                   remove_tree)
 from datapipe.curation.config import CurateConfig
 from datapipe.curation.executors import Executor, make_executor, ray_address, ray_is_running
 from datapipe.curation.identity import check_output
@@ -59,10 +60,38 @@ def finished_run(plan: Plan, tokenizer_text: str | None, log: Callable[[str], No
     remove_temporaries(plan.out_dir)  # no writer works in this folder now: temporaries left by a killed run are garbage
     if finished is None:
         return None
+    damaged = _damaged_shard(plan.out, finished)
+    if damaged:
+        raise RunStopped(f"{plan.cfg.output.dir} holds a finished run of this config, but {damaged}: its manifest no "
+                         f"longer describes it. Run it again: rm -r {plan.out} and run the same command (it writes the "
+                         "same shards)")
     if not plan.cfg.output.keep_work:  # a run killed between its manifest and this clean-up
         remove_tree(plan.work)
     log(f"{plan.cfg.output.dir} is a finished run of the same config: reusing it (nothing to do)")
     return CurateResult(plan.out_dir, finished, json.loads((plan.out / "stats.json").read_text()), 0.0, reused=True)
+
+
+def _damaged_shard(out: Any, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with the first shard of a finished folder (its eval split's too) that is gone or not of its
+    manifest's size, or None. Sizes only: a reuse reads no shard whole, and the loader checks each shard's sha256
+    when it opens it (`verify`)."""
+    folders = [(out, manifest)]
+    split = manifest.get("splits", {}).get("eval")
+    if split:
+        try:
+            folders.append((out / split["path"], read_manifest(out / split["path"])))
+        except (OSError, ValueError) as exc:
+            return f"{split['path']}/manifest.json cannot be read ({type(exc).__name__})"
+    for folder, listed in folders:
+        for shard in listed["shards"]:
+            path = folder / shard["path"]
+            try:
+                size = path.size() if isinstance(path, RemotePath) else path.stat().st_size
+            except OSError:
+                return f"{path} is missing"
+            if size != shard["bytes"]:
+                return f"{path} holds {size:,} bytes where its manifest says {shard['bytes']:,}"
+    return None
 
 
 @contextlib.contextmanager

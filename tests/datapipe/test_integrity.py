@@ -317,6 +317,26 @@ def test_nothing_surviving_is_a_clear_message_with_stats(tmp_path: Path, case: s
     assert expected in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("how", ["cut", "deleted", "eval manifest"])
+def test_a_finished_folder_with_a_damaged_shard_is_not_reused_and_the_recovery_it_names_works(tmp_path: Path, slice_input,
+                                                                                         how: str) -> None:
+    out = tmp_path / "out"
+    cfg = small_config(out, [slice_input], eval={"enabled": True, "fraction": 0.2})
+    run(cfg)
+    reference = checksums(out)
+    shard = out / read_manifest(out)["shards"][1]["path"]
+    damage(out / "eval" / "manifest.json" if how == "eval manifest" else shard, "cut" if how == "eval manifest" else how)
+    with pytest.raises(RunStopped) as stopped:
+        run(cfg)
+    message = str(stopped.value)
+    expected = {"cut": f"{shard} holds", "deleted": f"{shard} is missing",
+                "eval manifest": "eval/manifest.json cannot be read"}[how]
+    assert f"holds a finished run of this config, but {expected}" in message and f"rm -r {out} and run the same" in message
+    shutil.rmtree(out)  # the recovery it names
+    run(cfg)
+    assert checksums(out) == reference
+
+
 # ------------------------------------------------------------------------- damaged work files
 
 

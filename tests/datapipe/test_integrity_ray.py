@@ -91,7 +91,7 @@ class Killed:
         _run(_config(out, self.inputs), RayExecutor(progress=False, stall_timeout_s=STALL_S))
 
 
-def _killed(*_):
+def _killed(*_, **__):
     raise Interrupted("killed")
 
 
@@ -330,3 +330,54 @@ def test_a_damaged_model_file_stops_with_the_paragraph_and_its_copy_for_later_ru
     shutil.rmtree(tmp_path / "work-cut" / "out" / "work")  # the recovery the paragraph names
     killed.resume_on_ray(tmp_path / "work-cut" / "out")
     assert _checksums(tmp_path / "work-cut" / "out") == _checksums(killed.ref)
+
+
+# ------------------------------------------------------------------ outputs outside work/, damaged after their task
+
+@pytest.fixture(scope="module")
+def killed_after_shards(tmp_path_factory, killed) -> Path:
+    """The module's run killed after every task, right before its manifest: every output outside work/ is written
+    and every task's record names the outputs it published."""
+    out = tmp_path_factory.mktemp("after-shards") / "killed"
+    build_manifest = run_module.build_manifest
+    run_module.build_manifest = _killed
+    try:
+        with pytest.raises(Interrupted):
+            _run(_config(out, killed.inputs), LocalExecutor())
+    finally:
+        run_module.build_manifest = build_manifest
+    return out
+
+
+def _outputs_by_kind(folder: Path) -> dict[str, str]:
+    """One file of each kind of output a task publishes outside work/ (the first by name)."""
+    found: dict[str, str] = {}
+    for path in folder.rglob("*"):
+        relative = str(path.relative_to(folder))
+        if path.is_file() and not relative.startswith("work/") and relative not in OUTSIDE_WORK:
+            found[_kind_of(relative)] = min(found.get(_kind_of(relative), relative), relative)
+    return found
+
+
+OUTPUT_KINDS = ["dropped/model-uN-bN.parquet", "dropped/segN-uN-bN.parquet", "dropped/select-uN-bN.parquet",
+                "eval/shards/shard-N.arrow", "near_duplicates/clusters/part-N.parquet", "selection/scores/uN-bN.parquet",
+                "shards/shard-N.arrow"]
+
+
+def test_every_kind_of_published_output_is_in_the_damage_list(killed_after_shards) -> None:
+    assert sorted(_outputs_by_kind(killed_after_shards)) == OUTPUT_KINDS
+
+
+@pytest.mark.parametrize("kind", OUTPUT_KINDS)
+def test_an_output_damaged_after_its_task_is_written_again_by_it_on_resume(killed, killed_after_shards, tmp_path,
+                                                                          kind: str) -> None:
+    """Cut, emptied, one bit flipped or deleted (the four in turn over the kinds) after its task finished: the resume
+    on Ray writes it again, as the reference run wrote it, and the manifest lists what is there."""
+    relative = _outputs_by_kind(killed_after_shards)[kind]
+    how = MODES[OUTPUT_KINDS.index(kind) % len(MODES)]
+    out = tmp_path / "out"
+    shutil.copytree(killed_after_shards, out)
+    helpers.damage(out / relative, how)
+    killed.resume_on_ray(out)
+    assert _checksums(out) == _checksums(killed.ref)
+    assert (out / relative).read_bytes() == (killed.ref / relative).read_bytes()

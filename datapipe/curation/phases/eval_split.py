@@ -389,7 +389,8 @@ def finish_task(task: SplitTask, block: str, input_index: int) -> dict[str, Any]
         counters.count_dropped(input_index, parts[-1])
         removed_counts[reason] += n
     if parts:
-        atomic_write_table(out_dir / "dropped" / f"{STAGE}-{block}.parquet", pa.concat_tables(parts), format="parquet")
+        atomic_write_table(out_dir / "dropped" / f"{STAGE}-{block}.parquet", pa.concat_tables(parts), format="parquet",
+                           published=True)
     write_work_table(block_file(work, f"{EVAL_DIR}/{ROWS_DIR}", block),
                        pa.table({"eval": is_eval, "held_out": is_eval | is_exact | is_near}))
     return {"counters": counters.to_json(), "removed": removed_counts}

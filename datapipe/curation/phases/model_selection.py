@@ -325,7 +325,7 @@ def apply_task(task: BlockTask, block: str, index: int, input_index: int) -> dic
     kept_flags = pa.array(keep)
     atomic_write_table(out_dir / "selection" / "scores" / f"{block}.parquet", pa.table(
         {"id": sub.column("id"), "domain": sub.column("domain"), "num_tokens": sub.column("num_tokens"), "score": part.column("score"),
-         "kept": kept_flags}), format="parquet")
+         "kept": kept_flags}), format="parquet", published=True)
     counters = _drops(out_dir, block, input_index, sub.filter(pc.invert(kept_flags)), STAGE_NAMES[method],
                       "below_threshold" if threshold is not None else "below_cut")
     domains, bins = np.array(sub.column("domain").to_pylist(), dtype=object), np.array(edges)
@@ -339,7 +339,7 @@ def _drops(out_dir: Location, block: str, input_index: int, dropped: pa.Table, s
     counters = Counters()
     if dropped.num_rows:
         table = counters.selection_drops(input_index, dropped, stage, f"{stage}:{reason}")
-        atomic_write_table(out_dir / "dropped" / f"model-{block}.parquet", table, format="parquet")
+        atomic_write_table(out_dir / "dropped" / f"model-{block}.parquet", table, format="parquet", published=True)
     return counters
 
 

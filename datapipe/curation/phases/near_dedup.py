@@ -53,6 +53,7 @@ same steps to the same files.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -61,11 +62,10 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import zstandard
 
 from datapipe.core.schema import ROW_BITS
-from datapipe.core.shards import CLUSTERS_DIR, replacing
+from datapipe.core.shards import CLUSTERS_DIR, note_published, replacing, table_bytes
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.exchange import Combined, Exchange, Received, SenderFiles, average_sender_bytes, largest_sent, layout, route
 from datapipe.core.shuffle import write_shuffle
@@ -725,8 +725,11 @@ def clusters_task(step: Step, r: int) -> dict[str, Any]:
     folder, groups, ranges = location(step.folder), step.groups, step.ranges
     schema = CLUSTER_SCHEMA.remove(CLUSTER_SCHEMA.get_field_index("order"))
     rows = groups.files(folder / "clusters", ranges.count).read(r, CLUSTER_SCHEMA)
-    with replacing(clusters_part(step.out_dir, r), False) as tmp, tmp.open("wb") as sink:
-        pq.write_table(rows.sort_by([("order", "ascending")]).drop(["order"]).cast(schema), sink)
+    data = table_bytes(rows.sort_by([("order", "ascending")]).drop(["order"]).cast(schema), "parquet")
+    part = clusters_part(step.out_dir, r)
+    with replacing(part, False) as tmp, tmp.open("wb") as sink:  # a temporary key on an object store too
+        sink.write(data)
+    note_published(part, len(data), hashlib.sha256(data).hexdigest())
     return {"rows": rows.num_rows}
 
 

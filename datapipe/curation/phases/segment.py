@@ -68,7 +68,8 @@ def write_dropped(plan: Plan, stage_name: str, block: str, parts: list[pa.Record
     parts = [p for p in parts if p.num_rows]
     if parts:
         table = pa.Table.from_batches(parts, schema=DROPPED_SCHEMA)
-        atomic_write_table(plan.out / "dropped" / f"{stage_name}-{block}.parquet", table, format="parquet")
+        atomic_write_table(plan.out / "dropped" / f"{stage_name}-{block}.parquet", table, format="parquet",
+                           published=True)
 
 
 def run_stages(plan: Plan, stages: list[Stage], table: pa.Table, counters: Counters, dropped_parts: list[pa.RecordBatch]) -> pa.Table:

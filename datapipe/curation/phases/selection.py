@@ -221,7 +221,8 @@ def select_task(task: SelectTask, block: str, index: int, input_index: int) -> d
         if len(rows):
             parts.append(counters.selection_drops(input_index, t.take(pa.array(rows)), stage, reason))
     if parts:
-        atomic_write_table(out_dir / "dropped" / f"select-{block}.parquet", pa.concat_tables(parts), format="parquet")
+        atomic_write_table(out_dir / "dropped" / f"select-{block}.parquet", pa.concat_tables(parts), format="parquet",
+                           published=True)
     write_work_table(block_file(work, COPIES_DIR, block), pa.table({"copies": copies}))
     return {"counters": counters.to_json(), "written": written, "max_copies": int(copies.max()) if len(copies) else 0}
 
