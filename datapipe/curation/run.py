@@ -34,6 +34,14 @@ from stages.base import GlobalStage, Stage
 from stages.tokenize import token_dtype
 
 
+def _also_to(log: Callable[[str], None], log_line: Callable[[str], None]) -> Callable[[str], None]:
+    def both(line: str) -> None:
+        log_line(line)
+        log(line)
+
+    return both
+
+
 def curate(cfg: CurateConfig, *, executor: Executor | None = None, extra_stages: list[Stage | GlobalStage] = (),
            progress: bool = True, verbose: bool = False, log: Callable[[str], None] = print) -> CurateResult:
     """Run the whole curation pipeline described by `cfg`; see the module docstring. `progress`: one line per
@@ -43,8 +51,10 @@ def curate(cfg: CurateConfig, *, executor: Executor | None = None, extra_stages:
     if (finished := start.finished_run(plan, tokenizer_text, log)) is not None:
         return finished
     resuming = plan.work.exists()
+    log_line = start.run_log(plan)
+    log = _also_to(log, log_line)
     with start.executor_for(plan, executor, progress and verbose) as (executor, early):
-        run = Run(executor, progress=progress, resumed=resuming, started=t0)
+        run = Run(executor, progress=progress, resumed=resuming, started=t0, log_line=log_line)
         run.lap("start")
         try:
             total = Counters()

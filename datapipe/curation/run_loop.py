@@ -43,10 +43,11 @@ def in_this_process(task: Callable[..., Any], record: Callable[..., Location], s
 
 
 class StageLines:
-    """One progress line per user-level stage, printed when the stage ends: its tasks and seconds."""
+    """One progress line per user-level stage, printed when the stage ends: its tasks and seconds; every line goes
+    to the run's log too (`log_line`: OUT/run.log), printed or not."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+    def __init__(self, enabled: bool, log_line: Callable[[str], None] = lambda _: None) -> None:
+        self.enabled, self.log_line = enabled, log_line
         self.stage: str | None = None
         self.tasks = 0
         self.start = time.perf_counter()
@@ -58,18 +59,22 @@ class StageLines:
         self.tasks += tasks
 
     def close(self) -> None:
-        if self.enabled and self.stage is not None:
+        if self.stage is not None:
             seconds = time.perf_counter() - self.start
-            print(f"{self.stage}: {self.tasks:,} task{'s' * (self.tasks != 1)} in {seconds:.1f} s", file=sys.stderr, flush=True)
+            line = f"{self.stage}: {self.tasks:,} task{'s' * (self.tasks != 1)} in {seconds:.1f} s"
+            self.log_line(line)
+            if self.enabled:
+                print(line, file=sys.stderr, flush=True)
         self.stage = None
 
 
 class Run:
     """The run loop over an executor (`datapipe.curation.executors`): see the module docstring."""
 
-    def __init__(self, executor: Any, *, progress: bool, resumed: bool, started: float) -> None:
+    def __init__(self, executor: Any, *, progress: bool, resumed: bool, started: float,
+                 log_line: Callable[[str], None] = lambda _: None) -> None:
         self.executor = executor
-        self.lines = StageLines(progress)
+        self.lines = StageLines(progress, log_line)
         self.resuming = resumed  # the output folder held this run's work already
         self.resumed: dict[str, list[int]] = {}  # stage -> [tasks found done, tasks]
         self.seconds: dict[str, float] = {}  # stage (or "start", "write", ...) -> seconds, adding up to the run's

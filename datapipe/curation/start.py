@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from typing import Any, Callable, Iterator
 
 from datapipe.core.config import ConfigError, RunStopped
@@ -69,6 +70,26 @@ def finished_run(plan: Plan, tokenizer_text: str | None, log: Callable[[str], No
         remove_tree(plan.work)
     log(f"{plan.cfg.output.dir} is a finished run of the same config: reusing it (nothing to do)")
     return CurateResult(plan.out_dir, finished, json.loads((plan.out / "stats.json").read_text()), 0.0, reused=True)
+
+
+RUN_LOG = "run.log"
+
+
+def run_log(plan: Plan) -> Callable[[str], None]:
+    """A writer of OUT/run.log: every progress and report line of the run with its time, appended as it happens (a
+    resumed run goes on below the killed one's lines); a log to read later, not an output the shards depend on. On
+    an object store, where nothing can be appended, there is none (the lines still print)."""
+    path = plan.out / RUN_LOG
+    if isinstance(path, RemotePath):
+        return lambda _: None
+
+    def write(line: str) -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {line}\n")
+
+    resumed = path.exists()  # written as soon as the run claimed the folder: a run found it there went before
+    write(f"{'resumed' if resumed else 'started'}: datapipe curate into {plan.cfg.output.dir}")
+    return write
 
 
 def _damaged_shard(out: Any, manifest: dict[str, Any]) -> str | None:

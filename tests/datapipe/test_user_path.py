@@ -175,3 +175,20 @@ def test_the_readme_python_example_curates_and_loads_batches(tmp_path, monkeypat
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].split()[0].isdigit() and printed[-1] == "torch.Size([8, 512])"
 
+
+
+def test_a_run_writes_its_lines_to_run_log_and_a_resumed_run_goes_on_below(tmp_path, slice_input):
+    from helpers import CrashAfter, Interrupted, PassThrough
+    from datapipe import curate
+    from datapipe.curation.executors import LocalExecutor
+
+    cfg = small_config(tmp_path / "out", [slice_input])
+    with pytest.raises(Interrupted):
+        curate(cfg, executor=LocalExecutor(), extra_stages=[CrashAfter(2)], progress=False, log=lambda _: None)
+    first = (tmp_path / "out" / "run.log").read_text().splitlines()
+    assert re.search(r"\d\d:\d\d:\d\d  started: datapipe curate into ", first[0]) and re.search(r"  read: \d+ tasks? in ", first[1])
+    printed: list[str] = []
+    curate(cfg, executor=LocalExecutor(), extra_stages=[PassThrough()], progress=False, log=printed.append)
+    lines = (tmp_path / "out" / "run.log").read_text().splitlines()
+    assert lines[:len(first)] == first and "resumed: datapipe curate into" in lines[len(first)]
+    assert any(" shards: " in line for line in lines) and all(any(p in line for line in lines) for p in printed)
