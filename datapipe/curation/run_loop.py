@@ -6,8 +6,9 @@ It is the only place that
   tasks in the driver too: `in_this_process`);
 - counts the tasks a resumed run found done;
 - tells the executor the memory a task declares;
-- times the run by user-level stage (`stats.json`'s `phase_seconds`) and shows progress: one line per stage
-  (read, exact dedup, filters, near dedup, tokenize, eval split, selection, shards), the sub-steps only verbose.
+- times the run by user-level stage (`stats.json`'s `phase_seconds`) and shows progress: in a terminal a live bar
+  per stage (read, exact dedup, filters, near dedup, tokenize, eval split, selection, shards: tasks done / total,
+  rate, ETA), else one line per stage when it ends; the sub-steps only verbose.
 
 Phases never import it: a global stage's resolve and the multi-step phases (near dedup, the eval split,
 selection) get `Run.tasks(stage)`, a plain `run_tasks(fn, shared, items, desc, *, record=, memory=)`.
@@ -21,6 +22,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from datapipe.core.storage import Location
+from datapipe.curation.executors import StageBar
 from datapipe.curation.phase import Phase, RunTasks, recorded_task
 
 
@@ -48,6 +50,8 @@ class StageLines:
 
     def __init__(self, enabled: bool, log_line: Callable[[str], None] = lambda _: None) -> None:
         self.enabled, self.log_line = enabled, log_line
+        self.live = enabled and sys.stderr.isatty()  # a live bar per stage in a terminal, one line otherwise
+        self.bar: StageBar | None = None
         self.stage: str | None = None
         self.tasks = 0
         self.start = time.perf_counter()
@@ -56,16 +60,21 @@ class StageLines:
         if stage != self.stage:
             self.close()
             self.stage, self.tasks, self.start = stage, 0, time.perf_counter()
+            self.bar = StageBar(stage) if self.live else None
         self.tasks += tasks
+        if self.bar is not None:
+            self.bar.add(tasks)
 
     def close(self) -> None:
         if self.stage is not None:
             seconds = time.perf_counter() - self.start
             line = f"{self.stage}: {self.tasks:,} task{'s' * (self.tasks != 1)} in {seconds:.1f} s"
             self.log_line(line)
-            if self.enabled:
+            if self.bar is not None:  # the bar stays on the screen as the stage's line
+                self.bar.close()
+            elif self.enabled:
                 print(line, file=sys.stderr, flush=True)
-        self.stage = None
+        self.stage, self.bar = None, None
 
 
 class Run:

@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,22 @@ def test_progress_to_a_log_is_plain_periodic_lines(capsys, monkeypatch):
     assert "\r" not in err and all(line.startswith("exact_dedup: ") for line in lines)
     assert lines[0] == "exact_dedup: 10 tasks" and lines[-1].startswith("exact_dedup: 10/10 tasks done in")
     assert 2 <= len(lines) - 2 <= 4  # periodic lines in between, not one per task
+
+
+def test_a_run_in_a_terminal_shows_a_live_bar_per_stage_ticked_by_every_task(capsys, monkeypatch, tmp_path, slice_input):
+    """stderr a terminal: each stage's bar counts every task of its phases (tasks done / total, rate), the executor's
+    own per-phase bars off; no stage's plain line besides."""
+    from helpers import small_config
+    from datapipe import curate
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    curate(small_config(tmp_path / "out", [slice_input]), executor=LocalExecutor(), log=lambda _: None)
+    err = capsys.readouterr().err
+    finals = {m.group(1): (int(m.group(2)), int(m.group(3)))
+              for m in re.finditer(r"\s*([a-z ]+): 100%\|[^|]*\| (\d+)/(\d+) \[[^\]]*task/s\]", err)}
+    assert {"read", "filters", "tokenize", "shards"} <= set(finals), err[-2000:]
+    assert all(done == total > 0 for done, total in finals.values())
+    assert not re.search(r"^\w[\w ]*: \d+ tasks? in \d", err, re.M)  # the bars are the lines
 
 
 def test_no_progress_prints_nothing(capsys):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from datapipe.curation.executors._local import Executor, LocalExecutor
+from datapipe.curation.executors._progress import StageBar
 from datapipe.curation.executors._ray_executor import (
     PhaseStalled,
     RayExecutor,
@@ -27,7 +28,7 @@ from datapipe.curation.executors._ray_executor import (
 )
 
 __all__ = [
-    "Executor", "LocalExecutor", "PhaseStalled", "RayExecutor", "WorkerDeathFilter", "make_executor", "ray_address",
+    "Executor", "LocalExecutor", "PhaseStalled", "RayExecutor", "StageBar", "WorkerDeathFilter", "make_executor", "ray_address",
     "ray_is_running", "state_api_url", "task_label", "worker_env",
 ]
 

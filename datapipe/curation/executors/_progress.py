@@ -47,10 +47,41 @@ class _NoProgress:
         pass
 
 
+class StageBar:
+    """A live bar for one user-level stage in a terminal (tqdm: tasks done / total, rate, ETA): each of the stage's
+    phases adds its tasks as it starts, and every task finished in any of them ticks it. The executors tick it
+    through `_bar` while it is the current one (`current`); it runs in the driver, where both executors collect."""
+
+    current: "StageBar | None" = None
+
+    def __init__(self, stage: str) -> None:
+        self.bar = tqdm(total=0, desc=f"{stage:>14}", unit="task", leave=True, dynamic_ncols=True)
+        StageBar.current = self
+
+    def add(self, tasks: int) -> None:
+        self.bar.total += tasks
+        self.bar.refresh()
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+
+    def close(self) -> None:
+        self.bar.close()
+        if StageBar.current is self:
+            StageBar.current = None
+
+    def __enter__(self) -> "StageBar":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:  # a phase's end: the stage's bar goes on
+        pass
+
+
 def _bar(total: int, desc: str, enabled: bool) -> Any:
-    """A tqdm bar in a terminal; plain periodic lines when stderr is a file, a pipe or a CI log."""
+    """A tqdm bar in a terminal; plain periodic lines when stderr is a file, a pipe or a CI log; the running stage's
+    bar (`StageBar`) when there is one and the phase's own is off."""
     if not enabled:
-        return _NoProgress()
+        return StageBar.current or _NoProgress()
     if not sys.stderr.isatty():
         return _PlainProgress(total, desc)
     return tqdm(total=total, desc=f"{desc:>14}", unit="task", leave=True, dynamic_ncols=True)
