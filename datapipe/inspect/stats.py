@@ -389,8 +389,8 @@ def _sections(figures: dict[str, Any]) -> list[_Section]:
                          + ["MB in", "MB out", "tokens"], _funnel_rows(rows, with_copies), left=2)
                 if rows else _Section("Stage funnel: no document got past reading.")]
 
-    drops = [[d["stage"], d["domain"], d["reason"], d["docs"], _pct(d["share_of_read"])] for d in figures["drops"]]
-    drops += [["read", None, f"quarantine:{reason}", n, None] for reason, n in figures["quarantined"].items()]
+    drops = [["read", None, f"quarantine:{reason}", n, None] for reason, n in figures["quarantined"].items()]
+    drops += _drop_rows(figures["drops"], [r["stage"] for r in figures["funnel"]])
     if drops:
         sections.append(_Section("Drop reasons", "", ["stage", "domain", "reason", "docs", "% of read"], drops, left=3))
     else:
@@ -445,6 +445,31 @@ def _sections(figures: dict[str, Any]) -> list[_Section]:
     else:
         sections.append(_Section(title, "", ["domain", *lcols], [[r["domain"], *lrow(r)] for r in figures["lengths"]]))
     return sections
+
+
+FOLD_BELOW = 0.02  # a drop reason of fewer documents than this share of its stage's drops in its domain is folded
+
+
+def _drop_rows(drops: list[dict[str, Any]], stage_order: list[str]) -> list[list[Any]]:
+    """The drop-reason table's rows: by stage in pipeline order, then domain, the reasons by count; the reasons of a
+    stage and domain too small to matter (under FOLD_BELOW of its drops, and more than one of them) as one row
+    "N other reasons" (the JSON keeps every one)."""
+    order = {stage: i for i, stage in enumerate(dict.fromkeys(stage_order))}
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for d in drops:
+        groups.setdefault((d["stage"], d["domain"]), []).append(d)
+    rows = []
+    for (stage, domain), group in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
+        group = sorted(group, key=lambda d: (-d["docs"], d["reason"]))
+        total = sum(d["docs"] for d in group)
+        small = [d for d in group if d["docs"] < FOLD_BELOW * total]
+        shown = group if len(small) < 2 else [d for d in group if d not in small]
+        rows += [[stage, domain, d["reason"], d["docs"], _pct(d["share_of_read"])] for d in shown]
+        if len(small) >= 2:
+            shares = [d["share_of_read"] for d in small]
+            share = sum(shares) if all(x is not None for x in shares) else None
+            rows.append([stage, domain, f"{len(small)} other reasons", sum(d["docs"] for d in small), _pct(share)])
+    return rows
 
 
 def _kept_score_range(edges: list[float], kept: list[int]) -> str | None:

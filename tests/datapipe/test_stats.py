@@ -315,3 +315,18 @@ def test_selection_by_a_model_tables_picture_page_and_json(mixed_dir, tmp_path, 
 
     assert main(["stats", str(mixed_dir), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model_selection"] == SELECTION  # unchanged
+
+
+def test_the_drop_reason_table_goes_by_stage_in_pipeline_order_and_folds_the_small_reasons():
+    from datapipe.inspect.stats import _drop_rows
+
+    drops = [{"stage": "filters", "domain": "man", "reason": f"gopher_quality:r{i}", "docs": i, "share_of_read": 0.001 * i}
+             for i in range(1, 8)]
+    drops += [{"stage": "filters", "domain": "man", "reason": "gopher_repetition:top", "docs": 500, "share_of_read": 0.5},
+              {"stage": "filters", "domain": "code", "reason": "code:one", "docs": 1, "share_of_read": 0.01},
+              {"stage": "exact_dedup", "domain": "man", "reason": "exact_duplicate", "docs": 40, "share_of_read": 0.04}]
+    rows = _drop_rows(drops, ["read", "exact_dedup", "filters", "minhash"])
+    assert [r[:4] for r in rows] == [["exact_dedup", "man", "exact_duplicate", 40], ["filters", "code", "code:one", 1],
+                                     ["filters", "man", "gopher_repetition:top", 500],
+                                     ["filters", "man", "7 other reasons", 28]]  # 1 + ... + 7 documents, each under 2%
+    assert rows[-1][4] == "2.8%"
