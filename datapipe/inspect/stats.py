@@ -437,16 +437,20 @@ def _sections(figures: dict[str, Any]) -> list[_Section]:
 
     title = "Document length in tokens (over the shards)"
     if figures["lengths_by_lang"]:
-        rows = []
+        rows, hidden = [], [x for x in figures["lengths_by_lang"] if x["docs"] < MIN_LANGUAGE_DOCS]
         for r in figures["lengths"]:
             rows.append([r["domain"], "(all)", *lrow(r)])
-            rows += [["", x["lang"], *lrow(x)] for x in figures["lengths_by_lang"] if x["domain"] == r["domain"]]
-        sections.append(_Section(title, "", ["domain", "lang", *lcols], rows, left=2))
+            rows += [["", x["lang"], *lrow(x)] for x in figures["lengths_by_lang"]
+                     if x["domain"] == r["domain"] and x["docs"] >= MIN_LANGUAGE_DOCS]
+        note = (f"{_n(len(hidden), 'language row')} of fewer than {MIN_LANGUAGE_DOCS} documents not shown "
+                f"({_n(sum(x['docs'] for x in hidden), 'document')}; `--json` has them)." if hidden else "")
+        sections.append(_Section(title, note, ["domain", "lang", *lcols], rows, left=2))
     else:
         sections.append(_Section(title, "", ["domain", *lcols], [[r["domain"], *lrow(r)] for r in figures["lengths"]]))
     return sections
 
 
+MIN_LANGUAGE_DOCS = 20  # a (domain, lang) length row of fewer documents says too little to show: it is counted instead
 FOLD_BELOW = 0.02  # a drop reason of fewer documents than this share of its stage's drops in its domain is folded
 
 

@@ -253,7 +253,8 @@ def test_mixture_and_languages_from_a_hand_made_folder(mixed_dir, tmp_path):
     en = [n for n, d, l in zip(web["num_tokens"].to_pylist(), web["domain"].to_pylist(), web["lang"].to_pylist()) if (d, l) == ("web", "en")]
     row = next(r for r in fig["lengths_by_lang"] if r["lang"] == "en")
     assert row["docs"] == len(en) and row["p50"] == pytest.approx(np.percentile(en, 50))
-    assert "lang" in text and " de " in text
+    assert "lang" in text and " en " in text and " de " not in text  # de's 10 documents: too few for a row of its own
+    assert "1 language row of fewer than 20 documents not shown (10 documents; `--json` has them)" in text
     paths = stats.plot(fig, mixed_dir, tmp_path / "png")
     assert all(p.stat().st_size > 10_000 for p in paths)
     assert "target" in stats.render_html(fig, paths)
