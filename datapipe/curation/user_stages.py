@@ -14,6 +14,7 @@ A stage that raises, or a check that answers something other than None or a stri
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 import sysconfig
@@ -74,13 +75,30 @@ def where_in_inputs(units: Sequence[Any], orders: Sequence[int]) -> str:
     return f"{noun}{'s' * (len(places) > 1)} {numbers} of {unit.path}"
 
 
-def _raised(exc: BaseException) -> str:
+def _source_file(obj: Any) -> str | None:
+    """The file that defines `obj`'s class, as the driver imported it (None when it cannot be told)."""
+    try:
+        return inspect.getsourcefile(type(obj))
+    except (TypeError, OSError):
+        return None
+
+
+def _as_the_users(filename: str, home: str | None) -> str:
+    """A frame's file as the user knows it: Ray runs a shipped module from its own copy (runtime_resources/.../
+    _ray_pkg_<hash>/my_filters.py); that copy of the stage's own file is named as the driver's `home`."""
+    if home and filename != home and "runtime_resources" in Path(filename).parts and Path(filename).name == Path(home).name:
+        return home
+    return filename
+
+
+def _raised(exc: BaseException, home: str | None = None) -> str:
     """'ValueError: bad text (my_filters.py, line 6, in check)': the exception and the innermost line of the user's
-    own code it came through (not of Python's library or an installed package)."""
+    own code it came through (not of Python's library or an installed package); `home`: the stage's own file, as the
+    driver has it, named instead of a worker's shipped copy of it."""
     library = {sysconfig.get_path(kind) for kind in ("stdlib", "platstdlib", "purelib", "platlib")}
     frames = traceback.extract_tb(exc.__traceback__)[1:]  # [0] is the wrapper's call
     own = [f for f in frames if not any(f.filename.startswith(path) for path in library if path)] or frames
-    line = f" ({own[-1].filename}, line {own[-1].lineno}, in {own[-1].name})" if own else ""
+    line = f" ({_as_the_users(own[-1].filename, home)}, line {own[-1].lineno}, in {own[-1].name})" if own else ""
     text = " ".join(str(exc).split())  # one paragraph; a KeyError of a whole document must not fill the screen
     return f"{type(exc).__name__}: {text if len(text) <= 300 else text[:300] + ' ...'}{line}"
 
@@ -102,6 +120,7 @@ class DomainFilterStage:
         self.domains = frozenset(domains)
         self.entry = f"{key}: filter {self.name!r} ({path})"  # its recipe entry, for its errors
         self.keep_text = keep_text
+        self.home = _source_file(document_filter)  # its file in the driver, named in its errors
 
     def __call__(self, batch: pa.RecordBatch) -> StageResult:
         reasons: list[str | None] = []
@@ -112,7 +131,7 @@ class DomainFilterStage:
             try:
                 answer = self.filter.check(text)
             except Exception as exc:  # noqa: BLE001 - the user's code: name it and the document, not a worker's stack
-                raise self._failed(batch, i, f"its check raised {_raised(exc)}", _FIX_CHECK) from None
+                raise self._failed(batch, i, f"its check raised {_raised(exc, self.home)}", _FIX_CHECK) from None
             try:
                 reasons.append(drop_reason(self.name, answer))
             except TypeError as exc:
@@ -134,6 +153,7 @@ class CheckedStage:
         self.name = stage.name
         self.key = key
         self.entry = f"{key}: stage {self.name!r} ({path})"  # its recipe entry, for the error when it raises
+        self.home = _source_file(stage)  # its file in the driver, named in its errors
 
     def __call__(self, batch: pa.RecordBatch) -> StageResult:
         try:
@@ -141,7 +161,7 @@ class CheckedStage:
         except Exception as exc:  # noqa: BLE001 - the user's code: name it and the batch, not a worker's stack
             ids, orders = batch.column("id"), batch.column("order")
             last = batch.num_rows - 1
-            raise UserStageFailed(self.entry, f"it raised {_raised(exc)}", [ids[0].as_py(), ids[last].as_py()],
+            raise UserStageFailed(self.entry, f"it raised {_raised(exc, self.home)}", [ids[0].as_py(), ids[last].as_py()],
                                   [orders[0].as_py(), orders[last].as_py()], batch.num_rows, _FIX_STAGE) from None
         kept, dropped = getattr(result, "kept", None), getattr(result, "dropped", None)
         if not (isinstance(kept, pa.RecordBatch) and isinstance(dropped, pa.RecordBatch)):

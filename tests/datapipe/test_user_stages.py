@@ -398,3 +398,22 @@ def test_a_filter_in_a_file_of_the_users_runs_on_a_ray_cluster(tmp_path, two_nod
                                               "license": {"short_docs:too_few_words": 4},
                                               "man": {"short_docs:too_few_words": 5}}
     assert "short_docs" in [row["stage"] for row in stats["funnel"]]
+
+
+def test_a_raising_filter_shipped_to_a_ray_cluster_is_named_at_the_user_s_own_file(tmp_path, two_node_cluster):
+    """The module travels to the cluster's workers (Ray's copy of it runs there): the error names the line of the
+    user's file as the driver has it, not Ray's copy under its session folder."""
+    address, env, _ = two_node_cluster
+    mods, work = tmp_path / "mods", tmp_path / "work"
+    mods.mkdir()
+    work.mkdir()
+    (mods / "cluster_user_faulty.py").write_text(FAULTY)
+    recipe = _recipe(tmp_path, "[{path: 'cluster_user_faulty:RaisesOn', args: {marker: 'GROUPDEL(8)'}}]")
+    cmd = [sys.executable, "-m", "datapipe", "curate", str(recipe), "--no-progress", "--ray-address", address,
+           "--set", f"ray.stall_timeout_s={STALL_S}"]
+    done = subprocess.run(cmd, cwd=work, env={**env, "PYTHONPATH": str(mods)}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"its check raised ValueError: cannot read this one ({mods / 'cluster_user_faulty.py'}, line 13, in check)" \
+        in done.stderr, done.stderr[-3000:]
+    assert "runtime_resources" not in done.stderr and "Traceback" not in done.stderr
+
