@@ -354,7 +354,7 @@ def _outputs_by_kind(folder: Path) -> dict[str, str]:
     found: dict[str, str] = {}
     for path in folder.rglob("*"):
         relative = str(path.relative_to(folder))
-        if path.is_file() and not relative.startswith("work/") and relative not in OUTSIDE_WORK:
+        if path.is_file() and not relative.startswith("work/") and relative not in (*OUTSIDE_WORK, "run.log"):
             found[_kind_of(relative)] = min(found.get(_kind_of(relative), relative), relative)
     return found
 
