@@ -30,7 +30,8 @@ Stages before tokenization know text bytes, not tokens, so the funnel counts doc
 and out per stage. Tokens exist only for what was written, and the tables say so. The documents held
 out for the eval split leave the training data at a funnel row of their own (`eval split`) and are
 listed as their own drop reason (`held_out_for_eval`), so every `dropped` count of the funnel has its
-reasons in the drop-reason table; the `written` row's `dropped` counts only what the selection removed.
+reasons in the drop-reason table; selection by a model and diversity sampling have a row each (their drops), and the
+`written` row's `dropped` counts what the mixture's down-sampling removed.
 """
 
 from __future__ import annotations
@@ -249,6 +250,12 @@ def _funnel(stats: dict[str, Any], written: dict[str, dict[str, int]]) -> tuple[
             rows.append({"domain": domain, "stage": EVAL_SPLIT, "docs_in": last_out[domain], "docs_out": last_out[domain] - held,
                          "dropped": held, "bytes_in": None, "bytes_out": None, "tokens_out": None, "mixture_copies": None})
             last_out[domain] -= held
+    for stage in _selection_steps(stats):  # selection by a model, then diversity sampling: a row each
+        for domain in sorted(last_out):
+            n = sum(stats["dropped"][stage].get(domain, {}).values())
+            rows.append({"domain": domain, "stage": stage, "docs_in": last_out[domain], "docs_out": last_out[domain] - n,
+                         "dropped": n, "bytes_in": None, "bytes_out": None, "tokens_out": None, "mixture_copies": None})
+            last_out[domain] -= n
     distinct = distinct_written(stats)
     for domain in sorted(set(last_out) | set(written)):
         w = written.get(domain, {"docs": 0, "tokens": 0})
@@ -266,6 +273,13 @@ def _funnel(stats: dict[str, Any], written: dict[str, dict[str, int]]) -> tuple[
         for k in ("docs_in", "docs_out", "dropped", "bytes_in", "bytes_out", "tokens_out", "mixture_copies"):
             t[k] = None if r[k] is None else (t.get(k) or 0) + r[k]
     return rows, sorted(total.values(), key=lambda r: stage_order[r["stage"]])
+
+
+def _selection_steps(stats: dict[str, Any]) -> list[str]:
+    """The selection steps before the shards that dropped documents, in pipeline order: selection by a model (its
+    stage's name, in `model_selection`), diversity sampling. What the `written` row then drops is the mixture's."""
+    steps = [(stats.get("model_selection") or {}).get("stage"), "diversity"]
+    return [s for s in steps if s and s in stats.get("dropped", {})]
 
 
 def _written(domains: list[str], scanned: dict[str, dict[str, int]], manifest: dict | None) -> dict[str, dict[str, Any]]:

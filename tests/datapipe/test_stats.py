@@ -331,3 +331,25 @@ def test_the_drop_reason_table_goes_by_stage_in_pipeline_order_and_folds_the_sma
                                      ["filters", "man", "gopher_repetition:top", 500],
                                      ["filters", "man", "7 other reasons", 28]]  # 1 + ... + 7 documents, each under 2%
     assert rows[-1][4] == "2.8%"
+
+
+def test_the_funnel_has_a_row_for_each_selection_step_and_written_drops_only_the_mixture_s(tmp_path):
+    from helpers import ASSETS, small_config
+    from datapipe import curate
+    from datapipe.curation.executors import LocalExecutor
+
+    out = tmp_path / "out"
+    cfg = small_config(out, [{"path": str(ASSETS / "corpus_slice.jsonl"), "domain_field": "source"}],
+                       diversity={"enabled": True, "domains": {"man": 0.5}, "clusters": 2}, mixture={"enabled": True},
+                       selection={"method": "random", "keep_fraction": 0.8})
+    curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None)
+    fig = stats.collect(out)
+    dropped = json.loads((out / "stats.json").read_text())["dropped"]
+    order = list(dict.fromkeys(r["stage"] for r in fig["funnel"]))
+    assert order[-3:] == ["random_selection", "diversity", "written"]
+    for stage in ("random_selection", "diversity"):
+        rows = {r["domain"]: r for r in fig["funnel"] if r["stage"] == stage}
+        assert {d: r["dropped"] for d, r in rows.items() if r["dropped"]} == {d: sum(v.values()) for d, v in dropped[stage].items()}
+    written = {r["domain"]: r for r in fig["funnel"] if r["stage"] == "written"}
+    diversity = {r["domain"]: r for r in fig["funnel"] if r["stage"] == "diversity"}
+    assert all(written[d]["docs_in"] == diversity[d]["docs_out"] for d in written)  # the steps chain
