@@ -589,7 +589,8 @@ def _plot_funnel(figures: dict[str, Any], domains: list[str], colors: dict, name
     fig = _figure(12, 4.8)
     ax_docs, ax_text = fig.subplots(1, 2)
     stages = list(dict.fromkeys(r["stage"] for r in figures["funnel"]))
-    text_stages = [s for s in stages if s not in (WRITTEN, EVAL_SPLIT)]  # the stages that count text bytes
+    counted = {r["stage"] for r in figures["funnel"] if r["bytes_out"] is not None}
+    text_stages = [s for s in stages if s in counted]  # the stages that count text bytes (before tokenization)
     total_bytes = max([r["bytes_in"] or 0 for r in figures["funnel_total"]] + [0])
     unit, scale = ("MB", 1e6) if total_bytes >= 1e6 else ("KB", 1e3)
     docs_seen: list[int] = []

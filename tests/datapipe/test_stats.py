@@ -353,3 +353,4 @@ def test_the_funnel_has_a_row_for_each_selection_step_and_written_drops_only_the
     written = {r["domain"]: r for r in fig["funnel"] if r["stage"] == "written"}
     diversity = {r["domain"]: r for r in fig["funnel"] if r["stage"] == "diversity"}
     assert all(written[d]["docs_in"] == diversity[d]["docs_out"] for d in written)  # the steps chain
+    assert all(p.stat().st_size > 10_000 for p in stats.plot(fig, out, tmp_path / "png"))  # their rows count no bytes
