@@ -87,8 +87,9 @@ class SelectionModel:
     def to_bytes(self) -> bytes:
         inner = self.model.to_bytes() if self.model is not None else b""
         buffer = io.BytesIO()
+        # its fit's CPU seconds stay out (the fit task's record keeps them): a time would make the same fit other bytes
         np.savez(buffer, method=self.method, seed=np.int64(self.seed), knots=self.knots, model=np.frombuffer(inner, np.uint8),
-                 fit_flops=np.float64(self.fit_flops), fit_cpu_seconds=np.float64(self.fit_cpu_seconds))
+                 fit_flops=np.float64(self.fit_flops))
         return buffer.getvalue()
 
     @classmethod
@@ -98,7 +99,8 @@ class SelectionModel:
         try:
             with np.load(io.BytesIO(data)) as f:
                 method, seed, knots, inner = str(f["method"]), int(f["seed"]), f["knots"], f["model"].tobytes()
-                fit_flops, fit_cpu = float(f["fit_flops"]), float(f["fit_cpu_seconds"])
+                fit_flops = float(f["fit_flops"])
+                fit_cpu = float(f["fit_cpu_seconds"]) if "fit_cpu_seconds" in f.files else 0.0  # files saved before
             arrays = {}
             if inner:
                 with np.load(io.BytesIO(inner)) as g:

@@ -399,15 +399,12 @@ def test_the_ray_executor_gives_a_task_the_memory_it_declares(ray_local) -> None
 @pytest.mark.ray_local
 def test_the_local_and_ray_executors_give_the_same_shards_with_a_fitted_classifier(tmp_path: Path, ray_local) -> None:
     """The classifier fit in this process (the BLAS threads it has) and in a Ray worker (one thread): the same
-    model, so the same selection and the same shards."""
+    model file, bit for bit (it keeps no time), so the same selection and the same shards."""
     from datapipe.curation.executors import RayExecutor
 
     local, on_ray = tmp_path / "local", tmp_path / "ray"
     _run(_config(local, method="classifier"))
     _run(_config(on_ray, method="classifier"), RayExecutor(progress=False))
-    models = [np.load(folder / "selection" / "model.npz") for folder in (local, on_ray)]
-    names = set(models[0].files) - {"fit_cpu_seconds"}  # what the fit took: a time, not the model
-    assert names == set(models[1].files) - {"fit_cpu_seconds"} and "knots" in names
-    assert all(models[0][n].tobytes() == models[1][n].tobytes() for n in names)
+    assert (local / "selection" / "model.npz").read_bytes() == (on_ray / "selection" / "model.npz").read_bytes()
     assert [s["sha256"] for s in read_manifest(on_ray)["shards"]] == [s["sha256"] for s in read_manifest(local)["shards"]]
 
