@@ -139,6 +139,11 @@ def absolute(where: str | os.PathLike[str]) -> str:
 PREFIXES = 256  # hashed key prefixes that `spread` keys go over on an object store
 
 
+def size_of(path: Union[Path, "RemotePath"]) -> int:
+    """A file's size in bytes, local or remote (an OSError when it is not there)."""
+    return path.size() if isinstance(path, RemotePath) else path.stat().st_size
+
+
 def spread(path: Union[Path, "RemotePath"]) -> Union[Path, "RemotePath"]:
     """Where a work object named `path` is kept: on an object store, below a folder named by a hash of its
     name (`.../pairs-u/3f/g001.shuffle`), so that a phase's many reads spread over PREFIXES key prefixes

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from datapipe.core.shards import file_sha256, noting_outputs
-from datapipe.core.storage import Location, RemotePath, location, spread
+from datapipe.core.storage import Location, location, size_of, spread
 from datapipe.core.workfiles import read_record, write_record
 
 RunTasks = Callable[..., list[Any]]
@@ -73,8 +73,7 @@ def _as_written(record: Location, output: dict[str, Any]) -> bool:
         posixpath.join(posixpath.dirname(rest), output["path"]))
     try:
         found = location(path)
-        size = found.size() if isinstance(found, RemotePath) else found.stat().st_size
-        return size == output["bytes"] and file_sha256(found) == output["sha256"]
+        return size_of(found) == output["bytes"] and file_sha256(found) == output["sha256"]
     except (OSError, ValueError):  # gone, or unreadable: its task writes it again
         return False
 

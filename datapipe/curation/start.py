@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 from datapipe.core.config import ConfigError, RunStopped
 from datapipe.core.shards import make_folder, read_manifest, remove_temporaries
 from datapipe.core.storage import (RemotePath, absolute, check_reachable, location, make_local_folder, reachable,
-                                   remove_tree)
+                                   remove_tree, size_of)
 from datapipe.curation.config import CurateConfig
 from datapipe.curation.executors import Executor, make_executor, ray_address, ray_is_running
 from datapipe.curation.identity import check_output
@@ -107,7 +107,7 @@ def _damaged_shard(out: Any, manifest: dict[str, Any]) -> str | None:
         for shard in listed["shards"]:
             path = folder / shard["path"]
             try:
-                size = path.size() if isinstance(path, RemotePath) else path.stat().st_size
+                size = size_of(path)
             except OSError:
                 return f"{path} is missing"
             if size != shard["bytes"]:

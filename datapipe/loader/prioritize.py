@@ -182,7 +182,7 @@ def _dot(a: np.ndarray, x: np.ndarray) -> np.ndarray:
     with fused multiply-adds) that depend on the CPU's kernel and thread count, and the plan must not."""
     a = np.asarray(a, dtype=np.float64)
     total = a[..., 0] * x[0]
-    for j in range(1, len(x)):  # elementwise, one rounding each: the same bits on every CPU (a sum's SIMD order is not)
+    for j in range(1, len(x)):  # elementwise, one rounding each, in column order: no BLAS kernel or thread count decides it
         total = total + a[..., j] * x[j]
     return total
 

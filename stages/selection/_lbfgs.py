@@ -55,7 +55,7 @@ def minimize(fun: Callable[[np.ndarray], tuple[float, np.ndarray]], x0: np.ndarr
         s, y = x_new - x, g_new - g
         curvature = dot(y, s)
         if curvature > 1e-10 * dot(y, y):
-            pairs = [*pairs[-(memory - 1):], (s, y, 1.0 / curvature)] if memory > 1 else [(s, y, 1.0 / curvature)]
+            pairs = [*pairs, (s, y, 1.0 / curvature)][-memory:]
         decrease = f - f_new
         x, f, g = x_new, f_new, g_new
         iteration += 1

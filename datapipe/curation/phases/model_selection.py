@@ -373,8 +373,8 @@ def select_by_model(run_tasks: RunTasks, work: Location, out_dir: Location, bloc
         by_domain = cfg.per_domain or bool(cfg.domain_tokens)
         group_tokens = {d: k for d, (_, k) in totals.items()} if by_domain else {ALL: sum(k for _, k in totals.values())}
         # fill: every arm of a comparison holds its whole budget, however long the document at the cut
-        budgets = {g: Budget(float(_budget(cfg, g, k)), by_tokens=True, fill=True) for g, k in group_tokens.items()
-                   if k > 0 and _budget(cfg, g, k) > 0}  # a group with no budget keeps none
+        wanted = {g: _budget(cfg, g, k) for g, k in group_tokens.items() if k > 0}
+        budgets = {g: Budget(float(b), by_tokens=True, fill=True) for g, b in wanted.items() if b > 0}  # none: keeps none
         group_cuts, report, kept_tokens = cuts(run_tasks, work, FOLDER, names, budgets, held_out)
         for g, entry in report.items():
             entry.update(budget_tokens=budgets[g].value, tokens_in=group_tokens[g], tokens_kept=kept_tokens[g])
