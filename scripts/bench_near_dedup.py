@@ -107,6 +107,8 @@ stage = nd.NearDedupStage(config) if hasattr(nd, "NearDedupStage") else MinHashS
 folder = work / "minhash"
 start = 0
 import stages.base as stage_base
+# the map half: this tree's near dedup sends its kinds itself; an older tree's stages.base wrote them
+write_keys = getattr(nd, "send_kinds", None) or getattr(stage_base, "write_keys", None)
 senders = []
 for b, end in enumerate(list(np.unique(np.r_[cuts, len(sizes)]))):
     block = table.slice(start, int(end) - start); start = int(end)
@@ -114,12 +116,12 @@ for b, end in enumerate(list(np.unique(np.r_[cuts, len(sizes)]))):
         continue
     if write_read_block is not None:  # a read block (a frame per text) and keys that locate each text in it
         write_read_block(work, f"b{b:05d}", block, "zstd")
-        stage_base.write_keys(stage, block_documents(work, "read", f"b{b:05d}", locate=True), folder, f"b{b:05d}")
+        write_keys(stage, block_documents(work, "read", f"b{b:05d}", locate=True), folder, f"b{b:05d}")
         senders.append(f"read/b{b:05d}")
         continue
-    if hasattr(stage_base, "write_keys"):  # one shuffle file per kind and block; the block's text stays where it is
+    if write_keys is not None:  # one shuffle file per kind and block; the block's text stays where it is
         atomic_write_table(work / "seg" / f"b{b:05d}.arrow", block)
-        stage_base.write_keys(stage, block, folder, f"b{b:05d}")
+        write_keys(stage, block, folder, f"b{b:05d}")
         senders.append(f"seg/b{b:05d}")
         continue
     emitted = [stage.keys(batch) for batch in block.to_batches(max_chunksize=2000)]

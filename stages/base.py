@@ -5,11 +5,11 @@ batch of documents (`datapipe.core.schema.DOC_SCHEMA` in, `StageResult` out). St
 Ray, torch, the loader or the trainer: the curation run (`datapipe.curation.run`) maps them onto Ray (or
 a plain loop in tests).
 
-A **global stage** (`GlobalStage`: exact dedup, near dedup) decides over every document at once, in
-two halves the run drives the same way for every such stage: a map half (`keys`) that emits
-hash-partitioned keys per document inside the block tasks, and a resolve half (`resolve`) that runs
-after all blocks, with the executor's `run_tasks`, and names the losing documents. The next segment
-drops them (see `GlobalStage`).
+A **global stage** (`GlobalStage`: exact dedup, or a user's) decides over every document at once, in
+two halves: `keys` emits hash-partitioned keys per document inside the block tasks, and `decide` names the
+losers among one partition's keys. The run does the rest: it sends the keys through one exchange, runs one
+`decide` task per partition, records them and drops the losers in the next segment. Near dedup, whose decision
+takes steps of its own, is a `ResolvingStage`.
 
 A document filter is smaller still: `check(text) -> reason | None` (`drop_reason`: None or "" keeps, a
 non-empty string drops, anything else is refused). `FilterStage` applies the
@@ -29,7 +29,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
-from datapipe.core.shuffle import SUFFIX, write_shuffle
 from datapipe.core.storage import Location
 
 
@@ -61,33 +60,48 @@ results in item order."""
 
 
 class GlobalStage(ABC):
-    """A stage that decides over all documents of the run at once, in two halves.
+    """A stage that decides over all documents of the run at once, in two halves; the run does the rest.
 
-    - **map half**, `keys(batch)`: for each document of a batch, rows of keys, as tables by kind
-      (`{"keys": ...}`, `{"buckets": ..., "nodes": ...}`). Every table has a `partition` column
-      (uint32 in `[0, partitions)`). The run calls it in each block task after the segment's map
-      stages, and writes the rows of kind k from block b as one shuffle file `folder/k/b.shuffle`
-      (`datapipe.core.shuffle`: partitioned by that column, which is not stored), `folder` being
-      `work/<name>/`.
-    - **resolve half**, `resolve(run_tasks, folder, out_dir, senders, documents)`: called once, after every
-      block's keys are written; `documents` is how many documents the blocks hold; `senders` name the blocks (paths below the work folder, `folder.parent`: the
-      block file `<sender>.arrow` holds the documents the keys were computed from, and the key files
-      are `folder/<kind>/<last part of the sender>.shuffle`). It decides which documents lose, running
-      its own tasks through `run_tasks` (partition p of a kind: `datapipe.core.shuffle.read_shuffle`), and
-      leaves them in `folder/losers-tNNN.arrow`, one file for every resolve task t below
-      `tasks(documents)`, empty or not (`LOSER_SCHEMA`; each document at most once over all files). It may write reports into `out_dir` and returns a JSON-able summary, which the run
-      puts in stats.json under `global_stages.<name>`. Each of its tasks writes its outputs
-      atomically and returns a JSON-able result; given `record=`, the run loop writes that result as the
-      task's record and skips the task when a resumed run finds it, so a killed run resumes to the same result.
+    - `keys(batch)`: for each document of a batch, rows of keys, with a `partition` column (uint32 in
+      `[0, partitions)`). The run calls it in each block task after the segment's map stages and sends the rows
+      through one exchange (`datapipe.core.exchange.Shuffle`): every key of one partition, from every block,
+      reaches one task.
+    - `decide(keys)`: all keys of one partition (from every file, worker and node; without the `partition`
+      column), in no promised order: the documents that lose (`LOSER_SCHEMA`: their `order`, the reason, the id
+      of the document kept in their place; each document at most once). It is pure: the run writes its answer,
+      records the task and skips it on resume, so a killed run resumes to the same result.
 
-    The next segment drops the losers before its own stages, as drops of stage `name` with the
-    loser's reason and `kept_id`.
+    The next segment drops the losers before its own stages, as drops of stage `name` with the loser's reason and
+    `kept_id`; stats.json's `global_stages.<name>` counts them (`removed`).
     """
 
-    name: ClassVar[str]  # also the folder of its keys and losers under work/
-    partitions: int  # the shuffle's width: `partition` values are below it
+    name: ClassVar[str]  # also its work folder, work/<name>/
+    partitions: int  # the exchange's width: `partition` values are below it
     # True: the batches `keys` gets carry `text_at` and `text_bytes`, where each document's text lies in its
     # read block (`datapipe.curation.blocks.read_texts` reads a few documents' text back by those ranges)
+    locates_text: ClassVar[bool] = False
+
+    @abstractmethod
+    def keys(self, batch: pa.RecordBatch) -> pa.Table:
+        """The map half: key rows with a `partition` column."""
+
+    @abstractmethod
+    def decide(self, keys: pa.Table) -> pa.Table:
+        """The losers among one partition's keys (`LOSER_SCHEMA`)."""
+
+    def tasks(self, documents: int) -> int:
+        """How many losers files the run's decision leaves for `documents` documents: one per partition."""
+        return self.partitions
+
+
+class ResolvingStage(ABC):
+    """A global stage whose decision takes steps of its own (near dedup: candidate pairs, verification, connected
+    components, winners), not one `decide` per partition: `keys` gives tables by kind (each sent as one exchange,
+    `work/<name>/<kind>/`), and `resolve(run_tasks, folder, out_dir, senders, documents)` runs its steps' tasks
+    and leaves `folder/losers-tNNN.arrow` for t below `tasks(documents)`; it returns a summary for stats.json."""
+
+    name: ClassVar[str]
+    partitions: int
     locates_text: ClassVar[bool] = False
 
     @abstractmethod
@@ -95,15 +109,15 @@ class GlobalStage(ABC):
         """The map half: key tables by kind, each with a `partition` column."""
 
     def tasks(self, documents: int) -> int:
-        """How many tasks the resolve runs (per step) for `documents` documents: one losers file each.
-        By default one per partition."""
         return self.partitions
 
     @abstractmethod
     def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str],
                 documents: int) -> dict[str, Any]:
-        """The resolve half: write `folder/losers-tNNN.arrow` for t below `tasks(documents)`; return a
-        summary for the stats."""
+        """Write `folder/losers-tNNN.arrow` for t below `tasks(documents)`; return a summary for the stats."""
+
+
+GLOBAL_STAGES = (GlobalStage, ResolvingStage)  # what closes a segment
 
 
 def utf8_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -114,21 +128,6 @@ def utf8_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     data = texts.buffers()[2]
     data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
     return data[offsets[0] : offsets[-1]], offsets - offsets[0]
-
-
-def write_keys(stage: GlobalStage, table: pa.Table, folder: Location, name: str) -> dict[str, int]:
-    """A global stage's map half over `table`: each kind of key rows as one shuffle file
-    `folder/<kind>/<name>.shuffle`, partitioned by their `partition` column (every kind's file is
-    written, empty or not: the resolve half reads the files of known senders, no listing). Their sizes."""
-    emitted = [stage.keys(b) for b in table.to_batches() if b.num_rows]
-    if not emitted:  # the kinds and schemas of an empty block
-        emitted = [stage.keys(pa.RecordBatch.from_pylist([], schema=DOC_SCHEMA))]
-    sizes = {}
-    for kind in emitted[0]:
-        keys = pa.concat_tables([e[kind] for e in emitted])
-        parts = keys.column("partition").to_numpy()
-        sizes[kind] = write_shuffle(folder / kind / f"{name}{SUFFIX}", keys.drop(["partition"]), parts, stage.partitions)
-    return sizes
 
 
 def split_by_reasons(

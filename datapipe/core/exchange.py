@@ -243,3 +243,126 @@ def combine_record(task: CombineTask, r: int, k: int, *_: object) -> Location:
     whole, and its combine stays done)."""
     combined = task.layout
     return location(task.records) / f"combine-{location(combined.folder).name}-{combined.name(r, k).removeprefix('combined-')}.json"
+
+
+@dataclass(frozen=True)
+class Shuffle:
+    """One exchange as a contract that owns both ends: its senders' files, how they are routed, its receivers' reads
+    and every task's record. A map (`send`, in any task, or `run_maps`' tasks) writes one file per sender,
+    `folder/<sender>.shuffle`, of `partitions`; `run_reduces` routes the files by the sizes the maps measured
+    (`route`) and runs one reduce task per receiver, which gets its rows (`routed`: where they read, for a receiver
+    of the caller's own). A receiver reads one partition, or with
+    `spans` (the partitions the receivers start at) its run of adjacent ones, with a `partition` column.
+    Records: a map task's `records/<sender_record><sender>.json`, a reduce task's `records/<receiver_name>.json`
+    (formatted with the receiver's index). `schema`: what a receiver of no rows gets (default: the senders' files' schema). Steps,
+    as progress shows them: `<desc> <map_step>`, `<desc> combine`, `<desc> <reduce_step>` (`step`)."""
+
+    desc: str
+    folder: str
+    partitions: int
+    records: str
+    receiver_name: str = "p{:03d}"
+    sender_record: str = ""
+    map_step: str = "send"
+    reduce_step: str = "receive"
+    spans: tuple[int, ...] | None = None
+    schema: pa.Schema | None = None
+
+    def file(self, sender: str) -> Location:
+        return location(self.folder) / f"{sender}{SUFFIX}"
+
+    def send(self, sender: str, table: pa.Table, partition: np.ndarray) -> int:
+        """The map side: `table`'s rows as the sender's file, row i to partition `partition[i]`; its bytes."""
+        return write_shuffle(self.file(sender), table, np.asarray(partition, np.int64), self.partitions)
+
+    def read_sent(self, sender: str, p: int) -> pa.Table:
+        """Partition p of one sender's file (a receiver that is not a reduce task, reading one file)."""
+        return read_shuffle([self.file(sender)], p, self.partitions, self.schema)
+
+    def receiver_spans(self) -> list[tuple[int, int]]:
+        """Each receiver's partitions [p0, p1)."""
+        starts = sorted(set(self.spans)) if self.spans is not None else list(range(self.partitions))
+        return list(zip(starts, [*starts[1:], self.partitions]))
+
+    def record(self, stem: str) -> Location:
+        return location(self.records) / f"{stem}.json"
+
+    def step(self, name: str) -> str:
+        """A step's name as progress shows it: `<desc> <name>` (the desc alone for an empty name)."""
+        return f"{self.desc} {name}" if name else self.desc
+
+
+# a map: map(shared, sender, *args) -> (rows, each row's partition) or (rows, partitions, more of its result)
+MapFn = Callable[..., tuple]
+# a reduce: reduce(shared, first partition, rows) -> its JSON-able result (it writes its own outputs)
+ReduceFn = Callable[[Any, int, pa.Table], dict]
+
+
+@dataclass(frozen=True)
+class MapTask:
+    spec: Shuffle
+    fn: MapFn
+    shared: Any
+
+
+def map_task(task: MapTask, sender: str, *args: Any) -> dict[str, Any]:
+    """One map: its rows sent as the sender's file; its result, with the file's `bytes`."""
+    table, partition, *more = task.fn(task.shared, sender, *args)
+    return {**(more[0] if more else {}), "bytes": task.spec.send(sender, table, partition)}
+
+
+def map_record(task: MapTask, sender: str, *_: Any) -> Location:
+    return task.spec.record(f"{task.spec.sender_record}{sender}")
+
+
+def run_maps(run_tasks: Callable[..., list], spec: Shuffle, fn: MapFn, shared: Any,
+             items: Sequence[tuple]) -> list[dict[str, Any]]:
+    """One map task per item (`(sender, *args)`), each recorded: their results, each with its file's `bytes`."""
+    return run_tasks(map_task, MapTask(spec, fn, shared), list(items), spec.step(spec.map_step), record=map_record)
+
+
+@dataclass(frozen=True)
+class ReduceTask:
+    spec: Shuffle
+    fn: ReduceFn
+    shared: Any
+    received: Received
+
+
+def reduce_task(task: ReduceTask, receiver: int) -> dict[str, Any]:
+    """One receiver: its partition's (or span's) rows of every sender, as routed, given to the reduce."""
+    spec = task.spec
+    p0, p1 = spec.receiver_spans()[receiver]
+    span = {"through": p1, "partition_column": "partition"} if spec.spans is not None else {}
+    rows = task.received.read(p0, spec.schema, **span)
+    if rows is None:
+        raise ValueError(f"{spec.desc}: no sender and no schema: nothing says what its receivers' rows are")
+    return task.fn(task.shared, p0, rows)
+
+
+def reduce_record(task: ReduceTask, receiver: int) -> Location:
+    return task.spec.record(task.spec.receiver_name.format(receiver))
+
+
+def run_reduces(run_tasks: Callable[..., list], spec: Shuffle, fn: ReduceFn, shared: Any, senders: Sequence[str],
+                sent: Sequence[dict[str, Any]], memory: int | None = None) -> list[dict[str, Any]]:
+    """The senders' files (`sent`: the maps' results, each naming its file's `bytes`) routed by their measured sizes
+    (`route`), then one reduce task per receiver, each recorded: their results in receiver order."""
+    received = routed(run_tasks, spec, senders, sent)
+    receivers = [(r,) for r in range(len(spec.receiver_spans()))]
+    return run_tasks(reduce_task, ReduceTask(spec, fn, shared, received), receivers, spec.step(spec.reduce_step),
+                     record=reduce_record, **({"memory": memory} if memory is not None else {}))
+
+
+def routed(run_tasks: Callable[..., list], spec: Shuffle, senders: Sequence[str], sent: Sequence[dict[str, Any]]) -> Received:
+    """Where `spec`'s receivers read the senders' files (`sent`: the maps' results, each naming its file's `bytes`),
+    routed by their measured sizes (`route`): for a receiver that is not a reduce task (one that fits a model on a
+    sample, say, with its own memory)."""
+    return route(run_tasks, Exchange(spec.desc, spec.folder, tuple(senders), spec.partitions, largest_sent(sent), spec.spans))
+
+
+def map_reduce(run_tasks: Callable[..., list], spec: Shuffle, map_fn: MapFn, map_shared: Any, items: Sequence[tuple],
+               reduce_fn: ReduceFn, reduce_shared: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`run_maps` then `run_reduces`: (the maps' results, the reduces')."""
+    sent = run_maps(run_tasks, spec, map_fn, map_shared, items)
+    return sent, run_reduces(run_tasks, spec, reduce_fn, reduce_shared, [item[0] for item in items], sent)

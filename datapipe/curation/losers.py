@@ -1,74 +1,55 @@
 """A global stage's losers, routed to the blocks that drop them.
 
-A global stage's resolve leaves its losers in `folder/losers-tNNN.arrow`, one file per resolve task, each holding
+A global stage's decision leaves its losers in `folder/losers-tNNN.arrow`, one file per decision task, each holding
 documents of any input unit. Every block task of the next segment needs its own unit's losers, and no process
-should hold them all. Two steps of tasks route them (`route_losers`):
-1. one task per losers file cuts it by input unit into one shuffle file (`split_losers_task`);
-2. one task per group of units gathers the group's range of every such file into one file (`gather_losers_task`),
-so a block task reads one range of one file (`unit_losers`), not a range of every losers file.
-The split files reach the groups through the one exchange (`datapipe.core.exchange.route`), so requests grow as
-losers files + groups + blocks, not losers files x groups or x blocks.
-"""
+should hold them all. One exchange routes them (`route_losers`, `by_unit`): its map cuts each losers file by input
+unit (`split_losers`), its reduce gathers each group of units' range of every such file into one file
+(`gather_losers`), so a block task reads one range of one file (`unit_losers`), not a range of every losers file.
+Requests grow as losers files + groups + blocks, not losers files x groups or x blocks."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
 from datapipe.core.schema import ROW_BITS
-from datapipe.core.exchange import Exchange, Received, largest_sent, route
-from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, read_shuffle, write_shuffle
+from datapipe.core.exchange import Shuffle, map_reduce
 from datapipe.core.storage import Location, location
 from datapipe.core.workfiles import read_work_table
-from stages.base import LOSER_SCHEMA
+from stages.base import LOSER_SCHEMA, RunTasks
 
 LOSERS_BY_UNIT = "losers-by-unit"  # work/<global stage>/losers-by-unit/: losers-tNNN.shuffle by unit, gNNNNN.shuffle by group
-UNIT_GROUPS = 256  # the losers of at most this many groups of input units: one file each (`gather_losers_task`)
+UNIT_GROUPS = 256  # the losers of at most this many groups of input units: one file each (`gather_losers`)
 
 
-LOSER_BYTES = 48  # a loser's row, about (order, reason, kept id): what the cost model sizes their exchange by
+def by_unit(folder: Location, units: int, stage: str) -> Shuffle:
+    """The exchange of a global stage's losers files (`folder/losers-tNNN.arrow`) to the groups of input units: a
+    group's span starts at its first unit, so it reads one range of each file."""
+    spans = tuple(_unit_range(g, units)[0] for g in range(-(-units // _unit_group(units))))
+    root = str(location(folder) / LOSERS_BY_UNIT)
+    return Shuffle(f"{stage} losers", root, units, records=root, receiver_name="g{:05d}", spans=spans, schema=LOSER_SCHEMA,
+                   map_step="by unit", reduce_step="by unit group")
 
 
-def route_losers(run_tasks: Callable[..., list], folder: Location, tasks: int, units: int, stage: str) -> None:
-    """Route the losers of the `tasks` files in `folder` (a global stage's work folder) to the `units` input units.
-    The split files reach the groups through the exchange (`exchange.route`), so that a group reads a few files,
-    not one per resolve task."""
-    files = [f"losers-t{t:03d}" for t in range(tasks)]  # one per resolve task, always
-    split = run_tasks(split_losers_task, LosersTask(str(folder), units), [(f,) for f in files], f"{stage} losers by unit",
-                      record=_split_record)
-    groups = -(-units // _unit_group(units))
-    # a group's span starts at its first unit: it reads one range of each file
-    split_files = route(run_tasks, Exchange(f"{stage} losers", str(folder / LOSERS_BY_UNIT), tuple(files), units,
-                                            largest_sent(split), spans=tuple(_unit_range(g, units)[0] for g in range(groups))))
-    run_tasks(gather_losers_task, LosersTask(str(folder), units, split_files), [(g,) for g in range(groups)],
-              f"{stage} losers by unit group", record=_gather_record)
+def by_group(folder: Location, group: int, units: int) -> Shuffle:
+    """One group's losers, partitioned by the unit within the group: `losers-by-unit/gNNNNN.shuffle`, read by the
+    blocks of its units (`unit_losers`)."""
+    u0, u1 = _unit_range(group, units)
+    root = str(location(folder) / LOSERS_BY_UNIT)
+    return Shuffle("losers of a group of units", root, u1 - u0, records=root, schema=LOSER_SCHEMA)
 
 
-@dataclass(frozen=True)
-class LosersTask:
-    """What the routing's tasks share: the global stage's work folder, the input units, and (for the gather) where
-    the split files were routed."""
-
-    folder: str
-    units: int
-    split: Received | None = None
+def route_losers(run_tasks: RunTasks, folder: Location, tasks: int, units: int, stage: str) -> None:
+    """Route the losers of the `tasks` files in `folder` (a global stage's work folder) to the `units` input units:
+    each file cut by unit (`split_losers`), each group of units gathered into one file (`gather_losers`)."""
+    files = [(f"losers-t{t:03d}",) for t in range(tasks)]  # one per decision task, always
+    map_reduce(run_tasks, by_unit(folder, units, stage), split_losers, str(folder), files, gather_losers, (str(folder), units))
 
 
-def _split_record(task: LosersTask, stem: str) -> Location:
-    return location(task.folder) / LOSERS_BY_UNIT / f"{stem}.json"
-
-
-def split_losers_task(task: LosersTask, stem: str) -> dict[str, int]:
-    """Cut one losers file of a global stage (`folder/<stem>.arrow`) by input unit: one shuffle file
-    `folder/losers-by-unit/<stem>.shuffle` whose partition u holds unit u's losers."""
-    root, units = location(task.folder), task.units
-    losers = read_work_table(root / f"{stem}.arrow").sort_by([("order", "ascending")])
-    unit = (losers.column("order").to_numpy() >> ROW_BITS).astype(np.int64)
-    size = write_shuffle(root / LOSERS_BY_UNIT / f"{stem}{SHUFFLE_SUFFIX}", losers, unit, units)
-    return {"losers": losers.num_rows, "bytes": size}
+def split_losers(folder: str, stem: str) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
+    """One losers file of a global stage (`folder/<stem>.arrow`) by input unit."""
+    losers = read_work_table(location(folder) / f"{stem}.arrow").sort_by([("order", "ascending")])
+    return losers, (losers.column("order").to_numpy() >> ROW_BITS).astype(np.int64), {"losers": losers.num_rows}
 
 
 def _unit_group(units: int) -> int:
@@ -82,25 +63,18 @@ def _unit_range(group: int, units: int) -> tuple[int, int]:
     return group * size, min(units, (group + 1) * size)
 
 
-def _gather_record(task: LosersTask, group: int) -> Location:
-    return location(task.folder) / LOSERS_BY_UNIT / f"g{group:05d}.json"
-
-
-def gather_losers_task(task: LosersTask, group: int) -> dict[str, int]:
-    """The losers of one group of input units, from the group's range of every split file as routed (one read each:
-    its units are adjacent partitions) into one file `losers-by-unit/gNNNNN.shuffle`, partitioned by the unit
-    within the group."""
-    split_files, units = task.split, task.units
-    root = location(task.folder) / LOSERS_BY_UNIT
-    u0, u1 = _unit_range(group, units)
-    losers = split_files.read(u0, LOSER_SCHEMA, through=u1, partition_column="unit").sort_by([("order", "ascending")])
-    unit = losers.column("unit").to_numpy().astype(np.int64) - u0
-    write_shuffle(root / f"g{group:05d}{SHUFFLE_SUFFIX}", losers.drop(["unit"]), unit, u1 - u0)
+def gather_losers(shared: tuple[str, int], u0: int, losers: pa.Table) -> dict[str, int]:
+    """The losers of the group of units starting at u0 (its range of every split file, with each row's unit as
+    `partition`) into the group's one file."""
+    folder, units = shared
+    group = u0 // _unit_group(units)
+    losers = losers.sort_by([("order", "ascending")])
+    unit = losers.column("partition").to_numpy().astype(np.int64) - u0
+    by_group(location(folder), group, units).send(f"g{group:05d}", losers.drop(["partition"]), unit)
     return {"losers": losers.num_rows}
 
 
 def unit_losers(folder: Location, unit_index: int, units: int) -> pa.Table:
-    """The losers of input unit `unit_index`: its range of its group's file (`gather_losers_task`)."""
+    """The losers of input unit `unit_index`: its range of its group's file (`gather_losers`)."""
     group = unit_index // _unit_group(units)
-    u0, u1 = _unit_range(group, units)
-    return read_shuffle([folder / LOSERS_BY_UNIT / f"g{group:05d}{SHUFFLE_SUFFIX}"], unit_index - u0, u1 - u0, LOSER_SCHEMA)
+    return by_group(folder, group, units).read_sent(f"g{group:05d}", unit_index - _unit_range(group, units)[0])

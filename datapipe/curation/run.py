@@ -58,8 +58,8 @@ def curate(cfg: CurateConfig, *, executor: Executor | None = None, extra_stages:
         run.lap("start")
         try:
             total = Counters()
-            blocks, damaged = steps.read(run, plan, early, total)
-            report = {"damaged_inputs": damaged, "duplicate_ids": steps.unique_ids_step(run, plan, blocks, total)}
+            blocks, damaged, keys_bytes = steps.read(run, plan, early, total)
+            report = {"damaged_inputs": damaged, "duplicate_ids": steps.unique_ids_step(run, plan, blocks, keys_bytes, total)}
             report["global_stages"], kept_docs, kept_bytes = steps.segments(run, plan, blocks, total)
             if kept_docs == 0:
                 raise nothing_survived(plan, total, t0, report)

@@ -15,7 +15,7 @@ from datapipe.curation.counters import Counters
 from datapipe.curation.losers import route_losers
 from datapipe.curation.phases import eval_split, selection, unique_ids
 from datapipe.curation.phases.read import EarlyReader, read_phase
-from datapipe.curation.phases.segment import segment_phase
+from datapipe.curation.phases.segment import decide_losers, segment_phase
 from datapipe.curation.phases.shards import (
     eval_shard_record_at, eval_shard_task, plan_shards, shard_record_at, shard_task, write_eval_manifest,
 )
@@ -23,12 +23,14 @@ from datapipe.curation.phases.tokenize import prepare_tokenizer, tokenize_phase
 from datapipe.curation.plan import Plan, block_name, remove_work, stage_title, task_memory
 from datapipe.curation.report import build_stats
 from datapipe.curation.run_loop import Run
+from stages.base import ResolvingStage
 from stages.minhash import MinHashStage
 from stages.tokenize import describe
 
 
-def read(run: Run, plan: Plan, early: EarlyReader | None, total: Counters) -> tuple[list[tuple[int, int]], list[Any]]:
-    """The read phase (the units the driver read while Ray started first); the blocks and the damaged inputs."""
+def read(run: Run, plan: Plan, early: EarlyReader | None, total: Counters) -> tuple[list[tuple[int, int]], list[Any], int]:
+    """The read phase (the units the driver read while Ray started first); the blocks, the damaged inputs and the
+    largest of the blocks' id key files."""
     taken = early.stop() if early is not None else 0
     results = run.execute(read_phase(plan, taken))
     if early is not None:
@@ -39,7 +41,8 @@ def read(run: Run, plan: Plan, early: EarlyReader | None, total: Counters) -> tu
             print(f"read: {taken:,} of {len(plan.units):,} units read by this process while Ray started", file=sys.stderr, flush=True)
     for r in results:
         total.merge(Counters.from_json(r["counters"]))
-    return [(u, b) for u, r in enumerate(results) for b in range(r["blocks"])], [d for r in results for d in r.get("damaged", [])]
+    blocks = [(u, b) for u, r in enumerate(results) for b in range(r["blocks"])]
+    return blocks, [d for r in results for d in r.get("damaged", [])], max((r.get("keys_bytes", 0) for r in results), default=0)
 
 
 def segments(run: Run, plan: Plan, blocks: list[tuple[int, int]], total: Counters) -> tuple[dict[str, Any], int, int]:
@@ -54,11 +57,14 @@ def segments(run: Run, plan: Plan, blocks: list[tuple[int, int]], total: Counter
         kept_bytes, kept_docs = sum(r["bytes"] for r in results), sum(r["rows"] for r in results)
         if kept_docs == 0:  # no block or no document left: a global stage has nothing to resolve, later segments nothing to read
             break
-        if (stage := seg.global_stage) is not None:  # its resolve half, the same way for every global stage
-            senders = [f"{seg.name}/{block_name(u, b)}" for u, b in blocks]  # the map half's blocks
+        if (stage := seg.global_stage) is not None:  # its decision, then its losers back to the blocks
             tasks = stage.tasks(kept_docs)
             run_tasks = run.tasks(stage_title(stage.name), memory=task_memory(plan, "resolve", kept_bytes, tasks))
-            summaries[stage.name] = stage.resolve(run_tasks, plan.work / stage.name, plan.out, senders, kept_docs)
+            if isinstance(stage, ResolvingStage):  # near dedup's steps
+                senders = [f"{seg.name}/{block_name(u, b)}" for u, b in blocks]  # the map half's blocks
+                summaries[stage.name] = stage.resolve(run_tasks, plan.work / stage.name, plan.out, senders, kept_docs)
+            else:
+                summaries[stage.name] = decide_losers(run_tasks, plan.work, stage, [block_name(u, b) for u, b in blocks], results)
             route_losers(run_tasks, plan.work / stage.name, tasks, len(plan.units), stage.name)
     return summaries, kept_docs, kept_bytes
 
@@ -75,14 +81,13 @@ def tokenize(run: Run, plan: Plan, blocks: list[tuple[int, int]], kept_bytes: in
     return tokenizer_path, info
 
 
-def unique_ids_step(run: Run, plan: Plan, blocks: list[tuple[int, int]], total: Counters) -> dict[str, Any]:
+def unique_ids_step(run: Run, plan: Plan, blocks: list[tuple[int, int]], keys_bytes: int, total: Counters) -> dict[str, Any]:
     """Part of reading: ids made unique across the run (renames applied as segment 0 reads); stats.json's summary."""
     partitions = plan.cfg.dedup.exact.partitions
     read_bytes = sum(v[3] for (stage, _), v in total.funnel.items() if stage == "read")  # what the partitions share
     run_tasks = run.tasks("read", task_memory(plan, "ids", read_bytes, partitions))
-    documents = sum(v[1] for (stage, _), v in total.funnel.items() if stage == "read")
     return unique_ids.summary(unique_ids.resolve_ids(run_tasks, plan.work, [block_name(u, b) for u, b in blocks], partitions,
-                                                     documents))
+                                                     keys_bytes))
 
 
 def block_inputs(plan: Plan, blocks: list[tuple[int, int]]) -> list[tuple[str, int]]:

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from datapipe.core.config import ConfigError
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA, ROW_BITS
-from stages.base import GlobalStage, StageResult, drop_reason, split_by_reasons
+from stages.base import LOSER_SCHEMA, GlobalStage, StageResult, drop_reason, split_by_reasons
 
 # Stage names the run itself counts under in the funnel: a user's stage must not share one (nor another's).
 SHIPPED_NAMES = frozenset({"read", "normalize", "exact_dedup", "langid", "filters", "minhash", "tokenize", "eval_split",
@@ -177,6 +178,48 @@ class CheckedStage:
         return result
 
 
+class CheckedGlobalStage(GlobalStage):
+    """A user's global stage, its answers checked: `keys` must give a table with a uint32 `partition` column below
+    `partitions`, `decide` a table of `LOSER_SCHEMA`; a wrong answer is a ConfigError naming the entry, a raise a
+    `UserStageFailed` naming the entry and the documents (or the partition), never a worker's traceback."""
+
+    def __init__(self, stage: GlobalStage, key: str, path: str) -> None:
+        self.stage, self.name, self.partitions, self.key = stage, stage.name, stage.partitions, key
+        self.locates_text = stage.locates_text
+        self.entry = f"{key}: global stage {self.name!r} ({path})"
+        self.home = _source_file(stage)
+
+    def keys(self, batch: pa.RecordBatch) -> pa.Table:
+        try:
+            keys = self.stage.keys(batch)
+        except Exception as exc:  # noqa: BLE001 - the user's code: name it and the batch
+            ids, orders, last = batch.column("id"), batch.column("order"), batch.num_rows - 1
+            raise UserStageFailed(self.entry, f"keys raised {_raised(exc, self.home)}", [ids[0].as_py(), ids[last].as_py()],
+                                  [orders[0].as_py(), orders[last].as_py()], batch.num_rows, _FIX_STAGE) from None
+        field = keys.schema.field("partition") if isinstance(keys, pa.Table) and "partition" in keys.schema.names else None
+        if field is None or field.type != pa.uint32():
+            raise ConfigError(f"{self.key}: global stage {self.name!r}: keys returned {type(keys).__name__} without a "
+                              "uint32 `partition` column; keys returns a pyarrow Table of key rows with one")
+        if keys.num_rows and pc.max(keys.column("partition")).as_py() >= self.partitions:
+            raise ConfigError(f"{self.key}: global stage {self.name!r}: keys gave a partition >= its partitions "
+                              f"({self.partitions}); every `partition` is below it")
+        return keys
+
+    def decide(self, keys: pa.Table) -> pa.Table:
+        try:
+            losers = self.stage.decide(keys)
+        except Exception as exc:  # noqa: BLE001 - the user's code: name it and the documents it had
+            orders = keys.column("order").to_pylist() if "order" in keys.schema.names else []
+            ids = keys.column("id").to_pylist() if "id" in keys.schema.names else []
+            raise UserStageFailed(self.entry, f"decide raised {_raised(exc, self.home)}", ids[:1] + ids[-1:] or ["?"],
+                                  orders[:1] + orders[-1:], max(keys.num_rows, 1), _FIX_STAGE) from None
+        if not isinstance(losers, pa.Table) or not losers.schema.equals(LOSER_SCHEMA):
+            got = losers.schema if isinstance(losers, pa.Table) else type(losers).__name__
+            raise ConfigError(f"{self.key}: global stage {self.name!r}: decide returned {got}; it returns a pyarrow "
+                              f"Table of stages.base.LOSER_SCHEMA ({', '.join(LOSER_SCHEMA.names)})")
+        return losers
+
+
 def import_object(path: str, key: str) -> Any:
     """The object that `path` ('module:attr', attr maybe dotted) names; a ConfigError naming `key` otherwise.
     The working folder is on the import path, as for `python -m`, so a file next to the recipe's run is found."""
@@ -258,7 +301,7 @@ def check_extra_stages(objects: Sequence[Any], taken: set[str], *, keep_text: bo
                               "by name, so give it another `name`")
         taken.add(name)
         if isinstance(obj, GlobalStage):
-            built.append(obj)
+            built.append(CheckedGlobalStage(obj, key, where))
         elif callable(getattr(obj, "check", None)):
             built.append(DomainFilterStage(obj, (), key=key, path=where, keep_text=keep_text))
         elif callable(obj):

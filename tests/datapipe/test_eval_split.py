@@ -264,8 +264,8 @@ def _dies_after(fn, n: int):
 def test_the_split_is_deterministic_and_a_killed_run_resumes_to_the_same_split(tmp_path, monkeypatch):
     inputs, _ = _corpus(tmp_path)
     raw = ARMS["raw (dedup off)"]  # the arm that runs every eval task (its own MinHash buckets too)
-    chooses, choose = [], eval_split.choose_task  # the choose step's partition count, per task
-    monkeypatch.setattr(eval_split, "choose_task", lambda task, p: (chooses.append(task.candidates.partitions), choose(task, p))[1])
+    chooses, choose = [], eval_split.choose  # the choose step's partition count, per task
+    monkeypatch.setattr(eval_split, "choose", lambda task, p, rows: (chooses.append(task.partitions), choose(task, p, rows))[1])
     ref = tmp_path / "ref"
     _run(ref, inputs, **raw)
     ref_chooses, chooses[:] = list(chooses), []
@@ -278,10 +278,10 @@ def test_the_split_is_deterministic_and_a_killed_run_resumes_to_the_same_split(t
     assert _checksums(other) == _checksums(ref)
     assert len(groups) > 1 and min(chooses) > max(ref_chooses)
     monkeypatch.setattr(eval_split, "match_task", match)
-    monkeypatch.setattr(eval_split, "choose_task", choose)
+    monkeypatch.setattr(eval_split, "choose", choose)
     assert len({r["domain"] for r in _rows(ref / "eval")}) > 1  # domains chosen apart in the reference run
     out = tmp_path / "out"
-    for module, task, done in ((eval_split, "hash_task", 1), (eval_split, "candidate_task", 1), (eval_split, "choose_task", 0),
+    for module, task, done in ((eval_split, "hash_task", 1), (eval_split, "candidate_rows", 1), (eval_split, "choose", 0),
                                (eval_split, "bucket_task", 1), (eval_split, "match_task", 1),
                                (run_module, "eval_shard_task", 1)):  # killed in each eval phase in turn, resumed each time
         with monkeypatch.context() as patch:

@@ -13,6 +13,7 @@ import pytest
 from datapipe.core import exchange
 from datapipe.core.exchange import Combined, Exchange, SenderFiles, combine_layout, route
 from datapipe.core.shuffle import read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.workfiles import read_record
 
 
 def _write_senders(folder, names, partitions, rng) -> int:
@@ -131,6 +132,14 @@ def test_a_combined_file_keeps_each_rows_sender_among_all_senders(tmp_path, monk
         assert combined.read(p).to_pylist() == direct[p].to_pylist()
 
 
+def _three_key_files_a_task(work: Path) -> int:
+    """A COMBINE_BYTES that holds 3 of the largest key file of the ids' and exact dedup's exchanges whole (3 times over),
+    not 4, from the sizes the tasks measured (their records)."""
+    largest = [max(read_record(f)["keys_bytes"] for f in (work / step).glob("*.json")) for step in ("read", "seg0")]
+    assert 9 * max(largest) + 1 < 12 * min(largest)  # the same three for both exchanges
+    return 9 * max(largest) + 1
+
+
 def test_a_run_whose_keys_are_batched_first_gives_the_same_shards_on_ray(tmp_path, monkeypatch, ray_local, slice_input):
     """A curate run on Ray whose ids' and exact dedup's keys do not fit a combine task by group (a small COMBINE_BYTES,
     two files a receiver): they are merged whole into batches first, then the batches in partition ranges (the
@@ -146,7 +155,7 @@ def test_a_run_whose_keys_are_batched_first_gives_the_same_shards_on_ray(tmp_pat
         return [s["sha256"] for s in curate(cfg, executor=executor, progress=False, log=lambda _: None).manifest["shards"]]
 
     reference = run(tmp_path / "ref", LocalExecutor())
-    monkeypatch.setattr(exchange, "COMBINE_BYTES", 2000)  # 3 of the 10 blocks' key files fit a task, 5 a group would not
+    monkeypatch.setattr(exchange, "COMBINE_BYTES", _three_key_files_a_task(tmp_path / "ref" / "work"))
     monkeypatch.setattr(exchange, "RECEIVER_FILES", 2)
     assert run(tmp_path / "batched", RayExecutor(progress=False)) == reference
     for step in ("ids", "exact_dedup"):
@@ -166,11 +175,12 @@ def test_a_run_killed_between_the_batches_and_their_ranges_resumes_to_the_same_s
     from datapipe.curation.executors import LocalExecutor
 
     def run(out):
-        cfg = small_config(out, [slice_input], read={"block_bytes": 4096}, dedup={"exact": {"enabled": True, "partitions": 4}})
+        cfg = small_config(out, [slice_input], read={"block_bytes": 4096}, output={"keep_work": True},
+                           dedup={"exact": {"enabled": True, "partitions": 4}})
         return [s["sha256"] for s in curate(cfg, executor=LocalExecutor(), progress=False, log=lambda _: None).manifest["shards"]]
 
     reference = run(tmp_path / "ref")
-    monkeypatch.setattr(exchange, "COMBINE_BYTES", 2000)
+    monkeypatch.setattr(exchange, "COMBINE_BYTES", _three_key_files_a_task(tmp_path / "ref" / "work"))
     monkeypatch.setattr(exchange, "RECEIVER_FILES", 2)
     combine, ranged = exchange.combine_task, []
 
@@ -188,3 +198,56 @@ def test_a_run_killed_between_the_batches_and_their_ranges_resumes_to_the_same_s
     assert sorted(f.name for f in keys.iterdir()) == [f"batch-{k:05d}.shuffle" for k in range(4)] + ["combined-r000-00000.shuffle"]
     monkeypatch.setattr(exchange, "combine_task", combine)
     assert run(tmp_path / "out") == reference
+
+
+class _Recorded(_Tasks):
+    """A run_tasks that also keeps where each task's record goes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[str] = []
+
+    def __call__(self, fn, shared, items, desc, record=None):
+        if record is not None:
+            self.records += [str(record(shared, *item)) for item in items]
+        return super().__call__(fn, shared, items, desc)
+
+
+def _numbers(shared: int, sender: str, n: int):
+    """A map: n rows of this sender, row i to partition i % shared; the sender's own count beside its file's bytes."""
+    rows = pa.table({"sender": [sender] * n, "i": np.arange(n, dtype=np.int64)})
+    return rows, np.arange(n) % shared, {"rows": n}
+
+
+def _count(shared: str, p0: int, rows: pa.Table) -> dict:
+    """A reduce: what it got, as a result."""
+    got = sorted(zip(rows.column("sender").to_pylist(), rows.column("i").to_pylist()))
+    return {"p0": p0, "rows": got, "partitions": sorted(set(rows.column("partition").to_pylist())) if "partition" in rows.column_names else None}
+
+
+@pytest.mark.parametrize("spans", [None, (0, 3)])
+def test_a_shuffle_spec_runs_its_maps_and_reduces_names_every_record_and_routes_by_measured_sizes(tmp_path, monkeypatch, spans):
+    """One spec owns both ends: the maps' files are named by the spec and their bytes measured; the reduces get every
+    row of their partition (or span, with each row's partition), in receiver order; every record is the spec's. With
+    a combine task fitting two of the measured files, the same rows arrive through combined files."""
+    spec = exchange.Shuffle("numbers", str(tmp_path / "x"), 4, records=str(tmp_path / "records"), receiver_name="r{:02d}",
+                            spans=spans)
+    items = [(f"s{k}", 5 + k) for k in range(3)]  # few senders: read directly
+    run_tasks = _Recorded()
+    sent, got = exchange.map_reduce(run_tasks, spec, _numbers, 4, items, _count, "shared")
+    assert [s["rows"] for s in sent] == [5 + k for k in range(3)] and all(s["bytes"] > 0 for s in sent)
+    assert all((tmp_path / "x" / f"s{k}.shuffle").exists() for k in range(3))
+    receivers = spec.receiver_spans()
+    assert [g["p0"] for g in got] == [p0 for p0, _ in receivers]
+    for (p0, p1), g in zip(receivers, got):
+        assert g["rows"] == sorted((f"s{k}", i) for k in range(3) for i in range(5 + k) if p0 <= i % 4 < p1)
+        assert g["partitions"] == (None if spans is None else list(range(p0, p1)))
+    names = [f"s{k}" for k in range(3)] + [f"r{r:02d}" for r in range(len(receivers))]
+    assert run_tasks.records == [str(tmp_path / "records" / f"{n}.json") for n in names]
+    # measured sizes route: a combine that holds two of the largest file merges them (and removes the senders' files)
+    monkeypatch.setattr(exchange, "COMBINE_BYTES", 6 * max(s["bytes"] for s in sent) + 1)
+    monkeypatch.setattr(exchange, "RECEIVER_FILES", 2)
+    combined = _Recorded()
+    again = exchange.run_reduces(combined, spec, _count, "shared", [n for n, _ in items], sent)
+    assert again == got and not (tmp_path / "x" / "s0.shuffle").exists()
+    assert any(r.startswith(str(tmp_path / "records" / "combine-x-")) for r in combined.records)

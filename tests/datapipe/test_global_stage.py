@@ -1,12 +1,14 @@
-"""The global-stage contract (`stages.base.GlobalStage`): the runner drives any global stage through
-one code path — a third one, defined here and unknown to the runner, runs like exact and near dedup:
-its keys are shuffled by partition, its resolve half runs its own tasks, its losers are dropped by the
-next segment with its name, reason and kept id, and its summary lands in stats.json."""
+"""The global-stage contract (`stages.base.GlobalStage`): a stage is `keys` + `decide`, and the runner does the
+rest — a third one, defined here and unknown to the runner, runs like exact dedup: its keys reach one `decide` per
+partition through the exchange, its losers are dropped by the next segment with its name, reason and kept id, and
+its count lands in stats.json."""
 
 from __future__ import annotations
 
+import re
+import sys
+import types
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -15,47 +17,27 @@ import xxhash
 
 from helpers import small_config
 from datapipe.core.shards import read_manifest
-from datapipe.core.workfiles import write_work_table
 from datapipe.curation.executors import LocalExecutor
 from datapipe import curate
-from datapipe.core.shuffle import read_shuffle
-from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
 
-PARTITIONS = 2
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "curation.md"
 
 
-class FirstLineDedup(GlobalStage):
-    """Keeps the first document (by input order) of each distinct first line."""
-
-    name = "first_line"
-    partitions = PARTITIONS
-
-    def keys(self, batch: pa.RecordBatch) -> dict[str, pa.Table]:
-        lines = [t.split("\n", 1)[0] for t in batch.column("text").to_pylist()]
-        partition = [xxhash.xxh64_intdigest(line.encode()) % PARTITIONS for line in lines]
-        return {"keys": pa.table({"line": lines, "partition": pa.array(partition, pa.uint32()),
-                                  "order": batch.column("order"), "id": batch.column("id")})}
-
-    def resolve(self, run_tasks: RunTasks, folder: Path, out_dir: Path, senders: list[str], documents: int) -> dict[str, Any]:
-        # one key file per block that sent keys, named by the block: no listing
-        files = [str(folder / "keys" / f"{s.rsplit('/', 1)[-1]}.shuffle") for s in senders]
-        removed = run_tasks(_first_line_task, (str(folder), files), [(p,) for p in range(PARTITIONS)], self.name)
-        return {"removed": sum(removed)}
+def _docs_stage() -> type:
+    """docs/curation.md's example of a global stage, run as written: the page cannot drift from what runs."""
+    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
+    (code,) = [b for b in blocks if "class FirstLineDedup(GlobalStage)" in b]
+    module = types.ModuleType("docs_first_line")
+    sys.modules[module.__name__] = module  # pickled by reference, as a user's module is
+    exec(compile(code, str(DOCS), "exec"), module.__dict__)
+    return module.FirstLineDedup
 
 
-def _first_line_task(shared: tuple[str, list[str]], p: int) -> int:
-    folder, files = shared
-    keys = read_shuffle(files, p, PARTITIONS)
-    rows = sorted(keys.to_pylist(), key=lambda r: r["order"]) if keys is not None else []
-    first: dict[str, str] = {}
-    losers = []
-    for r in rows:
-        if r["line"] in first:
-            losers.append({"order": r["order"], "reason": "same_first_line", "kept_id": first[r["line"]]})
-        else:
-            first[r["line"]] = r["id"]
-    write_work_table(Path(folder) / f"losers-t{p:03d}.arrow", pa.Table.from_pylist(losers, schema=LOSER_SCHEMA))
-    return len(losers)
+def test_the_documented_stage_is_keys_and_decide_in_few_lines():
+    block = next(b for b in re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S) if "class FirstLineDedup" in b)
+    assert len(block[block.index("class FirstLineDedup"):].strip().splitlines()) <= 25
+    assert "read_shuffle" not in block and "resolve" not in block
+    assert {"keys", "decide"} <= set(vars(_docs_stage()))
 
 
 def test_a_third_global_stage_runs_through_the_generic_path(tmp_path):
@@ -69,7 +51,7 @@ def test_a_third_global_stage_runs_through_the_generic_path(tmp_path):
     path.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": t}) + b"\n" for i, t in enumerate(texts)))
     cfg = small_config(tmp_path / "out", [{"path": str(path), "domain": "web"}], filters={},
                        dedup={"exact": {"enabled": True, "partitions": 3}, "minhash": {"enabled": True, "partitions": 3}})
-    result = curate(cfg, executor=LocalExecutor(), extra_stages=[FirstLineDedup()], progress=False, log=lambda _: None)
+    result = curate(cfg, executor=LocalExecutor(), extra_stages=[_docs_stage()()], progress=False, log=lambda _: None)
 
     dropped = [r for f in sorted((tmp_path / "out" / "dropped").glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
     mine = {r["id"]: r for r in dropped if r["stage"] == "first_line"}

@@ -285,7 +285,7 @@ class _DriverReads(LocalExecutor):
             return real_shuffle(paths, *args, **kwargs)
 
         import datapipe.core.exchange as exchange
-        for module in (shuffle, exchange, losers):  # the rest read through exchange.Combined and exchange.SenderFiles
+        for module in (shuffle, exchange):  # the rest read through the exchange (Shuffle, Combined, SenderFiles)
             monkeypatch.setattr(module, "read_shuffle", spy_shuffle)
 
     def run_tasks(self, fn, shared, items, desc, **kwargs):

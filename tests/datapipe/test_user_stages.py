@@ -417,3 +417,45 @@ def test_a_raising_filter_shipped_to_a_ray_cluster_is_named_at_the_user_s_own_fi
         in done.stderr, done.stderr[-3000:]
     assert "runtime_resources" not in done.stderr and "Traceback" not in done.stderr
 
+
+
+FAULTY_GLOBAL = '''
+import pyarrow as pa
+from stages.base import GlobalStage
+
+
+class FirstWord(GlobalStage):
+    name = "first_word"
+    partitions = 2
+
+    def __init__(self, fault):
+        self.fault = fault
+
+    def keys(self, batch):
+        words = [t.split(" ", 1)[0] for t in batch.column("text").to_pylist()]
+        return pa.table({"word": words, "partition": pa.array([len(w) % 2 for w in words], pa.uint32()),
+                         "order": batch.column("order"), "id": batch.column("id")})
+
+    def decide(self, keys):
+        if self.fault == "raise":
+            raise ValueError("no decision")
+        return pa.table({"order": keys.column("order")})  # not LOSER_SCHEMA
+'''
+
+
+@pytest.mark.ray_local
+@pytest.mark.parametrize("fault", ["raise", "schema"])
+def test_a_faulty_global_stage_on_ray_is_named_with_its_fault_not_a_worker_s_traceback(tmp_path, monkeypatch, request, fault):
+    mod = _module(tmp_path, monkeypatch, "user_faulty_global", FAULTY_GLOBAL)
+    stage = importlib.import_module(mod).FirstWord(fault)
+    cfg = load_config(_recipe(tmp_path, "[]"))
+    with pytest.raises(UserStageFailed if fault == "raise" else ConfigError) as failed:
+        _run_extra(cfg, [stage], _executor("ray", request, mod))
+    message = str(failed.value)
+    head = rf"extra_stages\[0\]: global stage 'first_word'"
+    if fault == "raise":
+        assert re.match(rf"{head} \({mod}\.FirstWord\), on a batch of \d+ documents .*: decide raised ValueError: no "
+                        rf"decision \({re.escape(str(tmp_path / 'mods' / f'{mod}.py'))}, line \d+, in decide\)", message), message
+    else:
+        assert re.match(rf"{head}: decide returned order: int64; it returns a pyarrow Table of stages.base.LOSER_SCHEMA", message), message
+    assert "Traceback" not in message and "RayTaskError" not in message

@@ -7,8 +7,8 @@ folder), and names it in the main manifest under `splits.eval`. The trainer eval
 1. choose  per domain, the documents whose seeded hash of their id falls below `eval.fraction`,
            taken lowest hash first into `eval.max_tokens_per_domain` tokens (one that would overflow it is
            skipped, so a single huge document cannot leave the domain's split nearly empty). One task
-           per block sends its candidates (hash below the fraction) by domain (`candidate_task`); one
-           task per domain partition applies the token budget (`choose_task`), so the candidates stay in
+           per block sends its candidates (hash below the fraction) by domain (`candidate_rows`); one
+           task per domain partition applies the token budget (`choose`), so the candidates stay in
            tasks and the driver reads the chosen documents only. One task per block then marks its eval
            rows and drops its training copies (steps 2-3), into work/eval/rows/<block>.arrow.
            It runs on the tokenized blocks (a token budget needs the token counts): after dedup and the
@@ -54,7 +54,7 @@ from datapipe.core.shards import atomic_write_table
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.curation.config import EvalSplitConfig
 from datapipe.curation.counters import Counters
-from datapipe.core.exchange import Exchange, Received, largest_sent, route
+from datapipe.core.exchange import Shuffle, run_maps, run_reduces
 from datapipe.core.shuffle import write_shuffle
 from datapipe.curation.phases import near_dedup
 from datapipe.curation.blocks import block_documents, block_file
@@ -63,7 +63,6 @@ from datapipe.curation.plan import token_file
 from datapipe.curation.phases.near_dedup import KeySource
 from datapipe.curation.phases.cuts import RowCopies
 from datapipe.core.storage import Location, location
-from stages.base import write_keys
 from stages.minhash import MinHashConfig, MinHashStage, partition_of, unique_pairs
 
 EVAL_DIR = "eval"  # OUT/eval/: the split's curated folder
@@ -87,7 +86,6 @@ class SplitTask:
     minhash: MinHashConfig | None = None
     segment: str = ""  # the last segment's folder: the documents' text and order, row for row with the tokens
     partitions: int = 0  # the choose tasks' domain partitions
-    candidates: Received | None = None  # where the choose tasks read the candidates
     source: KeySource | None = None  # the MinHash keys the eval documents are matched against
     edges: Received | None = None  # where the one near task reads the edges
     tokenizer: str = ""  # the run's tokenizer.json (`eval.source`'s documents are tokenized with it)
@@ -169,7 +167,7 @@ def bucket_task(task: SplitTask, block: str) -> dict[str, int]:
     keys, laid out as the runner lays out a global stage's, under work/eval/<kind>/<block>.shuffle."""
     work, segment, config = location(task.folder), task.segment, task.minhash
     table = block_documents(work, segment, block, locate=True)  # the exact check reads a few texts by range
-    write_keys(MinHashStage(config), table, work / EVAL_DIR, block)
+    near_dedup.send_kinds(MinHashStage(config), table, work / EVAL_DIR, block)
     return {"rows": table.num_rows}
 
 
@@ -289,7 +287,7 @@ def source_bucket_task(task: SplitTask, part: int) -> dict[str, int]:
         "lang": pa.nulls(docs.num_rows, pa.string()), "lang_score": pa.nulls(docs.num_rows, pa.float32()),
     }, schema=DOC_SCHEMA)
     write_work_table(block_file(work, EVAL_DIR, SOURCE_BLOCK), table)  # the text the exact check reads
-    write_keys(MinHashStage(config), table, work / EVAL_DIR, SOURCE_BLOCK)
+    near_dedup.send_kinds(MinHashStage(config), table, work / EVAL_DIR, SOURCE_BLOCK)
     return {"rows": docs.num_rows}
 
 
@@ -310,10 +308,17 @@ def _domain_partition(domains: pa.Array, partitions: int) -> np.ndarray:
                        dtype=np.int64, count=len(domains))
 
 
-def candidate_task(task: SplitTask, block: str) -> dict[str, Any]:
+def candidates_exchange(work: Location, partitions: int) -> Shuffle:
+    """Every block's candidates (`work/eval/candidates/<block>.shuffle`), by domain partition, to one choose task per
+    partition (so every candidate of a domain meets in one), which writes `work/eval/chosen/pNNN.arrow`."""
+    return Shuffle("eval_split", str(work / EVAL_DIR / "candidates"), partitions, records=str(work / RECORDS),
+                   sender_record="candidates-", receiver_name="choose-{}", map_step="candidates", reduce_step="choose",
+                   schema=CANDIDATE_SCHEMA)
+
+
+def candidate_rows(task: SplitTask, block: str) -> tuple[pa.Table, np.ndarray, dict[str, Any]]:
     """The block's candidates for the split (rows whose seeded hash of the id falls below `fraction`), with their
-    order, hash rank, id, domain, token count and token hash (`hash_task`), sent by domain to
-    work/eval/candidates/<block>.shuffle (so every candidate of a domain meets in one choose task)."""
+    order, hash rank, id, domain, token count and token hash (`hash_task`), by domain partition."""
     work, segment, config, partitions = location(task.folder), task.segment, task.config, task.partitions
     meta = read_work_table(token_file(work, block)).select(["id", "domain", "num_tokens"])
     rank = eval_rank(meta.column("id").to_pylist(), config.seed)
@@ -321,18 +326,15 @@ def candidate_task(task: SplitTask, block: str) -> dict[str, Any]:
     orders = block_documents(work, segment, block, ["order"]).column("order").take(rows)
     hashes = read_work_table(_hashes_file(work, block)).column("hash").take(rows)
     table = pa.table([orders, pa.array(rank).take(rows), *meta.take(rows).columns, hashes], schema=CANDIDATE_SCHEMA)
-    domains = table.column("domain").combine_chunks()
-    partition = _domain_partition(domains, partitions)
-    size = write_shuffle(work / EVAL_DIR / "candidates" / f"{block}.shuffle", table, partition, partitions)
-    return {"candidates": table.num_rows, "by_partition": np.bincount(partition, minlength=partitions).tolist(),
-            "bytes": size}
+    partition = _domain_partition(table.column("domain").combine_chunks(), partitions)
+    return table, partition, {"candidates": table.num_rows,
+                              "by_partition": np.bincount(partition, minlength=partitions).tolist()}
 
 
-def choose_task(task: SplitTask, p: int) -> dict[str, int]:
-    """The eval documents of the domains of partition p: their candidates from the candidates files as routed,
-    chosen by `chosen_mask`, written to work/eval/chosen/pNNN.arrow (order, id, domain, num_tokens, hash)."""
-    work, candidates, config = location(task.folder), task.candidates, task.config
-    table = candidates.read(p, CANDIDATE_SCHEMA)
+def choose(task: SplitTask, p: int, table: pa.Table) -> dict[str, int]:
+    """The eval documents of the domains of partition p, from their candidates: chosen by `chosen_mask`, written to
+    work/eval/chosen/pNNN.arrow (order, id, domain, num_tokens, hash)."""
+    work, config = location(task.folder), task.config
     table = table.sort_by([("order", "ascending")])
     mask = chosen_mask(table.column("rank").to_numpy(), np.array(table.column("domain").to_pylist(), dtype=object),
                        table.column("num_tokens").to_numpy(), table.column("order").to_numpy(), config)
@@ -463,17 +465,15 @@ def source_held_task(task: SplitTask) -> dict[str, Any]:
 def _chosen(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], segment: str,
             config: EvalSplitConfig) -> dict[str, dict[str, int]]:
     """The documents chosen by the seeded hash of their id (see `chosen_mask`): each block's candidates sent by domain
-    (`candidate_task`), the blocks' files routed (`exchange.route`), one task per domain partition choosing (`choose_task`), one
+    (`candidate_rows`), routed (`candidates_exchange`), one task per domain partition choosing (`choose`), one
     gathering the chosen into work/eval/held.arrow (`held_task`). Per domain, the chosen documents and tokens."""
     partitions = max(1, min(CHOOSE_TASKS, len(names)))
-    found = run_tasks(candidate_task, SplitTask(str(work), config, segment=segment, partitions=partitions), [(b,) for b in names],
-                      "eval_split candidates", record=record_in(RECORDS, "candidates"))
-    candidates = route(run_tasks, Exchange("eval_split candidates", str(work / EVAL_DIR / "candidates"), tuple(names),
-                                           partitions, largest_sent(found), records=str(work / RECORDS)))
+    spec = candidates_exchange(work, partitions)
+    found = run_maps(run_tasks, spec, candidate_rows, SplitTask(str(work), config, segment=segment, partitions=partitions),
+                     [(b,) for b in names])
     largest = int(np.sum([f["by_partition"] for f in found], axis=0).max()) if found else 0  # a domain's share
-    chosen = run_tasks(choose_task, SplitTask(str(work), config, candidates=candidates), [(p,) for p in range(partitions)],
-                       "eval_split choose", record=record_in(RECORDS, "choose"),
-                       memory=CHOOSE_BASE_BYTES + 4 * largest * CANDIDATE_BYTES)
+    chosen = run_reduces(run_tasks, spec, choose, SplitTask(str(work), config, partitions=partitions), names, found,
+                         memory=CHOOSE_BASE_BYTES + 4 * largest * CANDIDATE_BYTES)
     run_tasks(held_task, SplitTask(str(work), partitions=partitions), [()], "eval_split held", record=record_in(RECORDS, "held"),
               memory=CHOOSE_BASE_BYTES + 4 * sum(c["chosen"] for c in chosen) * CANDIDATE_BYTES)
     return dict(sorted((d, c) for r in chosen for d, c in r["domains"].items()))

@@ -44,8 +44,7 @@ import pyarrow.compute as pc
 
 from datapipe.core.config import ConfigError
 from datapipe.core.shards import atomic_write_bytes, atomic_write_table
-from datapipe.core.exchange import Exchange, Received, largest_sent, route
-from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, write_shuffle
+from datapipe.core.exchange import Received, Shuffle, routed, run_maps
 from datapipe.core.storage import Location, absolute, is_url, location
 from datapipe.core.workfiles import DamagedWorkFile, checked, read_work_bytes, read_work_table, write_work_table
 from datapipe.curation.blocks import block_documents, block_file
@@ -95,9 +94,15 @@ class BlockTask:
     edges: tuple[float, ...] = ()  # the score histograms' bins
 
 
-def sample_task(task: BlockTask, block: str) -> dict[str, Any]:
-    """The block's part of the corpus sample: its training rows whose seeded rank falls below `rate` (id, text), sent
-    to work/model_select/sample/<block>.shuffle (one partition: the fit reads them all, in block order)."""
+def sample_exchange(work: Location) -> Shuffle:
+    """The corpus sample: every block's part (`work/model_select/sample/<block>.shuffle`, one partition) to the fit,
+    which reads them all, in block order."""
+    return Shuffle("selection sample", str(work / FOLDER / "sample"), 1, records=str(work / FOLDER / "records"),
+                   sender_record="sample-", map_step="", schema=SAMPLE_SCHEMA)
+
+
+def sample_rows(task: BlockTask, block: str) -> tuple[pa.Table, np.ndarray, dict[str, Any]]:
+    """The block's part of the corpus sample: its training rows whose seeded rank falls below `rate` (id, text)."""
     work, segment, held_out, rate, seed = location(task.folder), task.segment, task.held_out, task.rate, task.seed
     started = time.process_time()
     tokens, texts = _documents(work, segment, block)
@@ -105,9 +110,9 @@ def sample_task(task: BlockTask, block: str) -> dict[str, Any]:
     chosen = diversity.seeded_rank(ids, seed) < np.uint64(int(rate * 2**64)) if rate < 1.0 else np.ones(len(ids), dtype=bool)
     take = np.flatnonzero(chosen & ~held_rows(held_out, block, len(ids)))
     table = pa.table({"id": [ids[i] for i in take], "text": [texts[i] for i in take]}, schema=SAMPLE_SCHEMA)
-    size = write_shuffle(work / FOLDER / "sample" / f"{block}{SHUFFLE_SUFFIX}", table, np.zeros(len(take), np.int64), 1)
     text_bytes = int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)
-    return {"documents": len(take), "bytes": size, "text_bytes": text_bytes, "cpu_seconds": time.process_time() - started}
+    return table, np.zeros(len(take), np.int64), {"documents": len(take), "text_bytes": text_bytes,
+                                                  "cpu_seconds": time.process_time() - started}
 
 
 def read_target(cfg: SelectionConfig, units: Sequence[InputUnit]) -> list[str]:
@@ -257,10 +262,10 @@ def fit_model(run_tasks: RunTasks, work: Location, out_dir: Location, names: lis
     sample, cpu, text_bytes = None, 0.0, 0
     if cfg.model is None or cfg.method == "fasttext":
         rate = cfg.sample_docs / max(training_docs, 1)
-        parts = run_tasks(sample_task, BlockTask(str(work), segment, held_out, rate, cfg.seed), [(b,) for b in names],
-                          "selection sample", record=record_in(f"{FOLDER}/records", "sample"))
-        sample = route(run_tasks, Exchange("selection sample", str(work / FOLDER / "sample"), tuple(names), 1,
-                                           largest_sent(parts), records=str(work / FOLDER / "records")))
+        spec = sample_exchange(work)
+        parts = run_maps(run_tasks, spec, sample_rows, BlockTask(str(work), segment, held_out, rate, cfg.seed),
+                         [(b,) for b in names])
+        sample = routed(run_tasks, spec, names, parts)
         cpu, documents = sum(p["cpu_seconds"] for p in parts), sum(p["documents"] for p in parts)
         text_bytes = sum(p["text_bytes"] for p in parts)
         if cfg.target is not None:  # the target's documents, at the sample's mean size

@@ -1,6 +1,6 @@
 """The distributed resolution of near-dedup (MinHash-LSH): shuffles and rounds as tasks.
 
-`NearDedupStage` is near dedup as a global stage (`stages.base.GlobalStage`): the map half is
+`NearDedupStage` is near dedup as a global stage of steps (`stages.base.ResolvingStage`): the map half is
 `stages.minhash.MinHashStage.keys`, the resolve half is `resolve` below.
 
 The map side wrote, per block, one shuffle file per kind (`datapipe.core.shuffle`): `buckets/<block>`
@@ -67,13 +67,14 @@ import zstandard
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.shards import CLUSTERS_DIR, note_published, replacing, table_bytes
 from datapipe.core.workfiles import read_work_table, write_work_table
-from datapipe.core.exchange import Combined, Exchange, Received, SenderFiles, average_sender_bytes, largest_sent, layout, route
+from datapipe.core.exchange import Combined, Exchange, Shuffle, Received, SenderFiles, average_sender_bytes, largest_sent, layout, route
 from datapipe.core.shuffle import write_shuffle
 from datapipe.core.storage import Location, location, remove_tree
 from datapipe.curation.blocks import (block_documents, decompress_frames, frame_ranges, read_block_path,
                                       read_blocks_frames, text_frames)
 from datapipe.curation.phase import record_in
-from stages.base import LOSER_SCHEMA, GlobalStage, RunTasks
+from datapipe.core.schema import DOC_SCHEMA
+from stages.base import LOSER_SCHEMA, ResolvingStage, RunTasks
 from stages.minhash import (
     CLUSTER_SCHEMA,
     MinHashConfig,
@@ -733,7 +734,7 @@ def clusters_task(step: Step, r: int) -> dict[str, Any]:
     return {"rows": rows.num_rows}
 
 
-class NearDedupStage(MinHashStage, GlobalStage):
+class NearDedupStage(MinHashStage, ResolvingStage):
     """Near dedup as a global stage: `MinHashStage`'s keys, resolved by this module's tasks."""
 
     locates_text = True  # the exact check reads its documents' text by range (`read_frames`)
@@ -744,6 +745,21 @@ class NearDedupStage(MinHashStage, GlobalStage):
     def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str],
                 documents: int) -> dict[str, Any]:
         return resolve(run_tasks, folder, self, out_dir, senders, documents)
+
+
+def send_kinds(stage: MinHashStage, table: pa.Table, folder: Location, sender: str) -> dict[str, int]:
+    """The map half of `stage` over `table`: each kind of key rows as one shuffle file `folder/<kind>/<sender>.shuffle`,
+    partitioned by their `partition` column (every kind's file is written, empty or not: the resolve reads the files
+    of known senders, no listing). Their sizes by kind."""
+    emitted = [stage.keys(b) for b in table.to_batches() if b.num_rows]
+    if not emitted:  # the kinds and schemas of an empty block
+        emitted = [stage.keys(pa.RecordBatch.from_pylist([], schema=DOC_SCHEMA))]
+    sizes = {}
+    for kind in emitted[0]:
+        keys = pa.concat_tables([e[kind] for e in emitted])
+        spec = Shuffle(f"{stage.name} {kind}", str(folder / kind), stage.partitions, records=str(folder / "records"))
+        sizes[kind] = spec.send(sender, keys.drop(["partition"]), keys.column("partition").to_numpy())
+    return sizes
 
 
 def first_run_choice_task(choice: Choice) -> dict[str, Any]:

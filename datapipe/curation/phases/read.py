@@ -121,16 +121,16 @@ def _run_read_stages(plan: Plan, table: pa.Table, name: str, input_index: int, c
     return table
 
 
-def _write_block(plan: Plan, name: str, table: pa.Table, input_index: int) -> Counters:
+def _write_block(plan: Plan, name: str, table: pa.Table, input_index: int) -> tuple[Counters, int]:
     """A parsed block's keys for the renames, its read stages (normalize) and its one written copy; the counts of
-    what the read stages dropped."""
+    what the read stages dropped, and the bytes of its keys' file."""
     counters = Counters()
-    # every parsed document takes part in the renames; the shuffle is as wide as exact dedup's
-    unique_ids.write_keys(plan.work, name, table, plan.cfg.dedup.exact.partitions)
+    # every parsed document takes part in the renames; the exchange is as wide as exact dedup's
+    keys_bytes = unique_ids.send_keys(plan.work, name, table, plan.cfg.dedup.exact.partitions)
     table = _run_read_stages(plan, table, name, input_index, counters)
     # the one copy of the text (`blocks`), compressed: read by a few phases, kept until the run ends
     write_read_block(plan.work, name, table, WORK_COMPRESSION)
-    return counters
+    return counters, keys_bytes
 
 
 def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any) -> dict[str, Any]:
@@ -142,13 +142,20 @@ def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any) -> dict[str, A
     # A block is normalized and written on a second thread while the next one is parsed: parsing holds the GIL
     # (Python's line loop, orjson), normalizing (RE2) and writing (zstd) mostly do not. One block in flight.
     writer = ThreadPoolExecutor(1, thread_name_prefix="datapipe-write-block")
-    writing: Future[Counters] | None = None
+    writing: Future[tuple[Counters, int]] | None = None
+    keys_bytes = 0  # the largest of its blocks' key files (what sizes the renames' exchange)
+
+    def written() -> None:
+        nonlocal keys_bytes
+        block_counters, sent = writing.result()
+        counters.merge(block_counters)
+        keys_bytes = max(keys_bytes, sent)
 
     def flush() -> None:
         nonlocal pending, pending_bytes, blocks, writing
         table = pa.Table.from_batches(pending, schema=DOC_SCHEMA)
         if writing is not None:
-            counters.merge(writing.result())
+            written()
         writing = writer.submit(_write_block, plan, block_name(unit_index, blocks), table, unit.input_index)
         blocks += 1
         pending, pending_bytes = [], 0
@@ -181,8 +188,8 @@ def _read(plan: Plan, unit_index: int, unit: InputUnit, inp: Any) -> dict[str, A
         if pending:
             flush()
         if writing is not None:
-            counters.merge(writing.result())
-    return {"blocks": blocks, "counters": counters.to_json(), "damaged": list(damaged.values())}
+            written()
+    return {"blocks": blocks, "counters": counters.to_json(), "damaged": list(damaged.values()), "keys_bytes": keys_bytes}
 
 
 class EarlyReader(threading.Thread):

@@ -1,10 +1,10 @@
-"""Segments: the map stages of a block, run back to back up to a global stage, and that stage's resolve.
+"""Segments: the map stages of a block, run back to back up to a global stage, and that stage's decision.
 
 One task per block and segment (`segment_task`) drops the previous global stage's losers, runs the segment's
-map stages (language id, filters, a user's stages) and sends the next global stage's keys. The global stage's
-resolve half then decides over all keys with its own tasks (`GlobalStage.resolve`, given the run loop's
-`run_tasks`), and its losers are routed back to the blocks (`datapipe.curation.losers`); `datapipe.curation.run`
-drives the segments and resolves in order. So exact and near dedup
+map stages (language id, filters, a user's stages) and sends the next global stage's keys (the map side of its
+exchange, `keys_exchange`). The exchange then brings each partition's keys to one task that asks the stage's
+`decide` (`decide_losers`; near dedup's steps: `ResolvingStage.resolve`), and the losers are routed back to the
+blocks (`datapipe.curation.losers`); `datapipe.curation.run` drives the segments and decisions in order. So exact and near dedup
 are global across every file, worker and node, and a winner is the first document in input order.
 """
 
@@ -16,8 +16,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
+from datapipe.core.exchange import Shuffle, run_reduces
 from datapipe.core.shards import atomic_write_table
-from datapipe.core.storage import Location
+from datapipe.core.workfiles import write_work_table
+from datapipe.core.storage import Location, location
 from datapipe.curation.phases import unique_ids
 from datapipe.curation.blocks import LOCATOR_COLUMNS, READ, block_documents, write_view
 from datapipe.curation.counters import Counters
@@ -25,15 +27,15 @@ from datapipe.curation.losers import unit_losers
 from datapipe.curation.phase import Phase
 from datapipe.curation.plan import Plan, Segment, block_name, stage_title, task_memory, text_bytes
 from datapipe.curation.config import CurateConfig
-from datapipe.curation.phases.near_dedup import NearDedupStage
+from datapipe.curation.phases.near_dedup import NearDedupStage, send_kinds
 from datapipe.curation.user_stages import UserStageFailed, build_user_stages, check_extra_stages
-from stages.base import FilterStage, GlobalStage, Stage, write_keys
+from stages.base import GLOBAL_STAGES, FilterStage, GlobalStage, ResolvingStage, RunTasks, Stage
 from stages.exact_dedup import ExactDedupStage
 from stages.langid import LangIdStage
 from stages.quality import build_filters
 
 
-def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage] = ()) -> list[Segment]:
+def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage | ResolvingStage] = ()) -> list[Segment]:
     """The stage list in pipeline order, cut after each global stage: the recipe's own `stages` and then
     `extra_stages` run after the shipped filters, before near dedup."""
     per_domain, default = build_filters(cfg.filters)
@@ -49,7 +51,7 @@ def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage] = 
         pipeline.append(NearDedupStage(cfg.dedup.minhash))
     segments = [Segment("seg0", [])]
     for stage in pipeline:
-        if isinstance(stage, GlobalStage):  # a global stage closes its segment
+        if isinstance(stage, GLOBAL_STAGES):  # a global stage closes its segment
             segments[-1].global_stage = stage
             segments.append(Segment(f"seg{len(segments)}", []))
         else:
@@ -164,8 +166,44 @@ def segment_task(plan: Plan, seg_index: int, unit_index: int, block: int) -> dic
     for part in dropped_parts:
         counters.count_dropped(input_index, part)
     write_dropped(plan, seg.name, name, dropped_parts)
-    if seg.global_stage is not None:  # its map half: keys into one shuffle file per kind, work/<stage>/<kind>/<block>
-        keyed = out if locators is None else _with_locators(out, locators)
-        write_keys(seg.global_stage, keyed, plan.work / seg.global_stage.name, name)
+    try:
+        sent = send_keys(seg.global_stage, out if locators is None else _with_locators(out, locators), plan.work, name)
+    except UserStageFailed as failed:
+        raise failed.located(plan.units) from None
     write_view(plan.work, seg.name, name, out)  # what it kept, not the text again
-    return {"rows": out.num_rows, "bytes": text_bytes(out), "counters": counters.to_json()}
+    return {"rows": out.num_rows, "bytes": text_bytes(out), "counters": counters.to_json(), "keys_bytes": sent}
+
+
+def keys_exchange(work: Location, stage: GlobalStage) -> Shuffle:
+    """A global stage's exchange: its keys from every block (`work/<name>/keys/<block>.shuffle`) to one `decide`
+    task per partition, which leaves `work/<name>/losers-tNNN.arrow` (and its record beside it)."""
+    folder = work / stage.name
+    return Shuffle(stage.name, str(folder / "keys"), stage.partitions, records=str(folder), receiver_name="losers-t{:03d}",
+                   reduce_step="decide")
+
+
+def send_keys(stage: GlobalStage | ResolvingStage | None, table: pa.Table, work: Location, block: str) -> int:
+    """The map half of the segment's global stage over `table` (none: nothing sent): the bytes of its largest file."""
+    if stage is None:
+        return 0
+    if isinstance(stage, ResolvingStage):  # tables by kind, one exchange each
+        return max(send_kinds(stage, table, work / stage.name, block).values())
+    batches = [b for b in table.to_batches() if b.num_rows] or [pa.RecordBatch.from_pylist([], schema=DOC_SCHEMA)]
+    keys = pa.concat_tables([stage.keys(b) for b in batches])
+    return keys_exchange(work, stage).send(block, keys.drop(["partition"]), keys.column("partition").to_numpy())
+
+
+def decide_losers(run_tasks: RunTasks, work: Location, stage: GlobalStage, blocks: list[str], results: list[dict[str, Any]]) -> dict[str, int]:
+    """A global stage's decision: its blocks' keys (`results`: the segment tasks', each with its `keys_bytes`)
+    routed by their measured sizes, then `decide` on each partition (`decide_task`); stats.json's summary."""
+    sent = [{"bytes": r["keys_bytes"]} for r in results]
+    decided = run_reduces(run_tasks, keys_exchange(work, stage), decide_task, (stage, str(work / stage.name)), blocks, sent)
+    return {"removed": sum(d["losers"] for d in decided)}
+
+
+def decide_task(shared: tuple[GlobalStage, str], partition: int, keys: pa.Table) -> dict[str, int]:
+    """`decide` on one partition's keys, its losers written to `losers-tNNN.arrow`; their count."""
+    stage, folder = shared
+    losers = stage.decide(keys)
+    write_work_table(location(folder) / f"losers-t{partition:03d}.arrow", losers)
+    return {"losers": losers.num_rows}

@@ -39,8 +39,7 @@ import pyarrow as pa
 
 from datapipe.curation.counters import Counters
 from datapipe.core.shards import atomic_write_table
-from datapipe.core.exchange import Exchange, Received, largest_sent, route
-from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, write_shuffle
+from datapipe.core.exchange import Received, Shuffle, routed, run_maps
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curation.phase import record_in
@@ -89,10 +88,16 @@ def count_task(task: SelectTask, block: str) -> dict[str, list[int]]:
 SAMPLE_SCHEMA = pa.schema([("tokens", pa.large_list(pa.uint32()))])
 
 
-def sample_task(task: SelectTask, block: str) -> dict[str, int]:
+def sample_exchange(work: Location, config: diversity.DiversityConfig) -> Shuffle:
+    """Diversity's sample: every block's part (`work/diversity/sample/<block>.shuffle`), partitioned by domain (its
+    index among the sampled domains), to one fit per domain."""
+    return Shuffle("diversity sample", str(work / "diversity" / "sample"), len(config.domains),
+                   records=str(work / "diversity" / "records"), sender_record="sample-", map_step="", schema=SAMPLE_SCHEMA)
+
+
+def sample_rows(task: SelectTask, block: str) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
     """The block's part of the seeded sample that fits the centroids: per sampled domain, the tokens of its training
-    rows whose seeded rank falls below `fit_docs` / the domain's documents, sent by domain (its index among the
-    sampled domains) to work/diversity/sample/<block>.shuffle."""
+    rows whose seeded rank falls below `fit_docs` / the domain's documents, by domain."""
     work, config, doc_counts, held_out = location(task.folder), task.config, task.doc_counts, task.held_out
     table = read_work_table(token_file(work, block)).select(["id", "domain", "tokens"])
     domains = table.column("domain").to_pylist()
@@ -107,9 +112,7 @@ def sample_task(task: SelectTask, block: str) -> dict[str, int]:
                 rows.append(i)
                 parts.append(index[d])
     tokens = table.column("tokens").combine_chunks().take(pa.array(rows, pa.int64())).cast(SAMPLE_SCHEMA.field("tokens").type)
-    size = write_shuffle(work / "diversity" / "sample" / f"{block}{SHUFFLE_SUFFIX}", pa.table({"tokens": tokens}),
-                         np.array(parts, np.int64), len(index))
-    return {"documents": len(rows), "bytes": size}
+    return pa.table({"tokens": tokens}), np.array(parts, np.int64), {"documents": len(rows)}
 
 
 def fit_task(task: SelectTask, index: int) -> dict[str, Any]:
@@ -131,13 +134,11 @@ def fit_task(task: SelectTask, index: int) -> dict[str, Any]:
 def fit_centroids(run_tasks: Callable[..., list[Any]], work: Location, blocks: list[str], config: diversity.DiversityConfig,
                   doc_counts: dict[str, int], held_out: RowCopies | None = None) -> dict[str, np.ndarray]:
     """Per sampled domain: k-means centroids fit on at most `fit_docs` documents (seeded choice, taken by one task per
-    block, `sample_task`), never on `held_out` rows; the blocks' sample files routed (`exchange.route`), one task per
+    block, `sample_rows`), never on `held_out` rows; the blocks' sample files routed (`sample_exchange`), one task per
     domain fits (`fit_task`)."""
     task = SelectTask(str(work), held_out, config, doc_counts)
-    parts = run_tasks(sample_task, task, [(b,) for b in blocks], "diversity sample",
-                      record=record_in("diversity/records", "sample"))
-    sample = route(run_tasks, Exchange("diversity sample", str(work / "diversity" / "sample"), tuple(blocks),
-                                       len(config.domains), largest_sent(parts), records=str(work / "diversity" / "records")))
+    spec = sample_exchange(work, config)
+    sample = routed(run_tasks, spec, blocks, run_maps(run_tasks, spec, sample_rows, task, [(b,) for b in blocks]))
     fits = run_tasks(fit_task, dataclasses.replace(task, sample=sample), [(i,) for i in range(len(config.domains))],
                      "diversity fit", record=record_in("diversity/records", "fit"))
     return {f["domain"]: np.asarray(f["centroids"], dtype=np.float32) for f in fits if f["centroids"] is not None}

@@ -1,7 +1,7 @@
 """The tokenizer and the tokenize phase.
 
 The tokenizer is loaded (`tokenizer.path`) or trained once on a deterministic sample of the kept text, taken by
-one task per block (`sample_task`: the documents whose id hashes below a rate), combined, and trained on by one
+one task per block (`sample_rows`: the documents whose id hashes below a rate), combined, and trained on by one
 task (`train_task`), each recorded. Then one task per block encodes
 its kept documents into `work/tokens/<block>.arrow` (and their lengths, for shard planning); each worker process
 builds the tokenizer once (`_tokenize_stage`).
@@ -21,8 +21,7 @@ import pyarrow.compute as pc
 import xxhash
 
 from datapipe.core.shards import atomic_write_bytes, shard_schema
-from datapipe.core.exchange import Exchange, Received, largest_sent, route
-from datapipe.core.shuffle import SUFFIX as SHUFFLE_SUFFIX, write_shuffle
+from datapipe.core.exchange import Received, Shuffle, routed, run_maps
 from datapipe.core.storage import Location, is_url, location
 from datapipe.core.workfiles import DamagedWorkFile, write_work_table
 from datapipe.curation.blocks import block_documents
@@ -38,25 +37,26 @@ SAMPLE_SCHEMA = pa.schema([("text", pa.large_string())])
 TRAIN_BYTES_PER_SAMPLE_BYTE = 8  # the training task's memory, about, per byte of its sample (texts, then word counts)
 
 
-def sample_task(plan: Plan, unit: int, block: int, rate: float) -> dict[str, int]:
-    """The block's part of the tokenizer's training sample: the kept documents whose id hashes below `rate`,
-    written to work/tokenizer/sample/<block>.shuffle (one partition) for the combine and the training task."""
+def sample_exchange(plan: Plan) -> Shuffle:
+    """The tokenizer's sample: every block's part (`work/tokenizer/sample/<block>.shuffle`, one partition) to the one
+    training task, in block order."""
+    return Shuffle("tokenizer sample", str(plan.work / SAMPLE_DIR / "sample"), 1,
+                   records=str(plan.work / SAMPLE_DIR / "records"), sender_record="sample-", map_step="", schema=SAMPLE_SCHEMA)
+
+
+def sample_rows(shared: tuple[Plan, float], block: str) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
+    """The block's part of the tokenizer's training sample: the kept documents whose id hashes below the rate."""
+    plan, rate = shared
     threshold = int(rate * 2**64)
-    name = block_name(unit, block)
 
     def sampled(view: pa.Table) -> np.ndarray:  # picked from the ids before any text is decompressed
         ids = view.column("id").to_pylist()
         return np.flatnonzero([rate >= 1.0 or xxhash.xxh64_intdigest(i.encode()) < threshold for i in ids])
 
-    texts = block_documents(plan.work, plan.segments[-1].name, name, ["text"], where=sampled).column("text").to_pylist()
+    texts = block_documents(plan.work, plan.segments[-1].name, block, ["text"], where=sampled).column("text").to_pylist()
     sample = pa.table({"text": pa.array(texts, pa.large_string())}, schema=SAMPLE_SCHEMA)
-    size = write_shuffle(plan.work / SAMPLE_DIR / "sample" / f"{name}{SHUFFLE_SUFFIX}", sample, np.zeros(len(texts), np.int64), 1)
     text_bytes = int(pc.sum(pc.binary_length(sample.column("text"))).as_py() or 0)
-    return {"documents": len(texts), "bytes": size, "text_bytes": text_bytes}
-
-
-def _sample_record(plan: Plan, unit: int, block: int, rate: float) -> Location:
-    return plan.work / SAMPLE_DIR / "records" / f"sample-{block_name(unit, block)}.json"
+    return sample, np.zeros(len(texts), np.int64), {"documents": len(texts), "text_bytes": text_bytes}
 
 
 @dataclass(frozen=True)
@@ -83,18 +83,17 @@ def _train_record(task: TrainTask) -> Location:
 def prepare_tokenizer(plan: Plan, blocks: list[tuple[int, int]], kept_bytes: int, run_tasks: Callable[..., list[Any]]) -> tuple[str, str]:
     """(absolute path of the tokenizer.json, the path the manifest records). Trains one when the config names
     none, on a deterministic sample of the kept text (about `sample_bytes`): one task per block takes its part
-    (`sample_task`), their files reach it through the exchange (`exchange.route`), one task trains (`train_task`)."""
+    (`sample_rows`), their files reach it through the exchange (`sample_exchange`), one task trains (`train_task`)."""
     tcfg = plan.cfg.tokenizer
     if tcfg.path is not None:
         return (tcfg.path if is_url(tcfg.path) else os.path.join(plan.cwd, tcfg.path)), tcfg.path
     if kept_bytes == 0:
         raise RuntimeError("no document survived curation: there is no text to train a tokenizer on")
     rate = min(1.0, tcfg.train.sample_bytes / kept_bytes)
-    parts = run_tasks(sample_task, plan, [(u, b, rate) for u, b in blocks], "tokenizer sample", record=_sample_record)
+    spec = sample_exchange(plan)
     names = [block_name(u, b) for u, b in blocks]
-    records = plan.work / SAMPLE_DIR / "records"
-    sample_files = route(run_tasks, Exchange("tokenizer sample", str(plan.work / SAMPLE_DIR / "sample"), tuple(names), 1,
-                                             largest_sent(parts), records=str(records)))
+    parts = run_maps(run_tasks, spec, sample_rows, (plan, rate), [(name,) for name in names])
+    sample_files = routed(run_tasks, spec, names, parts)
     sample_bytes = sum(p["text_bytes"] for p in parts)  # (the texts, not their compressed files)
     memory = task_memory(plan, "segment") + TRAIN_BYTES_PER_SAMPLE_BYTE * sample_bytes
     train = TrainTask(plan, sample_files)

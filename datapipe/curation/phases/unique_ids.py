@@ -24,7 +24,6 @@ wrote (`RENAME_FILES`, from their records), and a file on that list that is gone
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -34,8 +33,7 @@ import xxhash
 
 from datapipe.core.schema import ROW_BITS
 from datapipe.core.workfiles import read_work_table, write_work_table
-from datapipe.core.exchange import Exchange, Received, average_sender_bytes, route
-from datapipe.core.shuffle import SUFFIX, write_shuffle
+from datapipe.core.exchange import Shuffle, run_reduces
 from datapipe.core.storage import Location
 
 KEY_SCHEMA = pa.schema([("id", pa.string()), ("order", pa.int64()), ("hash", pa.uint64())])
@@ -53,28 +51,27 @@ def base_of(doc_id: str) -> str:
     return _SUFFIXES.sub("", doc_id) if "#" in doc_id else doc_id
 
 
-def write_keys(work: Location, block: str, table: pa.Table, partitions: int) -> None:
-    """Write the (id, order, hash of the id's base) keys of one block's documents as one shuffle file
-    (`datapipe.core.shuffle`), partitioned by hash % partitions."""
+def ids_exchange(work: Location, partitions: int) -> Shuffle:
+    """The renames' exchange: every block's id keys (`ids/keys/<block>.shuffle`) to one task per hash partition."""
+    return Shuffle("unique_ids", str(work / FOLDER / "keys"), partitions, records=str(work / FOLDER),
+                   receiver_name=f"resolved-p{{:03d}}-of-{partitions:03d}", schema=KEY_SCHEMA,
+                   reduce_step="")
+
+
+def send_keys(work: Location, block: str, table: pa.Table, partitions: int) -> int:
+    """Send the (id, order, hash of the id's base) keys of one block's documents, partitioned by hash % partitions;
+    the file's bytes."""
     ids = table.column("id")
     hashes = np.fromiter((xxhash.xxh64_intdigest(base_of(i).encode()) for i in ids.to_pylist()), np.uint64, count=len(ids))
     keys = pa.table([ids, table.column("order"), pa.array(hashes, pa.uint64())], schema=KEY_SCHEMA)
-    write_shuffle(work / FOLDER / "keys" / f"{block}{SUFFIX}", keys, (hashes % np.uint64(partitions)).astype(np.int64), partitions)
+    return ids_exchange(work, partitions).send(block, keys, (hashes % np.uint64(partitions)).astype(np.int64))
 
 
-@dataclass(frozen=True)
-class ResolveTask:
-    """What the id partitions' tasks share: the run's work folder and where the blocks' keys were routed."""
-
-    work: Location
-    keys: Received
-
-
-def resolve(task: ResolveTask, partition: int, partitions: int) -> dict[str, Any]:
-    """Name the renames of one hash partition of the ids (its rows of every block's key file, as the exchange
-    routed them): write them per input unit and return
-    {"renamed": n, "examples": [[id, new_id, order], ...] (the first few by order), "units": [the units renamed in]}."""
-    work, keys = task.work, task.keys.read(partition, KEY_SCHEMA)
+def resolve(shared: tuple[Location, int], partition: int, keys: pa.Table) -> dict[str, Any]:
+    """Name the renames of one hash partition of the ids (its rows of every block's key file): write them per input
+    unit and return {"renamed": n, "examples": [[id, new_id, order], ...] (the first few by order), "units": [the
+    units renamed in]}."""
+    work, partitions = shared
     renames = _renames(keys)
     units = pc.shift_right(renames.column("order"), ROW_BITS) if renames.num_rows else pa.array([], pa.int64())
     renamed_units = sorted(pc.unique(units).to_pylist())
@@ -89,26 +86,17 @@ def _renames_file(partition: int, partitions: int) -> str:
     return f"p{partition:03d}-of-{partitions:03d}.arrow"
 
 
-KEY_BYTES = 64  # a document's id key, about (its id, order and hash): what sizes a combine task's share
-
-
 def resolve_ids(run_tasks: Callable[..., list[Any]], work: Location, blocks: list[str], partitions: int,
-                documents: int) -> list[dict[str, Any]]:
-    """Part of reading: the blocks' key files routed to the partitions (`exchange.route`: requests grow as blocks +
-    partitions, not blocks x partitions), then one task per hash partition of the ids names its renames (applied as segment 0 reads)."""
-    keys = route(run_tasks, Exchange("unique_ids", str(work / FOLDER / "keys"), tuple(blocks), partitions,
-                                     average_sender_bytes(documents, len(blocks), KEY_BYTES)))
-    results = run_tasks(resolve, ResolveTask(work, keys), [(p, partitions) for p in range(partitions)], "unique_ids",
-                        record=resolved_record_at)
+                largest_bytes: int) -> list[dict[str, Any]]:
+    """Part of reading: the blocks' key files (the largest of `largest_bytes`, as the read tasks measured) routed to
+    the partitions, then one task per hash partition of the ids names its renames (applied as segment 0 reads)."""
+    results = run_reduces(run_tasks, ids_exchange(work, partitions), resolve, (work, partitions), blocks,
+                          [{"bytes": largest_bytes}])
     # Written on every run from the records (a resumed run's too): a lost or damaged list is made again.
     files = sorted((u, _renames_file(p, partitions)) for p, r in enumerate(results) for u in r["units"])
     write_work_table(work / FOLDER / RENAME_FILES,
                      pa.table([[u for u, _ in files], [f for _, f in files]], schema=RENAME_FILES_SCHEMA))
     return results
-
-
-def resolved_record_at(task: ResolveTask, partition: int, partitions: int) -> Location:
-    return task.work / FOLDER / f"resolved-p{partition:03d}-of-{partitions:03d}.json"
 
 
 def _renames(keys: pa.Table) -> pa.Table:
