@@ -109,14 +109,15 @@ start = 0
 import stages.base as stage_base
 # the map half: this tree's near dedup sends its kinds itself; an older tree's stages.base wrote them
 write_keys = getattr(nd, "send_kinds", None) or getattr(stage_base, "write_keys", None)
-senders = []
+senders, largest = [], {}
 for b, end in enumerate(list(np.unique(np.r_[cuts, len(sizes)]))):
     block = table.slice(start, int(end) - start); start = int(end)
     if block.num_rows == 0:
         continue
     if write_read_block is not None:  # a read block (a frame per text) and keys that locate each text in it
         write_read_block(work, f"b{b:05d}", block, "zstd")
-        write_keys(stage, block_documents(work, "read", f"b{b:05d}", locate=True), folder, f"b{b:05d}")
+        sizes = write_keys(stage, block_documents(work, "read", f"b{b:05d}", locate=True), folder, f"b{b:05d}")
+        largest = {k: max(largest.get(k, 0), v) for k, v in (sizes or {}).items()}  # what the exchanges are sized by
         senders.append(f"read/b{b:05d}")
         continue
     if write_keys is not None:  # one shuffle file per kind and block; the block's text stays where it is
@@ -139,7 +140,9 @@ def run_tasks(fn, shared, items, desc, _local=LocalExecutor(), **_):  # CPU per 
     step = desc.split(" r")[0]
     phases[step] = phases.get(step, 0.0) + time.process_time() - t
     return out
-if senders and "documents" in inspect.signature(stage.resolve).parameters:  # the resolve sizes its tasks by them
+if senders and "largest" in inspect.signature(stage.resolve).parameters:  # and its exchanges by the measured files
+    summary = stage.resolve(run_tasks, folder, work, senders, table.num_rows, largest)
+elif senders and "documents" in inspect.signature(stage.resolve).parameters:  # the resolve sizes its tasks by them
     summary = stage.resolve(run_tasks, folder, work, senders, table.num_rows)
 elif senders:
     summary = stage.resolve(run_tasks, folder, work, senders)

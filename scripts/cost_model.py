@@ -45,13 +45,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from datapipe.core import exchange
-from datapipe.core.exchange import Combined, Exchange, average_sender_bytes
-from datapipe.core.schema import DOC_SCHEMA
-from datapipe.core.shuffle import shuffle_bytes
+from datapipe.core.exchange import Combined, Exchange, average_sender_bytes, rows_bytes
+from datapipe.core.schema import example_documents
 from datapipe.core.storage import PREFIXES
 from datapipe.curation.config import auto_block_bytes, auto_partitions
 from datapipe.curation.phases.eval_split import CANDIDATE_BYTES, CHOOSE_TASKS as EVAL_CHOOSE_TASKS
@@ -60,25 +58,12 @@ from stages.base import LOSER_SCHEMA
 from stages.exact_dedup import ExactDedupConfig, ExactDedupStage
 from stages.minhash import MinHashConfig
 
-ID_CHARS = 24  # a document id's characters, about (an assumption: the ids of the scale corpus are shorter)
-
-
-def _row_bytes(table: pa.Table) -> int:
-    """A row's bytes in a shuffle file, measured: the file of `table`'s rows less an empty one's, per row."""
-    one = np.zeros(table.num_rows, np.int64)
-    return -(-(len(shuffle_bytes(table, one, 1)) - len(shuffle_bytes(table.slice(0, 0), one[:0], 1))) // table.num_rows)
-
-
-def _sample_documents(n: int = 1000) -> pa.RecordBatch:
-    ids = [f"{i:0{ID_CHARS}d}" for i in range(n)]
-    return pa.RecordBatch.from_pylist([{"id": d, "domain": "web", "text": f"text {d}", "order": i} for i, d in enumerate(ids)],
-                                      schema=DOC_SCHEMA)
-
-
-# a key and a loser as the run's own stage writes them (no copied constant): exact dedup's `keys`, and its losers
-KEY_BYTES = _row_bytes(ExactDedupStage(ExactDedupConfig()).keys(_sample_documents()).drop(["partition"]))
-LOSER_BYTES = _row_bytes(pa.table({"order": pa.array(range(1000), pa.int64()), "reason": ["exact_duplicate"] * 1000,
-                                   "kept_id": [f"{i:0{ID_CHARS}d}" for i in range(1000)]}, schema=LOSER_SCHEMA))
+# a key and a loser as the run's own stage writes them (no copied constant): exact dedup's `keys` of example documents
+# (ids of 24 characters), and the losers those documents would be, measured
+_DOCUMENTS = example_documents(1000)
+KEY_BYTES = -(-rows_bytes(ExactDedupStage(ExactDedupConfig()).keys(_DOCUMENTS).drop(["partition"])) // 1000)
+LOSER_BYTES = -(-rows_bytes(pa.table({"order": _DOCUMENTS.column("order"), "reason": ["exact_duplicate"] * 1000,
+                                      "kept_id": _DOCUMENTS.column("id")}, schema=LOSER_SCHEMA)) // 1000)
 
 SERIAL = {"start", "tokenizer", "write", "shutdown", "clean_up", "clean up"}  # the driver's own steps, or one task
 UNIT_GROUPS = 256  # exchange.UNIT_GROUPS: the losers are gathered by at most this many groups of input units

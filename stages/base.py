@@ -97,8 +97,9 @@ class GlobalStage(ABC):
 class ResolvingStage(ABC):
     """A global stage whose decision takes steps of its own (near dedup: candidate pairs, verification, connected
     components, winners), not one `decide` per partition: `keys` gives tables by kind (each sent as one exchange,
-    `work/<name>/<kind>/`), and `resolve(run_tasks, folder, out_dir, senders, documents)` runs its steps' tasks
-    and leaves `folder/losers-tNNN.arrow` for t below `tasks(documents)`; it returns a summary for stats.json."""
+    `work/<name>/<kind>/`), and `resolve(run_tasks, folder, out_dir, senders, documents, largest)` runs its steps'
+    tasks and leaves `folder/losers-tNNN.arrow` for t below `tasks(documents)` (`largest`: the largest file of each
+    kind, as the block tasks measured it); it returns a summary for stats.json."""
 
     name: ClassVar[str]
     partitions: int
@@ -113,7 +114,7 @@ class ResolvingStage(ABC):
 
     @abstractmethod
     def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str],
-                documents: int) -> dict[str, Any]:
+                documents: int, largest: dict[str, int]) -> dict[str, Any]:
         """Write `folder/losers-tNNN.arrow` for t below `tasks(documents)`; return a summary for the stats."""
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datapipe.core.shuffle import SUFFIX, read_shuffle, shuffle_files, write_shuffle
+from datapipe.core.shuffle import SUFFIX, read_shuffle, shuffle_bytes, shuffle_files, write_shuffle
 from datapipe.core.storage import Location, location, remove_files, spread
 
 # sender files one combine task merges, at most, unless more are needed for RECEIVER_FILES: its reads are
@@ -202,6 +202,12 @@ def largest_sent(results: Sequence[dict[str, Any]], key: str = "bytes") -> int:
     return max((int(r[key]) for r in results if key in r), default=0)
 
 
+def rows_bytes(table: pa.Table) -> int:
+    """The bytes `table`'s rows take in a shuffle file, measured: its file less an empty one's (one partition)."""
+    one = np.zeros(table.num_rows, np.int64)
+    return len(shuffle_bytes(table, one, 1)) - len(shuffle_bytes(table.slice(0, 0), one[:0], 1))
+
+
 def average_sender_bytes(documents: int, senders: int, bytes_per_document: int) -> int:
     """The average sender's bytes: `documents` over `senders`, `bytes_per_document` each (an exchange's estimate
     where its senders do not report their files' bytes)."""
@@ -267,6 +273,8 @@ class Shuffle:
     reduce_step: str = "receive"
     spans: tuple[int, ...] | None = None
     schema: pa.Schema | None = None
+    source_column: str | None = None  # an int32 column of this name gives each received row's sender (its index)
+    combine_records: str | None = None  # the combine tasks' records (default: `<folder's parent>/records`)
 
     def file(self, sender: str) -> Location:
         return location(self.folder) / f"{sender}{SUFFIX}"
@@ -354,11 +362,22 @@ def run_reduces(run_tasks: Callable[..., list], spec: Shuffle, fn: ReduceFn, sha
                      record=reduce_record, **({"memory": memory} if memory is not None else {}))
 
 
+def planned(spec: Shuffle, senders: Sequence[str], sent: Sequence[dict[str, Any]]) -> Exchange:
+    """The exchange of `spec` from `senders` whose files' sizes are `sent` (the maps' results, each naming its
+    file's `bytes`; or one estimate, `[{"bytes": n}]`)."""
+    return Exchange(spec.desc, spec.folder, tuple(senders), spec.partitions, largest_sent(sent), spec.spans,
+                    spec.source_column, spec.combine_records)
+
+
 def routed(run_tasks: Callable[..., list], spec: Shuffle, senders: Sequence[str], sent: Sequence[dict[str, Any]]) -> Received:
-    """Where `spec`'s receivers read the senders' files (`sent`: the maps' results, each naming its file's `bytes`),
-    routed by their measured sizes (`route`): for a receiver that is not a reduce task (one that fits a model on a
-    sample, say, with its own memory)."""
-    return route(run_tasks, Exchange(spec.desc, spec.folder, tuple(senders), spec.partitions, largest_sent(sent), spec.spans))
+    """Where `spec`'s receivers read the senders' files, routed by their sizes (`planned`, `route`): for receivers
+    that are not reduce tasks (one that fits a model on a sample with its own memory, a step of near dedup's)."""
+    return route(run_tasks, planned(spec, senders, sent))
+
+
+def laid_out(spec: Shuffle, senders: Sequence[str], sent: Sequence[dict[str, Any]]) -> Received:
+    """Where `routed` put (or will put) the receivers' reads, without running anything (`layout`)."""
+    return layout(planned(spec, senders, sent))
 
 
 def map_reduce(run_tasks: Callable[..., list], spec: Shuffle, map_fn: MapFn, map_shared: Any, items: Sequence[tuple],

@@ -49,3 +49,12 @@ def order_key(unit_index: int, row: int) -> int:
 
 def empty_dropped() -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=DROPPED_SCHEMA)
+
+
+def example_documents(n: int, id_chars: int = 24, words: int = 120) -> pa.RecordBatch:
+    """`n` distinct documents of `words` words, ids of `id_chars` characters: what a stage's rows are measured on
+    where a size is estimated before any file is written (the cost model, an exchange's layout at scale)."""
+    ids = [f"{i:0{id_chars}d}" for i in range(n)]
+    texts = [" ".join(f"w{(i * 7919 + j * 104729) % 100003}" for j in range(words)) for i in range(n)]
+    return pa.RecordBatch.from_pylist([{"id": d, "domain": "web", "text": t, "order": i}
+                                       for i, (d, t) in enumerate(zip(ids, texts))], schema=DOC_SCHEMA)

@@ -15,7 +15,7 @@ from datapipe.curation.counters import Counters
 from datapipe.curation.losers import route_losers
 from datapipe.curation.phases import eval_split, selection, unique_ids
 from datapipe.curation.phases.read import EarlyReader, read_phase
-from datapipe.curation.phases.segment import decide_losers, segment_phase
+from datapipe.curation.phases.segment import decide_losers, largest_keys, segment_phase
 from datapipe.curation.phases.shards import (
     eval_shard_record_at, eval_shard_task, plan_shards, shard_record_at, shard_task, write_eval_manifest,
 )
@@ -62,7 +62,8 @@ def segments(run: Run, plan: Plan, blocks: list[tuple[int, int]], total: Counter
             run_tasks = run.tasks(stage_title(stage.name), memory=task_memory(plan, "resolve", kept_bytes, tasks))
             if isinstance(stage, ResolvingStage):  # near dedup's steps
                 senders = [f"{seg.name}/{block_name(u, b)}" for u, b in blocks]  # the map half's blocks
-                summaries[stage.name] = stage.resolve(run_tasks, plan.work / stage.name, plan.out, senders, kept_docs)
+                summaries[stage.name] = stage.resolve(run_tasks, plan.work / stage.name, plan.out, senders, kept_docs,
+                                                      largest_keys(results))
             else:
                 summaries[stage.name] = decide_losers(run_tasks, plan.work, stage, [block_name(u, b) for u, b in blocks], results)
             route_losers(run_tasks, plan.work / stage.name, tasks, len(plan.units), stage.name)

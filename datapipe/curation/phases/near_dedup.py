@@ -53,6 +53,7 @@ same steps to the same files.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import time
@@ -64,10 +65,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import zstandard
 
-from datapipe.core.schema import ROW_BITS
+from datapipe.core.schema import ROW_BITS, example_documents
 from datapipe.core.shards import CLUSTERS_DIR, note_published, replacing, table_bytes
 from datapipe.core.workfiles import read_work_table, write_work_table
-from datapipe.core.exchange import Combined, Exchange, Shuffle, Received, SenderFiles, average_sender_bytes, largest_sent, layout, route
+from datapipe.core.exchange import Combined, Exchange, Shuffle, Received, SenderFiles, average_sender_bytes, largest_sent, layout, route, rows_bytes
 from datapipe.core.shuffle import write_shuffle
 from datapipe.core.storage import Location, location, remove_tree
 from datapipe.curation.blocks import (block_documents, decompress_frames, frame_ranges, read_block_path,
@@ -209,14 +210,20 @@ def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, resul
 GROUP_DOCS = 16_384  # documents per resolve task, at least: a small corpus makes few tasks whatever its partitions
 
 
-_KEY_BYTES = {"buckets": 16, "nodes": 40}  # bytes a document's keys take per band (buckets), besides its signature (nodes)
-
-
 def key_bytes(config: MinHashConfig, documents: int, senders: int, kind: str = "nodes") -> int:
-    """A sender's key file of `kind`, its bytes estimated (`shuffle.average_sender_bytes`): a document's buckets
-    (one row per band) or its node (the signature); what lays out that kind's exchange."""
-    per_doc = _KEY_BYTES["buckets"] * config.lsh_params()[0] if kind == "buckets" else _KEY_BYTES["nodes"] + 4 * config.num_perm
-    return average_sender_bytes(documents, senders, per_doc)
+    """A sender's key file of `kind`, its bytes estimated (`exchange.average_sender_bytes`) from the stage's own rows:
+    `keys` of example documents, measured. What lays out that kind's exchange where no file is written yet (the cost
+    model); a run lays its exchanges out by the files its block tasks measured."""
+    return average_sender_bytes(documents, senders, _document_key_bytes(config, kind))
+
+
+@functools.lru_cache(maxsize=8)
+def _document_key_bytes(config: MinHashConfig, kind: str) -> int:
+    batch = example_documents(256)
+    batch = batch.append_column("text_at", pa.array(np.zeros(batch.num_rows, np.int64))).append_column(
+        "text_bytes", pa.array(np.zeros(batch.num_rows, np.int64)))  # where each text lies, as the run's nodes carry
+    keys = MinHashStage(config).keys(batch)[kind]
+    return -(-rows_bytes(keys.drop(["partition"])) // batch.num_rows)
 
 
 def route_keys(run_tasks: RunTasks, source: KeySource, desc: str) -> KeySource:
@@ -743,8 +750,9 @@ class NearDedupStage(MinHashStage, ResolvingStage):
         return resolve_groups(self.config.partitions, documents).count
 
     def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str],
-                documents: int) -> dict[str, Any]:
-        return resolve(run_tasks, folder, self, out_dir, senders, documents)
+                documents: int, largest: dict[str, int]) -> dict[str, Any]:
+        return resolve(run_tasks, folder, self, out_dir, KeySource(str(folder), str(folder.parent), tuple(senders)),
+                       documents, largest)
 
 
 def send_kinds(stage: MinHashStage, table: pa.Table, folder: Location, sender: str) -> dict[str, int]:
@@ -768,23 +776,22 @@ def first_run_choice_task(choice: Choice) -> dict[str, Any]:
     return choice.proposed
 
 
-def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location, senders: Sequence[str],
-            documents: int) -> dict[str, Any]:
+def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location, keys: KeySource,
+            documents: int, largest: dict[str, int]) -> dict[str, Any]:
     """Run the whole resolution with `run_tasks(fn, shared, items, desc)` (an executor's: it calls
-    `fn(shared, *item)` for each item); `senders` are the map side's blocks (paths below the work
-    folder, `folder.parent`), holding `documents` documents in all (what sizes the groups). Writes
-    `out_dir/near_duplicates/clusters/` and `folder/losers-tNNN.arrow` (one per group); returns a
-    summary for the stats."""
+    `fn(shared, *item)` for each item); `keys` are the map side's (its senders: blocks below the work
+    folder, `folder.parent`), holding `documents` documents in all (what sizes the groups), the largest file of
+    each kind `largest` bytes (as the block tasks measured). Writes `out_dir/near_duplicates/clusters/` and
+    `folder/losers-tNNN.arrow` (one per group); returns a summary for the stats."""
     config = stage.config
-    proposed = dataclasses.replace(resolve_groups(config.partitions, documents),
-                                   key_bytes=key_bytes(config, documents, len(senders)),
-                                   bucket_bytes=key_bytes(config, documents, len(senders), "buckets"))
+    proposed = dataclasses.replace(resolve_groups(config.partitions, documents), key_bytes=largest["nodes"],
+                                   bucket_bytes=largest["buckets"])
     # fixed by the first run (the task's record, `records/groups.json`): a resume keeps its grouping
     first = run_tasks(first_run_choice_task, Choice(str(folder), proposed.record()), [()], f"{stage.name} groups",
                       record=record_in("records", "groups"))[0]
     groups = Groups(**first)
     parts = groups.items()
-    source = route_keys(run_tasks, KeySource(str(folder), str(folder.parent), tuple(senders), groups=groups), stage.name)
+    source = route_keys(run_tasks, dataclasses.replace(keys, groups=groups), stage.name)
     step = Step(str(folder), config, source, out_dir=str(out_dir))
     found = run_tasks(pairs_task, step, parts, f"{stage.name} pairs", record=record_in("records", "pairs"))
     # the nodes, read by three later steps, are gathered once by group; the senders' files then go

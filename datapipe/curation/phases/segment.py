@@ -182,21 +182,30 @@ def keys_exchange(work: Location, stage: GlobalStage) -> Shuffle:
                    reduce_step="decide")
 
 
-def send_keys(stage: GlobalStage | ResolvingStage | None, table: pa.Table, work: Location, block: str) -> int:
-    """The map half of the segment's global stage over `table` (none: nothing sent): the bytes of its largest file."""
+def send_keys(stage: GlobalStage | ResolvingStage | None, table: pa.Table, work: Location, block: str) -> dict[str, int]:
+    """The map half of the segment's global stage over `table` (none: nothing sent): its files' bytes by kind."""
     if stage is None:
-        return 0
+        return {}
     if isinstance(stage, ResolvingStage):  # tables by kind, one exchange each
-        return max(send_kinds(stage, table, work / stage.name, block).values())
+        return send_kinds(stage, table, work / stage.name, block)
     batches = [b for b in table.to_batches() if b.num_rows] or [pa.RecordBatch.from_pylist([], schema=DOC_SCHEMA)]
     keys = pa.concat_tables([stage.keys(b) for b in batches])
-    return keys_exchange(work, stage).send(block, keys.drop(["partition"]), keys.column("partition").to_numpy())
+    return {"keys": keys_exchange(work, stage).send(block, keys.drop(["partition"]), keys.column("partition").to_numpy())}
+
+
+def largest_keys(results: list[dict[str, Any]]) -> dict[str, int]:
+    """The largest key file of each kind among a segment's block tasks (their `keys_bytes`, as they measured)."""
+    largest: dict[str, int] = {}
+    for r in results:
+        for kind, size in r["keys_bytes"].items():
+            largest[kind] = max(largest.get(kind, 0), size)
+    return largest
 
 
 def decide_losers(run_tasks: RunTasks, work: Location, stage: GlobalStage, blocks: list[str], results: list[dict[str, Any]]) -> dict[str, int]:
     """A global stage's decision: its blocks' keys (`results`: the segment tasks', each with its `keys_bytes`)
     routed by their measured sizes, then `decide` on each partition (`decide_task`); stats.json's summary."""
-    sent = [{"bytes": r["keys_bytes"]} for r in results]
+    sent = [{"bytes": largest_keys(results).get("keys", 0)}]
     decided = run_reduces(run_tasks, keys_exchange(work, stage), decide_task, (stage, str(work / stage.name)), blocks, sent)
     return {"removed": sum(d["losers"] for d in decided)}
 
