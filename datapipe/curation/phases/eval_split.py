@@ -55,7 +55,6 @@ from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.curation.config import EvalSplitConfig
 from datapipe.curation.counters import Counters
 from datapipe.core.exchange import Shuffle, run_maps, run_reduces
-from datapipe.core.shuffle import write_shuffle
 from datapipe.curation.phases import near_dedup
 from datapipe.curation.blocks import block_documents, block_file
 from datapipe.curation.phase import record_in
@@ -195,8 +194,8 @@ def match_task(task: SplitTask, g: int) -> dict[str, int]:
             u, v = unique_pairs(joined.column("order").to_numpy(), joined.column("eval_order").to_numpy())
     table = pa.table({"u": u, "v": v}, schema=near_dedup.PAIR_SCHEMA)
     if config.verify:
-        size = write_shuffle(work / EVAL_DIR / "pairs-u" / f"g{g:03d}.shuffle", table, partition_of(u, config.partitions),
-                             config.partitions)
+        size = near_dedup.step_files(work / EVAL_DIR / "pairs-u", config.partitions).send(f"g{g:03d}", table,
+                                                                                         partition_of(u, config.partitions))
     else:
         size = near_dedup.send_edges(work / EVAL_DIR / "edges", u, v, config.partitions, f"g{g:03d}")
     return {"candidates": int(len(u)), "bytes": size}

@@ -68,8 +68,8 @@ import zstandard
 from datapipe.core.schema import ROW_BITS, example_documents
 from datapipe.core.shards import CLUSTERS_DIR, note_published, replacing, table_bytes
 from datapipe.core.workfiles import read_work_table, write_work_table
-from datapipe.core.exchange import Combined, Exchange, Shuffle, Received, SenderFiles, average_sender_bytes, largest_sent, layout, route, rows_bytes
-from datapipe.core.shuffle import write_shuffle
+from datapipe.core.exchange import (Combined, Exchange, Received, SenderFiles, Shuffle, average_sender_bytes, laid_out, planned,
+                                     routed, rows_bytes)
 from datapipe.core.storage import Location, location, remove_tree
 from datapipe.curation.blocks import (block_documents, decompress_frames, frame_ranges, read_block_path,
                                       read_blocks_frames, text_frames)
@@ -113,14 +113,23 @@ class KeySource:
     groups: "Groups | None" = None  # the resolve's tasks (`resolve_groups`)
     received: tuple[tuple[str, Received], ...] = ()  # where the exchange put each kind's keys (`route_keys`)
 
-    def key_exchange(self, kind: str, desc: str = "near dedup keys") -> Exchange:
-        """The exchange of the keys of `kind` to the groups, laid out at the groups' estimate of a sender's bytes of
-        that kind (the nodes keep each row's sender, which the exact check needs)."""
+    def key_spec(self, kind: str, desc: str = "near dedup keys") -> Shuffle:
+        """The exchange of the keys of `kind` to the groups (the nodes keep each row's sender, which the exact check
+        needs)."""
+        return step_files(location(self.keys) / kind, self.groups.partitions, f"{desc} {kind}", spans=self.groups.starts(),
+                          source_column="sender" if kind == "nodes" else None)
+
+    def sender_names(self) -> list[str]:
+        return [s.rsplit("/", 1)[-1] for s in self.senders]
+
+    def largest(self, kind: str) -> list[dict[str, int]]:
+        """The largest sender file of `kind`, as the block tasks measured it (the groups' record keeps it)."""
         groups = self.groups
-        largest = (groups.bucket_bytes or groups.key_bytes) if kind == "buckets" else groups.key_bytes
-        return Exchange(f"{desc} {kind}", str(location(self.keys) / kind), tuple(s.rsplit("/", 1)[-1] for s in self.senders),
-                        groups.partitions, largest, spans=tuple(groups.starts()),
-                        source_column="sender" if kind == "nodes" else None)
+        return [{"bytes": (groups.bucket_bytes or groups.key_bytes) if kind == "buckets" else groups.key_bytes}]
+
+    def key_exchange(self, kind: str, desc: str = "near dedup keys") -> Exchange:
+        """The exchange of the keys of `kind` as planned (`exchange.planned`)."""
+        return planned(self.key_spec(kind, desc), self.sender_names(), self.largest(kind))
 
     def key_files(self, kind: str, partitions: int) -> Received:
         """The key files of `kind` a receiver reads: where the exchange put them (`route_keys`), else one per sender."""
@@ -190,6 +199,15 @@ class Groups:
                 "bucket_bytes": self.bucket_bytes}
 
 
+def step_files(folder: Location, partitions: int, desc: str = "near dedup", *, spans: Sequence[int] | None = None,
+               source_column: str | None = None, records: Location | None = None) -> Shuffle:
+    """The exchange of one step's files (`folder/<sender>.shuffle`, one per group task, block or fetch, of
+    `partitions`): how its tasks send and how the next step's readers are routed to them."""
+    return Shuffle(desc, str(folder), partitions, records=str(location(folder).parent / "records"),
+                   spans=None if spans is None else tuple(spans), source_column=source_column,
+                   combine_records=None if records is None else str(records))
+
+
 def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, results: Sequence[dict[str, Any]],
                     desc: str, partitions: int | None = None, *, records: Location | None = None) -> Groups:
     """The exchange (`exchange.route`) after a step whose G tasks each wrote one shuffle file in `folder` (their
@@ -197,9 +215,8 @@ def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, resul
     groups' (the clusters' order ranges, read one at a time); `records`: the combine tasks' (`cc/rNNN/`'s go to
     the resolve's: `cc/` is deleted whole after the members)."""
     spans = None if partitions else groups.starts()  # a group reads its partitions as one range
-    files = route(run_tasks, Exchange(desc, str(folder), tuple(groups.names()), partitions or groups.partitions,
-                                      largest_sent(results), spans=None if spans is None else tuple(spans),
-                                      records=None if records is None else str(records)))
+    spec = step_files(folder, partitions or groups.partitions, desc, spans=spans, records=records)
+    files = routed(run_tasks, spec, groups.names(), results)
     if not isinstance(files, Combined):
         return groups
     combined = dict(groups.combined)
@@ -229,13 +246,14 @@ def _document_key_bytes(config: MinHashConfig, kind: str) -> int:
 def route_keys(run_tasks: RunTasks, source: KeySource, desc: str) -> KeySource:
     """The map side's buckets and nodes through the exchange to the groups (`exchange.route`): a receiver then reads
     at most RECEIVER_FILES files, not M. The source that reads them where they went."""
-    return dataclasses.replace(source, received=tuple((kind, route(run_tasks, source.key_exchange(kind, desc)))
-                                                      for kind in KEY_KINDS))
+    return dataclasses.replace(source, received=tuple(
+        (kind, routed(run_tasks, source.key_spec(kind, desc), source.sender_names(), source.largest(kind))) for kind in KEY_KINDS))
 
 
 def as_routed(source: KeySource) -> KeySource:
     """The source of keys that `route_keys` routed in an earlier step (the eval split reads near dedup's)."""
-    return dataclasses.replace(source, received=tuple((kind, layout(source.key_exchange(kind))) for kind in KEY_KINDS))
+    return dataclasses.replace(source, received=tuple(
+        (kind, laid_out(source.key_spec(kind), source.sender_names(), source.largest(kind))) for kind in KEY_KINDS))
 
 
 KEY_KINDS = ("buckets", "nodes")
@@ -298,8 +316,8 @@ def send_edges(folder: Location, a: np.ndarray, b: np.ndarray, partitions: int, 
     one shuffle file `folder/<sender>.shuffle`; its bytes."""
     src = np.concatenate([a, b]).astype(np.int64)
     dst = np.concatenate([b, a]).astype(np.int64)
-    return write_shuffle(folder / f"{sender}.shuffle", pa.table({"src": src, "dst": dst}, schema=EDGE_SCHEMA),
-                         partition_of(src, partitions), partitions)
+    return step_files(folder, partitions).send(sender, pa.table({"src": src, "dst": dst}, schema=EDGE_SCHEMA),
+                                               partition_of(src, partitions))
 
 
 def _directed(folder: Location, groups: Groups, g: int) -> tuple[np.ndarray, np.ndarray]:
@@ -348,8 +366,8 @@ def pairs_task(step: Step, g: int) -> dict[str, Any]:
         size = send_edges(root / "cc" / "r000", a, b, config.partitions, f"g{g:03d}")
         return {"edges": int(len(a)), "candidates": int(len(a)), "bytes": size}
     u, v = bucket_pairs(buckets, config.bucket_window)  # a bucket lives in one partition: as if one by one
-    size = write_shuffle(root / "pairs-u" / f"g{g:03d}.shuffle", pa.table({"u": u, "v": v}, schema=PAIR_SCHEMA),
-                         partition_of(u, config.partitions), config.partitions)
+    size = step_files(root / "pairs-u", config.partitions).send(f"g{g:03d}", pa.table({"u": u, "v": v}, schema=PAIR_SCHEMA),
+                                                               partition_of(u, config.partitions))
     return {"edges": 0, "candidates": int(len(u)), "bytes": size}
 
 
@@ -365,8 +383,7 @@ def attach_task(step: Step, g: int) -> dict[str, Any]:
     at, nbytes = _locators(found)
     table = pa.table({"u": pa.array(u, pa.int64()), "v": pa.array(v, pa.int64()), "sig_u": found.column("signature"),
                       "sender_u": found.column("sender"), "text_at_u": at, "text_bytes_u": nbytes})
-    size = write_shuffle(pairs_root / "pairs-v" / f"g{g:03d}.shuffle", table, partition_of(v, config.partitions),
-                         config.partitions)
+    size = step_files(pairs_root / "pairs-v", config.partitions).send(f"g{g:03d}", table, partition_of(v, config.partitions))
     return {"pairs": len(u), "bytes": size}
 
 
@@ -426,8 +443,7 @@ def decide_task(step: Step, g: int) -> dict[str, Any]:
                             "near": np.r_[np.zeros(int(edge.sum()), bool), np.ones(len(rows), bool)]}, schema=DECIDED_SCHEMA)
         wanted = _wanted(pairs, found, rows, g)
     write_work_table(pairs_root / DECIDED / f"g{g:03d}.arrow", decided)
-    size = write_shuffle(pairs_root / WANTED / f"g{g:03d}.shuffle", wanted, wanted.column("sender").to_numpy(),
-                         len(source.senders))
+    size = step_files(pairs_root / WANTED, len(source.senders)).send(f"g{g:03d}", wanted, wanted.column("sender").to_numpy())
     nbytes = wanted.column("text_bytes").to_numpy()
     return {"checked": checked, "near_connected": connected, "wanted": wanted.num_rows,
             "wanted_bytes": int(nbytes[nbytes > 0].sum()), "bytes": size}
@@ -485,13 +501,13 @@ def fetch_frames(run_tasks: RunTasks, step: Step, decided: Sequence[dict[str, An
         return None, []
     blocks = len(source.senders)
     fetches = Fetches(blocks, max(1, min(blocks, -(-wanted_bytes // FETCH_BYTES))))
-    wanted = route(run_tasks, Exchange(f"{desc} wanted", str(pairs_root / WANTED), tuple(source.groups.names()), blocks,
-                                       largest_sent(decided), spans=tuple(fetches.starts())))
+    wanted = routed(run_tasks, step_files(pairs_root / WANTED, blocks, f"{desc} wanted", spans=fetches.starts()),
+                    source.groups.names(), decided)
     fetched = run_tasks(fetch_task, dataclasses.replace(step, wanted=wanted, fetches=fetches),
                         [(f,) for f in range(fetches.count)], f"{desc} fetch", record=record_in("records", "fetch"))
     remove_tree(pairs_root / WANTED)  # consumed: every fetch task's record is written
-    frames = route(run_tasks, Exchange(f"{desc} frames", str(pairs_root / FRAMES), tuple(fetches.names()),
-                                       source.groups.count, largest_sent(fetched)))
+    frames = routed(run_tasks, step_files(pairs_root / FRAMES, source.groups.count, f"{desc} frames"), fetches.names(),
+                    fetched)
     return frames, fetched
 
 
@@ -508,8 +524,8 @@ def fetch_task(step: Step, f: int) -> dict[str, Any]:
     table = pa.table({"order": orders, "sender": wanted.column("sender"),
                       "frame": pa.array(frames, pa.large_binary()).take(pa.array(inverse.reshape(-1), pa.int64()))},
                      schema=FRAME_SCHEMA)
-    size = write_shuffle(location(pairs_folder) / FRAMES / f"{fetches.names()[f]}.shuffle", table,
-                         wanted.column("group").to_numpy(), source.groups.count)
+    size = step_files(location(pairs_folder) / FRAMES, source.groups.count).send(fetches.names()[f], table,
+                                                                                 wanted.column("group").to_numpy())
     # the task's wall beside its reads' (`read_seconds`) and requests (`ranges_read`), in its record only: the
     # resolve's summary holds what every run of the same input repeats
     return {**read, "rows": table.num_rows, "bytes": size, "seconds": round(time.perf_counter() - started, 6)}
@@ -680,8 +696,8 @@ def members_task(step: Step, converged: str, g: int) -> dict[str, Any]:
         ids = found.column("id").cast(pa.string())
         length = found.column("length") if longest else pa.array(np.zeros(len(node), np.int64))
         members = pa.table({"order": node, "label": label, "id": ids, "length": length}, schema=MEMBER_SCHEMA)
-    size = write_shuffle(root / "members" / f"g{g:03d}.shuffle", members,
-                         partition_of(members.column("label").to_numpy(), config.partitions), config.partitions)
+    size = step_files(root / "members", config.partitions).send(f"g{g:03d}", members,
+                                                                partition_of(members.column("label").to_numpy(), config.partitions))
     return {"members": members.num_rows, "bytes": size}
 
 
@@ -714,8 +730,7 @@ def winners_task(step: Step, g: int) -> dict[str, Any]:
         losers, clusters = choose_kept(members, config.keep)
     # By order within each range, so that `clusters_task` merges a range without sorting more than it.
     clusters = clusters.sort_by([("order", "ascending")])
-    size = write_shuffle(root / "clusters" / f"g{g:03d}.shuffle", clusters,
-                         ranges.of(clusters.column("order").to_numpy()), ranges.count)
+    size = step_files(root / "clusters", ranges.count).send(f"g{g:03d}", clusters, ranges.of(clusters.column("order").to_numpy()))
     write_work_table(root / f"losers-t{g:03d}.arrow", losers)
     # A cluster lives in one partition (members go to the partition of their label): counts add up.
     n_clusters = len(pc.unique(clusters.column("cluster_id"))) if clusters.num_rows else 0
