@@ -33,8 +33,9 @@ The model (its assumptions are flags, listed in BENCHMARKS.md, "Cost model"):
   the groups), the **members' ids** (none: they travel in the nodes).
 - **Bytes**: work bytes per document x documents, written once and read about twice, `bandwidth` per core,
   plus the exact check's: the fetch tasks' ranges and the frames' exchange (`exact_check_bytes`).
-- A phase takes the largest of its bounds; phases are barriers, so the run is their sum. The critical path
-  is the phase with the largest share and the bound that sets it.
+- A phase's tasks each read, compute and write in turn, so its CPU, its requests' latency and its bytes **add**
+  (nothing overlaps them); S3's per-prefix rate, shared by all tasks, is a floor under that sum. Phases are
+  barriers, so the run is their sum. The critical path is the phase with the largest share and its largest term.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ from typing import Any
 import pyarrow as pa
 
 from datapipe.core import exchange
-from datapipe.core.exchange import Combined, Exchange, average_sender_bytes, rows_bytes
+from datapipe.core.exchange import Combined, Exchange, Shuffle, average_sender_bytes, planned, rows_bytes
 from datapipe.core.schema import example_documents
+from datapipe.core.shuffle import range_requests
 from datapipe.core.storage import PREFIXES
 from datapipe.curation.config import auto_block_bytes, auto_partitions
 from datapipe.curation.phases.eval_split import CANDIDATE_BYTES, CHOOSE_TASKS as EVAL_CHOOSE_TASKS
@@ -97,7 +99,8 @@ def _exchange_of(senders: int, receivers: int, largest_bytes: float, partitions:
     there are more `partitions` than receivers)."""
     partitions = partitions or receivers
     spans = tuple(i * partitions // receivers for i in range(receivers)) if receivers != partitions else None
-    return Exchange("x", "x", tuple(str(i) for i in range(senders)), partitions, int(largest_bytes), spans=spans)
+    spec = Shuffle("x", "x", partitions, records="x", spans=spans)  # the spec a run's exchange is planned from
+    return planned(spec, [str(i) for i in range(senders)], [{"bytes": int(largest_bytes)}])
 
 
 def _layout(senders: int, receivers: int, largest_bytes: float, partitions: int | None = None) -> Any:
@@ -110,14 +113,17 @@ def _exchange(senders: int, receivers: int, largest_bytes: float, partitions: in
     combines reading its senders' files (whole, one request, where a group fits a task; else a header and a range by
     each range's task) and writing its files (and their records); each receiver reading a header and a range of each
     file of its range, or of every sender's file where nothing is combined."""
+    partitions = partitions or receivers
     combines, received = exchange.plan(_exchange_of(senders, receivers, largest_bytes, partitions))
     spread, plain = senders, 0
     for _, lay in combines:
         ranges = len(lay.starts)
-        spread += (lay.senders if ranges == 1 else 2 * lay.senders * ranges) + lay.groups * ranges
+        spread += (lay.senders if ranges == 1 else range_requests(partitions) * lay.senders * ranges) + lay.groups * ranges
         plain += 2 * lay.groups * ranges
     files = received.groups if isinstance(received, Combined) else len(received.names)
-    return {"spread": spread + 2 * files * receivers, "plain": plain}
+    reads = 1 if receivers == 1 else range_requests(partitions)  # a receiver of every partition reads a file whole
+    return {"spread": spread + reads * files * receivers, "plain": plain}
+
 
 
 def _step_bytes(step_bytes: float, senders: int) -> float:
@@ -213,6 +219,10 @@ def requests(lay: dict[str, int], docs: float, near: dict[str, float], near_shar
         # then the tokenize tasks
         "tokenize": _add({"spread": 2 * m}, _exchange(m, 1, TOKENIZER_SAMPLE_BYTES / m),
                          {"spread": 2 * m, "plain": 2}, {"spread": 4 * m}, {"spread": 2 * m}),
+        # the two block steps of selection (web.yaml's: no model, no diversity): a count task per block reading its
+        # tokens' file, then a select task per block reading it again and writing the copies and its record (after
+        # the record's existence check)
+        "selection": {"spread": m + 4 * m},
         "shards": _add({"spread": 2 * m + 2 * lay["shards"], "plain": lay["shards"]}),  # the shards are OUT's
     }
     if eval_split:
@@ -328,9 +338,12 @@ def project(scale: dict[str, Any], docs: float, text_bytes: float, args: argpars
         extra = exact_bytes if name == "minhash resolve" else 0.0
         p["byte_s"] = 0.0 if p["serial"] else round((3 * work_bytes * p["cpu_s"] / cpu_total + extra)
                                                     / (args.cores * args.bandwidth_mbs * 1e6), 1)
-        bounds = {"cpu": p["cpu_s"], "requests": p["request_s"], "prefix": p["prefix_s"], "bytes": p["byte_s"]}
-        p["bound"] = max(bounds, key=bounds.get)
-        p["seconds"] = max(bounds.values())
+        # a task reads, computes and writes in turn (nothing overlaps them): its CPU, its requests' latency and its
+        # bytes add; S3's per-prefix rate is the bucket's, shared by all tasks: a floor under the sum
+        in_series = {"cpu": p["cpu_s"], "requests": p["request_s"], "bytes": p["byte_s"]}
+        p["in_series_s"] = round(sum(in_series.values()), 1)
+        p["bound"] = "prefix" if p["prefix_s"] > p["in_series_s"] else max(in_series, key=in_series.get)
+        p["seconds"] = max(p["in_series_s"], p["prefix_s"])
     stall = longest_tasks(phases, measured, workers * cpu_growth, args)
     if not args.warm_bucket:
         cold_bucket(phases, args)

@@ -96,6 +96,12 @@ def _header_ranges(p0: int, p1: int, partitions: int) -> list[tuple[int, int]]:
             (schema_at, schema_at + _SCHEMA_GUESS)]
 
 
+def range_requests(partitions: int) -> int:
+    """Requests of one read of a range of a file of `partitions` on an object store: the header's pieces (one where
+    the header is small, four past about 4,000 partitions) and the range (the cost model counts by this)."""
+    return len(_header_ranges(0, 1, partitions)) + 1
+
+
 class _Header:
     """What a reader of partitions p0..p1-1 learnt from a file's header."""
 

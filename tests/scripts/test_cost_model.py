@@ -185,3 +185,33 @@ def test_the_formula_counts_a_batched_exchange_on_the_s3_server_request_for_requ
     formula = _exchange(12, 4, max(sizes))
     assert counted.get("PUT", 0) + counted.get("GET range", 0) == formula["spread"]
     assert formula["plain"] == 2 * (6 + 2 * 3)  # the records the formula counts beside: none written here
+
+
+def test_a_receiver_reads_a_large_header_in_pieces_and_a_lone_receiver_reads_each_file_whole():
+    """A shuffle file of 16,384 partitions (the wanted documents, by block) has a header past 64 KiB: a range read is
+    its four pieces and the range, 5 requests (`shuffle.range_requests`, what `read_shuffle` issues); a receiver of
+    every partition reads a file in one request."""
+    from datapipe.core.shuffle import range_requests
+
+    assert (range_requests(233), range_requests(16_384)) == (2, 5)
+    assert _exchange(4, 4, 1e6, 16_384) == {"spread": 4 + 5 * 4 * 4, "plain": 0}
+    assert _exchange(4, 1, 1e6) == {"spread": 4 + 4, "plain": 0}
+
+
+def test_a_phase_adds_its_tasks_cpu_requests_and_bytes_and_the_prefix_rate_is_a_floor(monkeypatch):
+    """A task reads, computes and writes in turn: each phase of the 1 TB projection takes the sum of its CPU, its
+    requests' latency and its bytes, or S3's per-prefix limit where that is longer (warm bucket: no cold start)."""
+    import sys
+    from pathlib import Path
+
+    from scripts import cost_model
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    monkeypatch.setattr(sys, "argv", ["cost_model", "--scale", str(bench / "scale_4x.json"), "--warm-bucket"])
+    args = cost_model.arguments()
+    scale = __import__("json").loads((bench / "scale_4x.json").read_text())
+    phases = cost_model.project(scale, args.docs, args.text_bytes, args)["phases"]
+    for name, p in phases.items():
+        if not p["serial"]:
+            assert p["seconds"] == max(round(p["cpu_s"] + p["request_s"] + p["byte_s"], 1), p["prefix_s"]), name
+    assert any(p.get("byte_s", 0) > 0.1 * p["cpu_s"] > 0 for p in phases.values())  # the bytes are not lost in a max
