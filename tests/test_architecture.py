@@ -67,3 +67,28 @@ def test_no_record_is_checked_outside_the_run_loop():
              if getattr(node, "id", getattr(node, "attr", None)) in ("read_record", "write_record", "recorded_task")]
     allowed = {"datapipe/curation/phase.py", "datapipe/curation/run_loop.py"}
     assert found and not [f for f in found if f[0] not in allowed], found
+
+
+def test_the_run_is_a_list_of_steps_over_a_frozen_state_and_only_the_exchange_writes_shuffle_files():
+    """`curate()` is a loop over `steps.STEPS`, each `step(run, plan, state) -> state` over a frozen `RunState`; and a
+    shuffle file is written, planned or routed only in core/exchange.py (every phase goes through its `Shuffle`)."""
+    import dataclasses
+    import inspect
+
+    from datapipe.curation import run, steps
+
+    assert len(inspect.getsource(run.curate).splitlines()) <= 40
+    assert all(list(inspect.signature(step).parameters) == ["run", "plan", "state"] for step in steps.STEPS)
+    assert steps.RunState.__dataclass_params__.frozen
+    state = steps.RunState(started=0.0)
+    try:
+        state.blocks = ((0, 0),)
+    except dataclasses.FrozenInstanceError:
+        pass
+    else:
+        raise AssertionError("RunState can be changed in place")
+    for path in [*(ROOT / "datapipe").rglob("*.py"), *(ROOT / "stages").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]:
+        if path.name in ("exchange.py", "shuffle.py") and path.parent.name == "core":
+            continue
+        calls = re.findall(r"(?<![\w.])(write_shuffle|Exchange|route)\(", path.read_text())
+        assert not calls, f"{path.relative_to(ROOT)} calls {sorted(set(calls))}: send and route through exchange.Shuffle"

@@ -1,7 +1,8 @@
-"""`curate()`: the curation run as a list of phases, each a set of independent tasks on an executor.
+"""`curate()`: the curation run as a list of steps (`steps.STEPS`), each a set of independent tasks on an executor
+that leaves a new, frozen `steps.RunState`.
 
 1. read        one task per input unit (`phases/read.py`); the ids made unique across the run (`phases/unique_ids.py`);
-2. segments    one task per block and segment: map stages up to each global stage, whose resolve decides over
+2. segments    one task per block and segment: map stages up to each global stage, whose decision is taken over
                all keys and whose losers are routed back to the blocks (`phases/segment.py`, `exchange.py`);
 3. tokenize    the tokenizer trained once on a sample (or loaded), one task per block (`phases/tokenize.py`);
 4. eval split  held-out documents and their exact and near copies (`phases/eval_split.py`);
@@ -25,13 +26,11 @@ from datapipe.core.shards import atomic_write_json
 from datapipe.core.workfiles import DamagedWorkFile
 from datapipe.curation import start, steps
 from datapipe.curation.config import CurateConfig
-from datapipe.curation.counters import Counters
 from datapipe.curation.executors import Executor
 from datapipe.curation.plan import CurateResult
-from datapipe.curation.report import nothing_survived, recovery
+from datapipe.curation.report import recovery
 from datapipe.curation.run_loop import Run
 from stages.base import GlobalStage, Stage
-from stages.tokenize import token_dtype
 
 
 def _also_to(log: Callable[[str], None], log_line: Callable[[str], None]) -> Callable[[str], None]:
@@ -44,40 +43,28 @@ def _also_to(log: Callable[[str], None], log_line: Callable[[str], None]) -> Cal
 
 def curate(cfg: CurateConfig, *, executor: Executor | None = None, extra_stages: list[Stage | GlobalStage] = (),
            progress: bool = True, verbose: bool = False, log: Callable[[str], None] = print) -> CurateResult:
-    """Run the whole curation pipeline described by `cfg`; see the module docstring. `progress`: one line per
-    stage on stderr; `verbose`: the executor's line per step too."""
+    """Run the whole curation pipeline described by `cfg`: the steps of `steps.STEPS`, in order, each taking the
+    run's state the one before it left; see the module docstring. `progress`: one line per stage on stderr;
+    `verbose`: the executor's line per step too."""
     t0 = time.perf_counter()
     plan, tokenizer_text = start.plan_run(cfg, extra_stages)
     if (finished := start.finished_run(plan, tokenizer_text, log)) is not None:
         return finished
     resuming = plan.work.exists()
     log_line = start.run_log(plan)
-    log = _also_to(log, log_line)
     with start.executor_for(plan, executor, progress and verbose) as (executor, early):
         run = Run(executor, progress=progress, resumed=resuming, started=t0, log_line=log_line)
         run.lap("start")
+        state = steps.RunState(started=t0, early=early, log=_also_to(log, log_line))
         try:
-            total = Counters()
-            blocks, damaged, keys_bytes = steps.read(run, plan, early, total)
-            report = {"damaged_inputs": damaged, "duplicate_ids": steps.unique_ids_step(run, plan, blocks, keys_bytes, total)}
-            report["global_stages"], kept_docs, kept_bytes = steps.segments(run, plan, blocks, total)
-            if kept_docs == 0:
-                raise nothing_survived(plan, total, t0, report)
-            tokenizer_path, info = steps.tokenize(run, plan, blocks, kept_bytes, total, report)
-            held = steps.eval_split_step(run, plan, blocks, total, (tokenizer_path, info), report, log)
-            copies, selected = steps.select(run, plan, blocks, total, held)
-            report.update(selected)
-            shards, eval_shards = steps.shards(run, plan, blocks, token_dtype(info.vocab_size).byte_width, copies, held)
-            if sum(s.rows for s in shards) == 0:  # the selection took the last documents
-                raise nothing_survived(plan, total, t0, report)
-            stats, manifest = steps.write(run, plan, total, t0, report, shards, eval_shards, info, selected, log)
+            for step in steps.STEPS:
+                state = step(run, plan, state)
         except DamagedWorkFile as exc:
             raise RunStopped(recovery(plan, exc)) from None
     run.lap("shutdown")
     run.lines.close()
     # Rewritten with the clean-up's and shutdown's seconds; a run killed before this keeps the first stats.json.
-    stats["seconds"] = round(time.perf_counter() - t0, 3)
-    stats["phase_seconds"] = run.seconds
-    stats["step_seconds"] = run.step_seconds  # the executor's steps within the stages (their tasks, start to end)
+    stats = {**state.stats, "seconds": round(time.perf_counter() - t0, 3), "phase_seconds": run.seconds,
+             "step_seconds": run.step_seconds}  # the executor's steps within the stages (their tasks, start to end)
     atomic_write_json(plan.out / "stats.json", stats, durable=True)
-    return CurateResult(plan.out_dir, manifest, stats, stats["seconds"], resumed_tasks=run.resumed_tasks)
+    return CurateResult(plan.out_dir, dict(state.manifest), stats, stats["seconds"], resumed_tasks=run.resumed_tasks)
