@@ -95,9 +95,12 @@ def kmeans(x: np.ndarray, k: int, iterations: int, seed: int) -> np.ndarray:
 
 
 def assign_clusters(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """Nearest centroid of each row (squared Euclidean distance)."""
-    d = (x * x).sum(1)[:, None] - 2 * x @ centroids.T + (centroids * centroids).sum(1)[None, :]
-    return d.argmin(axis=1)
+    """Nearest centroid of each row (squared Euclidean distance; the first of equals), the same on every machine
+    (`diversity_kernels.squared_distances`: no BLAS)."""
+    from stages.diversity_kernels import squared_distances  # numba, imported where a stage computes it
+
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return squared_distances(x, np.ascontiguousarray(centroids, dtype=np.float32)).argmin(axis=1)
 
 
 def water_fill(sizes: np.ndarray, total: float) -> np.ndarray:

@@ -1,5 +1,6 @@
-"""The same input gives the same bits whatever BLAS does: a selection model's fit and a prioritized loader's plan,
-each computed in a child process with 1 and 2 OpenBLAS threads and with another OpenBLAS kernel (Haswell's)."""
+"""The same input gives the same bits whatever BLAS does: a selection model's fit, a prioritized loader's plan and
+diversity's k-means (its centroids, its distances, its clusters), each computed in a child process with 1 and 2
+OpenBLAS threads and with other OpenBLAS kernels (Haswell's, Sandy Bridge's)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import hashlib, json, sys, tempfile
 sys.path.append({str(TESTS)!r})
 from helpers import ASSETS, mixed_shards, write_source
 from datapipe.loader import PackedLoader
+from stages import diversity
+from stages.diversity_kernels import squared_distances
 from stages.selection._classifier import QualityClassifier
 
 docs = [json.loads(line) for line in (ASSETS / "corpus_slice.jsonl").read_text().splitlines()]
@@ -36,7 +39,16 @@ for i, batch in enumerate(loader):
     plan.update(json.dumps(loader.state_dict()["planner"], sort_keys=True).encode())
     ids = batch["doc_ids"]
     loader.report_losses(ids, (ids % 13).float() / 13 + 1)
-print(json.dumps({{"fit": hashlib.sha256(fit.to_bytes()).hexdigest(), "plan": plan.hexdigest()}}))
+import numpy as np
+# 2,000 hashed n-gram bags against 100 centroids between pairs of them: near ties, which BLAS's float32 GEMM (the
+# code before the compiled distances) broke one way with one kernel and the other way with another
+rng = np.random.default_rng(0)
+x = diversity.features([rng.integers(0, 30000, size=rng.integers(50, 1500)) for _ in range(2000)], 1024)
+between = x[:100] * 0.5 + x[100:200] * 0.5
+centroids = diversity.kmeans(x[:500], 8, 25, 0)
+kmeans = hashlib.sha256(diversity.assign_clusters(x, between).tobytes() + centroids.tobytes()
+                        + squared_distances(x, centroids).tobytes()).hexdigest()
+print(json.dumps({{"fit": hashlib.sha256(fit.to_bytes()).hexdigest(), "plan": plan.hexdigest(), "kmeans": kmeans}}))
 """
 
 
@@ -49,7 +61,8 @@ def _digests(**env: str) -> dict[str, str]:
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="OpenBLAS's Haswell kernel is an x86-64 one")
-def test_a_fit_and_a_prioritized_plan_are_the_same_bits_on_any_blas_kernel_and_thread_count():
+def test_a_fit_a_prioritized_plan_and_k_means_are_the_same_bits_on_any_blas_kernel_and_thread_count():
     one = _digests(OPENBLAS_NUM_THREADS="1")
     assert _digests(OPENBLAS_NUM_THREADS="2") == one
     assert _digests(OPENBLAS_NUM_THREADS="2", OPENBLAS_CORETYPE="Haswell") == one
+    assert _digests(OPENBLAS_NUM_THREADS="1", OPENBLAS_CORETYPE="Sandybridge") == one

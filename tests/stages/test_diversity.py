@@ -10,6 +10,7 @@ import pytest
 
 from helpers import ASSETS
 from datapipe.testing.synthetic import mutate
+from stages import diversity
 from stages.diversity import (
     default_clusters,
     distinct_ngram_ratio,
@@ -81,3 +82,21 @@ def test_vendi_score_counts_effective_distinct_items():
     eye = np.eye(5, dtype=np.float32)
     assert vendi_score(eye) == pytest.approx(5.0)
     assert vendi_score(np.repeat(eye[:1], 5, axis=0)) == pytest.approx(1.0)
+
+
+def test_the_distances_are_the_exact_formula_and_ties_go_to_the_first_centroid():
+    """`diversity_kernels.squared_distances` against numpy's float64 difference form, on hashed n-gram features of
+    real-looking bags (k = 7: the 4-wide passes and the rest), an empty document among them; equal centroids: the
+    first wins, as numpy's argmin."""
+    from stages.diversity_kernels import squared_distances
+
+    rng = np.random.default_rng(1)
+    toks = [rng.integers(0, 3000, size=n) for n in rng.integers(0, 300, size=60)] + [np.array([], np.int64)]
+    x = diversity.features(toks, 64)
+    c = x[rng.choice(len(x), size=7, replace=False)].copy()
+    c[5] = c[2]
+    got = squared_distances(x, c)
+    want = ((x.astype(np.float64)[:, None, :] - c.astype(np.float64)[None, :, :]) ** 2).sum(-1)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    assert (diversity.assign_clusters(x, c) != 5).all()  # c[5] equals c[2]: never chosen over it
+    assert (diversity.assign_clusters(x, c) == want.argmin(axis=1)).mean() > 0.95
