@@ -158,10 +158,8 @@ def eval_split_step(run: Run, plan: Plan, state: RunState) -> RunState:
     groups = state.report["global_stages"][near.global_stage.name]["groups"] if near is not None else None
     total = Counters.from_json(state.counters.to_json())  # the split counts its drops into it
     path, info = state.tokenizer
-    held = eval_split.split(run.tasks("eval split", task_memory(plan, "block")), plan.work, plan.out,
-                            block_inputs(plan, state.blocks), plan.segments[-1].name, cfg.eval, cfg.dedup.minhash,
-                            near.name if near else None, total, (str(path), info.sha256),
-                            keep_text=cfg.output.keep_dropped_text, near_dedup_groups=groups)
+    held = eval_split.split(run.tasks("eval split", task_memory(plan, "block")), plan, block_inputs(plan, state.blocks),
+                            total, (str(path), info.sha256), groups)
     if not held.report["domains"] and not cfg.eval.source:
         state.log(f"warning: the eval split is empty: eval.fraction {cfg.eval.fraction} chose no document; "
                   "raise eval.fraction (the trainer will not evaluate on it)")
@@ -170,12 +168,10 @@ def eval_split_step(run: Run, plan: Plan, state: RunState) -> RunState:
 
 def select(run: Run, plan: Plan, state: RunState) -> RunState:
     """Selection (a model's, diversity sampling, the mixture) over the training rows: the rows' copies, its report."""
-    cfg, held = plan.cfg, state.held
+    held = state.held
     total = Counters.from_json(state.counters.to_json())  # selection counts its drops into it
-    copies, selected = selection.select(run.tasks("selection", task_memory(plan, "block")), plan.work, plan.out,
-                                        block_inputs(plan, state.blocks), cfg.diversity, cfg.mixture, total,
-                                        held.not_for_training() if held else None, cfg.selection, plan.segments[-1].name,
-                                        plan.cwd, task_memory(plan, "block"))
+    copies, selected = selection.select(run.tasks("selection", task_memory(plan, "block")), plan,
+                                        block_inputs(plan, state.blocks), total, held.not_for_training() if held else None)
     return dataclasses.replace(state, counters=total, copies=copies, selected=MappingProxyType(selected),
                                report=state.reported(**selected))
 

@@ -58,7 +58,7 @@ from datapipe.core.exchange import Shuffle, run_maps, run_reduces
 from datapipe.curation.phases import near_dedup
 from datapipe.curation.blocks import block_documents, block_file
 from datapipe.curation.phase import record_in
-from datapipe.curation.plan import token_file
+from datapipe.curation.plan import Plan, token_file
 from datapipe.curation.phases.near_dedup import KeySource
 from datapipe.curation.phases.cuts import RowCopies
 from datapipe.core.storage import Location, location
@@ -397,34 +397,23 @@ def finish_task(task: SplitTask, block: str, input_index: int) -> dict[str, Any]
     return {"counters": counters.to_json(), "removed": removed_counts}
 
 
-def split(
-    run_tasks: Callable[..., list[Any]],
-    work: Location,
-    out_dir: Location,
-    blocks: list[tuple[str, int]],
-    segment: str,
-    config: EvalSplitConfig,
-    minhash: MinHashConfig,
-    near_dedup_segment: str | None,
-    counters: Counters,
-    tokenizer: tuple[str, str] = ("", ""),
-    *,
-    keep_text: bool = False,
-    near_dedup_groups: dict[str, int] | None = None,
-) -> Split:
-    """Choose the eval split and find the training documents that copy it (see the module docstring).
-    `blocks` are (block name, input index) in input order; `segment` names the last segment's folder (the
-    documents' text and `order`, row for row with the token blocks). Writes the dropped copies to
-    out_dir/dropped/ (with their text when `keep_text`) and takes them out of `counters.kept` (eval
-    documents stay kept: they are written). Every per-document step runs in tasks, through files in work/eval/
-    (the eval documents in `held.arrow`, their near copies in `near.arrow`); the driver adds up counts."""
+def split(run_tasks: Callable[..., list[Any]], plan: Plan, blocks: list[tuple[str, int]], counters: Counters,
+          tokenizer: tuple[str, str] = ("", ""), near_dedup_groups: dict[str, int] | None = None) -> Split:
+    """Choose the eval split (the plan's `eval`) and find the training documents that copy it (see the module
+    docstring). `blocks` are (block name, input index) in input order, row for row with the last segment's folder
+    (the documents' text and `order`) and the token blocks. Writes the dropped copies to out/dropped/ (with their
+    text when `output.keep_dropped_text`) and takes them out of `counters.kept` (eval documents stay kept: they are
+    written). `near_dedup_groups`: near dedup's grouping (its summary's), whose keys the near check reads. Every
+    per-document step runs in tasks, through files in work/eval/ (the eval documents in `held.arrow`, their near
+    copies in `near.arrow`); the driver adds up counts."""
+    work, out_dir, segment, config = plan.work, plan.out, plan.segments[-1].name, plan.cfg.eval
+    minhash, keep_text = plan.cfg.dedup.minhash, plan.cfg.output.keep_dropped_text
     names = [b for b, _ in blocks]
     run_tasks(hash_task, str(work), [(b,) for b in names], "eval_split exact", record=record_in(RECORDS, "hashes"))
     domains = _from_source(run_tasks, work, config, tokenizer) if config.source else _chosen(run_tasks, work, names, segment, config)
     near_checked = config.decontaminate == "near" and bool(names)
     if near_checked:
-        source = _near_source(run_tasks, work, names, segment, config, minhash, near_dedup_segment, near_dedup_groups,
-                              tokenizer)
+        source = _near_source(run_tasks, plan, names, near_dedup_groups, tokenizer)
         near_copies(run_tasks, work, minhash, source)
     finish = SplitTask(str(work), config, segment=segment, out_dir=str(out_dir), near_checked=near_checked, keep_text=keep_text)
     removed_counts: dict[str, int] = {"eval_duplicate": 0, "eval_near_duplicate": 0}
@@ -495,12 +484,14 @@ def _domains(meta: pa.Table) -> dict[str, dict[str, int]]:
     return dict(sorted(domains.items()))
 
 
-def _near_source(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], segment: str,
-                 config: EvalSplitConfig, minhash: MinHashConfig, near_dedup_segment: str | None,
-                 near_dedup_groups: dict[str, int] | None, tokenizer: tuple[str, str]) -> KeySource:
+def _near_source(run_tasks: Callable[..., list[Any]], plan: Plan, names: list[str], near_dedup_groups: dict[str, int] | None,
+                 tokenizer: tuple[str, str]) -> KeySource:
     """The MinHash keys to match the eval documents against: near dedup's own (still in work/minhash/, its nodes
     gathered by its groups, `near_dedup_groups` from its summary), or, when near dedup did not run (or the split
     is another run's), keys made here."""
+    work, segment, config, minhash = plan.work, plan.segments[-1].name, plan.cfg.eval, plan.cfg.dedup.minhash
+    near = next((seg for seg in plan.segments if isinstance(seg.global_stage, MinHashStage)), None)
+    near_dedup_segment = near.name if near is not None else None
     if near_dedup_segment is not None and near_dedup_groups is not None and not config.source:
         return near_dedup.as_routed(near_dedup.KeySource(str(work / "minhash"), str(work),
                                                          tuple(f"{near_dedup_segment}/{b}" for b in names), gathered=True,

@@ -51,7 +51,7 @@ from datapipe.curation.blocks import block_documents, block_file
 from datapipe.curation.config import ReadConfig, SelectionConfig
 from datapipe.curation.counters import Counters
 from datapipe.curation.phase import RunTasks, record_in
-from datapipe.curation.plan import token_file
+from datapipe.curation.plan import Plan, task_memory, token_file
 from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, cuts, held_rows
 from datapipe.curation.phases.read import working_dir
 from datapipe.curation.readers import InputUnit, plan_units, read_unit
@@ -255,10 +255,11 @@ def fasttext_bytes(cfg: SelectionConfig) -> int:
     return os.path.getsize(absolute(cfg.model)) if cfg.method == "fasttext" else 0
 
 
-def fit_model(run_tasks: RunTasks, work: Location, out_dir: Location, names: list[str], segment: str, cfg: SelectionConfig,
-              training_docs: int, held_out: RowCopies | None, cwd: str, task_bytes: int) -> dict[str, Any]:
-    """The fit's record (`fit_task`), after the sample's tasks and before the publish task. `task_bytes`: a block
-    task's memory, the base of the fit's."""
+def fit_model(run_tasks: RunTasks, plan: Plan, names: list[str], training_docs: int, held_out: RowCopies | None) -> dict[str, Any]:
+    """The fit's record (`fit_task`), after the sample's tasks and before the publish task; its memory a block task's
+    and its sample's. Relative paths of the recipe are read from the plan's `cwd`."""
+    work, out_dir, segment, cfg, cwd = plan.work, plan.out, plan.segments[-1].name, plan.cfg.selection, plan.cwd
+    task_bytes = task_memory(plan, "block")
     sample, cpu, text_bytes = None, 0.0, 0
     if cfg.model is None or cfg.method == "fasttext":
         rate = cfg.sample_docs / max(training_docs, 1)
@@ -355,19 +356,18 @@ def _budget(cfg: SelectionConfig, group: str, tokens: int) -> float:
     return cfg.keep_tokens if cfg.keep_tokens is not None else cfg.keep_fraction * tokens
 
 
-def select_by_model(run_tasks: RunTasks, work: Location, out_dir: Location, blocks: list[tuple[str, int]], segment: str,
-                    cfg: SelectionConfig, totals: dict[str, list[int]], counters: Counters, held_out: RowCopies | None,
-                    cwd: str, task_bytes: int) -> tuple[RowCopies, dict[str, Any]]:
-    """The rows not for training after selection by a model (those held out before included) and a report for the
-    stats. `totals`: training [documents, tokens] per domain. Updates `counters`. `cwd`: where relative paths of the
-    recipe are read from; `task_bytes`: a block task's memory."""
+def select_by_model(run_tasks: RunTasks, plan: Plan, blocks: list[tuple[str, int]], totals: dict[str, list[int]],
+                    counters: Counters, held_out: RowCopies | None) -> tuple[RowCopies, dict[str, Any]]:
+    """The rows not for training after selection by a model (the plan's `selection`; those held out before
+    included) and a report for the stats. `totals`: training [documents, tokens] per domain. Updates `counters`."""
+    work, out_dir, segment, cfg = plan.work, plan.out, plan.segments[-1].name, plan.cfg.selection
+    task_bytes = task_memory(plan, "block")  # a block task's memory
     names = [b for b, _ in blocks]
     unknown = sorted(set(cfg.domain_tokens) - set(totals))
     if unknown:
         raise ConfigError(f"selection.domain_tokens names domains the corpus has no training documents of: {unknown}; "
                           f"its domains are {sorted(totals)}")
-    fitted = fit_model(run_tasks, work, out_dir, names, segment, cfg, sum(n for n, _ in totals.values()), held_out, cwd,
-                       task_bytes)
+    fitted = fit_model(run_tasks, plan, names, sum(n for n, _ in totals.values()), held_out)
     scored = run_tasks(score_task, BlockTask(str(work), segment, held_out, per_domain=cfg.per_domain or bool(cfg.domain_tokens),
                                              sha256=fitted["sha256"]),
                        [(b,) for b in names],

@@ -766,8 +766,8 @@ class NearDedupStage(MinHashStage, ResolvingStage):
 
     def resolve(self, run_tasks: RunTasks, folder: Location, out_dir: Location, senders: Sequence[str],
                 documents: int, largest: dict[str, int]) -> dict[str, Any]:
-        return resolve(run_tasks, folder, self, out_dir, KeySource(str(folder), str(folder.parent), tuple(senders)),
-                       documents, largest)
+        return resolve(run_tasks, self, out_dir, KeySource(str(folder), str(folder.parent), tuple(senders)), documents,
+                       largest)
 
 
 def send_kinds(stage: MinHashStage, table: pa.Table, folder: Location, sender: str) -> dict[str, int]:
@@ -791,14 +791,14 @@ def first_run_choice_task(choice: Choice) -> dict[str, Any]:
     return choice.proposed
 
 
-def resolve(run_tasks: RunTasks, folder: Location, stage: MinHashStage, out_dir: Location, keys: KeySource,
-            documents: int, largest: dict[str, int]) -> dict[str, Any]:
+def resolve(run_tasks: RunTasks, stage: MinHashStage, out_dir: Location, keys: KeySource, documents: int,
+            largest: dict[str, int]) -> dict[str, Any]:
     """Run the whole resolution with `run_tasks(fn, shared, items, desc)` (an executor's: it calls
-    `fn(shared, *item)` for each item); `keys` are the map side's (its senders: blocks below the work
-    folder, `folder.parent`), holding `documents` documents in all (what sizes the groups), the largest file of
-    each kind `largest` bytes (as the block tasks measured). Writes `out_dir/near_duplicates/clusters/` and
-    `folder/losers-tNNN.arrow` (one per group); returns a summary for the stats."""
-    config = stage.config
+    `fn(shared, *item)` for each item); `keys` are the map side's, in the stage's work folder (its senders: blocks
+    below the work folder, `keys.work`), holding `documents` documents in all (what sizes the groups), the largest
+    file of each kind `largest` bytes (as the block tasks measured). Writes `out_dir/near_duplicates/clusters/` and
+    `<its folder>/losers-tNNN.arrow` (one per group); returns a summary for the stats."""
+    config, folder = stage.config, location(keys.keys)
     proposed = dataclasses.replace(resolve_groups(config.partitions, documents), key_bytes=largest["nodes"],
                                    bucket_bytes=largest["buckets"])
     # fixed by the first run (the task's record, `records/groups.json`): a resume keeps its grouping

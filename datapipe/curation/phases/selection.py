@@ -29,7 +29,6 @@ copies, and neither step sees them.
 
 from __future__ import annotations
 
-import os
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -43,7 +42,7 @@ from datapipe.core.exchange import Received, Shuffle, routed, run_maps
 from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curation.phase import record_in
-from datapipe.curation.plan import token_file
+from datapipe.curation.plan import Plan, token_file
 from datapipe.curation.config import SelectionConfig
 from datapipe.curation.phases.model_selection import select_by_model
 from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, assigned, cuts, held_rows
@@ -239,35 +238,22 @@ def _totals(run_tasks: Callable[..., list[Any]], work: Location, names: list[str
     return totals
 
 
-def select(
-    run_tasks: Callable[..., list[Any]],
-    work: Location,
-    out_dir: Location,
-    blocks: list[tuple[str, int]],
-    div_config: diversity.DiversityConfig,
-    mix_config: mixture.MixtureConfig,
-    counters: Counters,
-    held_out: RowCopies | None = None,
-    by_model: SelectionConfig | None = None,
-    segment: str = "",
-    cwd: str = "",
-    task_bytes: int = 0,
-) -> tuple[RowCopies | None, dict[str, Any]]:
-    """Copies per row of every block (None when no step is enabled and nothing is held out) and a
-    report for the manifest and stats. `blocks` are (block name, input index) in order. Updates
-    `counters` (dropped documents leave `kept`). `held_out` (per row, > 0) marks rows that are not
-    training data (the eval split and its copies): they get 0 copies here, are neither sampled nor
-    counted in the mixture, and are recorded by whoever held them out. `cwd` and `task_bytes` (a block task's
-    memory) are selection by a model's (`select_by_model`)."""
-    by_model = by_model if by_model is not None and by_model.enabled else None
+def select(run_tasks: Callable[..., list[Any]], plan: Plan, blocks: list[tuple[str, int]], counters: Counters,
+           held_out: RowCopies | None = None) -> tuple[RowCopies | None, dict[str, Any]]:
+    """Copies per row of every block (None when no step is enabled and nothing is held out) and a report for the
+    manifest and stats, by the plan's `selection`, `diversity` and `mixture`. `blocks` are (block name, input
+    index) in order. Updates `counters` (dropped documents leave `kept`). `held_out` (per row, > 0) marks rows that
+    are not training data (the eval split and its copies): they get 0 copies here, are neither sampled nor counted
+    in the mixture, and are recorded by whoever held them out."""
+    work, out_dir, div_config, mix_config = plan.work, plan.out, plan.cfg.diversity, plan.cfg.mixture
+    by_model = plan.cfg.selection if plan.cfg.selection.enabled else None
     if not (div_config.enabled or mix_config.enabled or held_out or by_model):
         return None, {}
     names = [b for b, _ in blocks]
     totals = _totals(run_tasks, work, names, held_out)
     report: dict[str, Any] = {}
     if by_model is not None:  # first: diversity and the mixture see only what the model keeps
-        held_out, report["model_selection"] = select_by_model(run_tasks, work, out_dir, blocks, segment, by_model, totals,
-                                                              counters, held_out, cwd or os.getcwd(), task_bytes)
+        held_out, report["model_selection"] = select_by_model(run_tasks, plan, blocks, totals, counters, held_out)
         totals = _totals(run_tasks, work, names, held_out)
     cuts: dict[str, Cut] = {}
     natural = {d: k for d, (_, k) in totals.items()}  # the mixture's tokens: after diversity sampling
