@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import xxhash
 
 from datapipe.core.config import check, note
+from stages.sampling import seeded_rank  # noqa: F401 - the order inside a cluster (and `select`'s callers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,11 +63,6 @@ def features(token_lists: list[np.ndarray], dims: int) -> np.ndarray:
         out[i] = np.log1p(counts)
     norms = np.linalg.norm(out, axis=1, keepdims=True)
     return out / np.maximum(norms, 1e-12)
-
-
-def seeded_rank(ids: list[str], seed: int) -> np.ndarray:
-    """A seeded pseudo-random rank per id (uint64), the same wherever and whenever computed."""
-    return np.fromiter((xxhash.xxh64_intdigest(i.encode(), seed=seed) for i in ids), dtype=np.uint64, count=len(ids))
 
 
 def kmeans(x: np.ndarray, k: int, iterations: int, seed: int) -> np.ndarray:

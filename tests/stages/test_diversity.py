@@ -100,3 +100,15 @@ def test_the_distances_are_the_exact_formula_and_ties_go_to_the_first_centroid()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
     assert (diversity.assign_clusters(x, c) != 5).all()  # c[5] equals c[2]: never chosen over it
     assert (diversity.assign_clusters(x, c) == want.argmin(axis=1)).mean() > 0.95
+
+
+def test_one_seeded_sample_is_nested_across_rates_and_the_same_in_any_block_order():
+    """`stages.sampling`: a sample at a lower rate is a subset of one at a higher rate, a rate of 1 takes all, and a
+    document's membership does not depend on which other ids are drawn with it."""
+    from stages.sampling import in_sample, seeded_rank, seeded_sample
+
+    ids = [f"doc-{i}" for i in range(5000)]
+    low, high = seeded_sample(ids, 0.1, 7), seeded_sample(ids, 0.3, 7)
+    assert (low <= high).all() and 350 < low.sum() < 650 and seeded_sample(ids, 1.0, 7).all()
+    assert (seeded_sample(ids[::-1], 0.1, 7) == low[::-1]).all()
+    assert (in_sample(seeded_rank(ids[:10], 7), 0.1) == low[:10]).all() and not (seeded_sample(ids, 0.1, 8) == low).all()

@@ -55,7 +55,7 @@ from datapipe.curation.plan import Plan, task_memory, token_file
 from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, cuts, held_rows
 from datapipe.curation.phases.read import working_dir
 from datapipe.curation.readers import InputUnit, plan_units, read_unit
-from stages import diversity
+from stages.sampling import seeded_sample
 from stages.selection import STAGE_NAMES, FastTextScorer, SelectionModel, fit
 
 FOLDER = "model_select"
@@ -107,7 +107,7 @@ def sample_rows(task: BlockTask, block: str) -> tuple[pa.Table, np.ndarray, dict
     started = time.process_time()
     tokens, texts = _documents(work, segment, block)
     ids = tokens.column("id").to_pylist()
-    chosen = diversity.seeded_rank(ids, seed) < np.uint64(int(rate * 2**64)) if rate < 1.0 else np.ones(len(ids), dtype=bool)
+    chosen = seeded_sample(ids, rate, seed)
     take = np.flatnonzero(chosen & ~held_rows(held_out, block, len(ids)))
     table = pa.table({"id": [ids[i] for i in take], "text": [texts[i] for i in take]}, schema=SAMPLE_SCHEMA)
     text_bytes = int(pc.sum(pc.binary_length(table.column("text"))).as_py() or 0)

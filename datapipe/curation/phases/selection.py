@@ -48,6 +48,7 @@ from datapipe.curation.phases.model_selection import select_by_model
 from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, assigned, cuts, held_rows
 from datapipe.curation.blocks import block_file
 from stages import diversity, mixture
+from stages.sampling import in_sample, seeded_rank
 
 COPIES_DIR = "select"  # work/select/<block>.arrow: column `copies`
 
@@ -100,16 +101,16 @@ def sample_rows(task: SelectTask, block: str) -> tuple[pa.Table, np.ndarray, dic
     work, config, doc_counts, held_out = location(task.folder), task.config, task.doc_counts, task.held_out
     table = read_work_table(token_file(work, block)).select(["id", "domain", "tokens"])
     domains = table.column("domain").to_pylist()
-    rank = diversity.seeded_rank(table.column("id").to_pylist(), config.seed)
+    rank = seeded_rank(table.column("id").to_pylist(), config.seed)
     held = held_rows(held_out, block, table.num_rows)
     index = {d: i for i, d in enumerate(config.domains)}
-    rows, parts = [], []
-    for i, d in enumerate(domains):
-        if d in index and not held[i]:
-            rate = config.fit_docs / max(doc_counts.get(d, 1), 1)
-            if rate >= 1.0 or int(rank[i]) < int(rate * 2**64):
-                rows.append(i)
-                parts.append(index[d])
+    by_domain = np.array(domains, dtype=object)
+    chosen = np.zeros(table.num_rows, dtype=bool)
+    for d in index:  # each sampled domain at its own rate: fit_docs of its documents
+        mine = np.flatnonzero(by_domain == d)
+        chosen[mine] = in_sample(rank[mine], config.fit_docs / max(doc_counts.get(d, 1), 1))
+    rows = np.flatnonzero(chosen & ~held).tolist()  # in row order
+    parts = [index[domains[i]] for i in rows]
     tokens = table.column("tokens").combine_chunks().take(pa.array(rows, pa.int64())).cast(SAMPLE_SCHEMA.field("tokens").type)
     return pa.table({"tokens": tokens}), np.array(parts, np.int64), {"documents": len(rows)}
 
@@ -159,7 +160,7 @@ def assign_task(task: SelectTask, block: str) -> dict[str, str]:
         clusters = diversity.assign_clusters(diversity.features(toks, config.dims), c)
         parts.append(pa.table({
             "row": rows.astype(np.int64), "domain": [d] * len(rows), "cluster": clusters.astype(np.int32),
-            "rank": diversity.seeded_rank(sub.column("id").to_pylist(), config.seed),
+            "rank": seeded_rank(sub.column("id").to_pylist(), config.seed),
             "num_tokens": sub.column("num_tokens"),
         }, schema=ASSIGN_SCHEMA))
     write_work_table(out, pa.concat_tables(parts) if parts else ASSIGN_SCHEMA.empty_table())

@@ -18,7 +18,6 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import xxhash
 
 from datapipe.core.shards import atomic_write_bytes, shard_schema
 from datapipe.core.exchange import Received, Shuffle, routed, run_maps
@@ -29,6 +28,7 @@ from datapipe.curation.counters import Counters
 from datapipe.curation.phase import Phase, record_location
 from datapipe.curation.plan import WORK_COMPRESSION, Plan, block_name, lengths_file, task_memory, token_file
 from stages.fast_bpe import CompiledBPE, try_compile
+from stages.sampling import seeded_sample
 from stages.tokenize import TokenizeStage, TokenizerConfig, train_tokenizer
 
 
@@ -47,11 +47,9 @@ def sample_exchange(plan: Plan) -> Shuffle:
 def sample_rows(shared: tuple[Plan, float], block: str) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
     """The block's part of the tokenizer's training sample: the kept documents whose id hashes below the rate."""
     plan, rate = shared
-    threshold = int(rate * 2**64)
 
     def sampled(view: pa.Table) -> np.ndarray:  # picked from the ids before any text is decompressed
-        ids = view.column("id").to_pylist()
-        return np.flatnonzero([rate >= 1.0 or xxhash.xxh64_intdigest(i.encode()) < threshold for i in ids])
+        return np.flatnonzero(seeded_sample(view.column("id").to_pylist(), rate))
 
     texts = block_documents(plan.work, plan.segments[-1].name, block, ["text"], where=sampled).column("text").to_pylist()
     sample = pa.table({"text": pa.array(texts, pa.large_string())}, schema=SAMPLE_SCHEMA)
