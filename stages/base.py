@@ -93,6 +93,14 @@ class GlobalStage(ABC):
         """How many losers files the run's decision leaves for `documents` documents: one per partition."""
         return self.partitions
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "resolve" in vars(cls) and "decide" not in vars(cls):  # written to the contract before keys + decide
+            raise TypeError(f"{cls.__module__}.{cls.__qualname__} defines resolve(run_tasks, folder, ...), which a global "
+                            "stage no longer has: define decide(keys) -> the losers (stages.base.LOSER_SCHEMA) of one "
+                            "partition's keys, and return the keys from keys(batch) as one table; the run sends, routes "
+                            "and records them (docs/curation.md shows one)")
+
 
 class ResolvingStage(ABC):
     """A global stage whose decision takes steps of its own (near dedup: candidate pairs, verification, connected

@@ -63,3 +63,20 @@ def test_a_third_global_stage_runs_through_the_generic_path(tmp_path):
     assert [f["stage"] for f in result.stats["funnel"]][-2:] == ["first_line", "minhash"]
     assert all(row["balanced"] for row in result.stats["inputs"])
     assert read_manifest(tmp_path / "out")["total_docs"] == 4
+
+
+def test_a_stage_written_to_the_old_resolve_contract_is_told_what_to_write_instead():
+    import pytest
+
+    from stages.base import GlobalStage
+
+    with pytest.raises(TypeError, match=r"defines resolve\(run_tasks, folder, \.\.\.\), which a global stage no longer "
+                                        r"has: define decide\(keys\)"):
+        class Old(GlobalStage):  # noqa: F841 - its definition is what is refused
+            name, partitions = "old", 2
+
+            def keys(self, batch):
+                return {"keys": batch}
+
+            def resolve(self, run_tasks, folder, out_dir, senders, documents):
+                return {}
