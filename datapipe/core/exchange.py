@@ -1,8 +1,10 @@
 """The one exchange: how the senders' shuffle files of a global step reach its receivers.
 
-Every global decision of a run moves rows the same way. A step's M sending tasks each write one shuffle file
-(`datapipe.core.shuffle`) holding its rows of all P partitions; R receiving tasks then read their partitions.
-`route(run_tasks, Exchange(...))` is the only place that decides how they read:
+Every global decision of a run moves rows the same way, through one contract that owns both ends, `Shuffle`: a step's
+M sending tasks each write one shuffle file (`Shuffle.send`: `datapipe.core.shuffle`) holding its rows of all P
+partitions and return its measured size; R receiving tasks then read their partitions (`run_reduces`, or `routed`
+for a receiver of the caller's own). `map_reduce` runs both ends and names every file and record. Where the
+receivers read is decided in one place, `route` (by the senders' largest file, as measured):
 
 - **directly**, each receiver reading its range of every sender's file, where that is few files a receiver and few
   requests: at most RECEIVER_FILES senders and 2 M R <= 4 (M + R) (or where no two senders' files fit one merge);
