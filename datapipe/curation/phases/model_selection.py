@@ -77,21 +77,41 @@ SAMPLE_SCHEMA = pa.schema([("id", pa.string()), ("text", pa.large_string())])
 
 
 @dataclass(frozen=True)
-class BlockTask:
-    """What selection by a model's block tasks share, by name; their records go below `folder`, the work folder."""
+class SampleTask:
+    """What the sample tasks share: the work folder, the segment whose blocks hold the documents' text, the rows that
+    are not training data (never sampled), the sample's share of the training documents and its seed."""
 
     folder: str
-    segment: str = ""  # the segment whose blocks hold the documents' text
-    held_out: RowCopies | None = None  # rows that are not training data: never sampled, scored or kept
-    rate: float = 1.0  # the sample's share of the training documents
-    seed: int = 0  # the sample's
-    per_domain: bool = False  # a cut per domain, else one over all
-    sha256: str = ""  # the fitted model's (a worker never scores with another)
-    out_dir: str = ""
-    method: str = ""
-    group_cuts: dict[str, Cut] | None = None
-    threshold: float | None = None
-    edges: tuple[float, ...] = ()  # the score histograms' bins
+    segment: str
+    held_out: RowCopies | None
+    rate: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class ScoreTask:
+    """What the score tasks share: the work folder, the text's segment, the rows held out (never scored), whether
+    the cut is per domain (else one over all) and the fitted model's checksum (a worker never scores with another)."""
+
+    folder: str
+    segment: str
+    held_out: RowCopies | None
+    per_domain: bool
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ApplyTask:
+    """What the apply tasks share: the work folder, the rows held out (never kept), the output folder (drops and
+    scores), the method's name, the cut per group (None: a threshold instead), the threshold, the histograms' bins."""
+
+    folder: str
+    held_out: RowCopies | None
+    out_dir: str
+    method: str
+    group_cuts: dict[str, Cut] | None
+    threshold: float | None
+    edges: tuple[float, ...]
 
 
 def sample_exchange(work: Location) -> Shuffle:
@@ -101,7 +121,7 @@ def sample_exchange(work: Location) -> Shuffle:
                    sender_record="sample-", map_step="", schema=SAMPLE_SCHEMA)
 
 
-def sample_rows(task: BlockTask, block: str) -> tuple[pa.Table, np.ndarray, dict[str, Any]]:
+def sample_rows(task: SampleTask, block: str) -> tuple[pa.Table, np.ndarray, dict[str, Any]]:
     """The block's part of the corpus sample: its training rows whose seeded rank falls below `rate` (id, text)."""
     work, segment, held_out, rate, seed = location(task.folder), task.segment, task.held_out, task.rate, task.seed
     started = time.process_time()
@@ -264,7 +284,7 @@ def fit_model(run_tasks: RunTasks, plan: Plan, names: list[str], training_docs: 
     if cfg.model is None or cfg.method == "fasttext":
         rate = cfg.sample_docs / max(training_docs, 1)
         spec = sample_exchange(work)
-        parts = run_maps(run_tasks, spec, sample_rows, BlockTask(str(work), segment, held_out, rate, cfg.seed),
+        parts = run_maps(run_tasks, spec, sample_rows, SampleTask(str(work), segment, held_out, rate, cfg.seed),
                          [(b,) for b in names])
         sample = routed(run_tasks, spec, names, parts)
         cpu, documents = sum(p["cpu_seconds"] for p in parts), sum(p["documents"] for p in parts)
@@ -286,7 +306,7 @@ def _model(path: str, sha256: str) -> SelectionModel:
     return SelectionModel.from_bytes(read_work_bytes(path).to_pybytes())
 
 
-def score_task(task: BlockTask, block: str) -> dict[str, str]:
+def score_task(task: ScoreTask, block: str) -> dict[str, str]:
     """Score the block's training rows -> work/model_select/<block>.arrow (the cut's assignments, plus `score`)."""
     work, segment, held_out, per_domain, sha256 = location(task.folder), task.segment, task.held_out, task.per_domain, task.sha256
     started = time.process_time()
@@ -308,7 +328,7 @@ def _histogram(scores: np.ndarray, edges: np.ndarray) -> list[int]:
     return np.bincount(np.clip(np.searchsorted(edges, scores, side="right") - 1, 0, len(edges) - 2), minlength=len(edges) - 1).tolist()
 
 
-def apply_task(task: BlockTask, block: str, index: int, input_index: int) -> dict[str, Any]:
+def apply_task(task: ApplyTask, block: str, index: int, input_index: int) -> dict[str, Any]:
     """One block's decision: the excluded-rows file, the dropped documents' records, the scores, the counters'
     changes and the score histograms per domain (all, kept)."""
     work, out_dir, held_out, method = location(task.folder), location(task.out_dir), task.held_out, task.method
@@ -368,8 +388,8 @@ def select_by_model(run_tasks: RunTasks, plan: Plan, blocks: list[tuple[str, int
         raise ConfigError(f"selection.domain_tokens names domains the corpus has no training documents of: {unknown}; "
                           f"its domains are {sorted(totals)}")
     fitted = fit_model(run_tasks, plan, names, sum(n for n, _ in totals.values()), held_out)
-    scored = run_tasks(score_task, BlockTask(str(work), segment, held_out, per_domain=cfg.per_domain or bool(cfg.domain_tokens),
-                                             sha256=fitted["sha256"]),
+    scored = run_tasks(score_task, ScoreTask(str(work), segment, held_out, cfg.per_domain or bool(cfg.domain_tokens),
+                                             fitted["sha256"]),
                        [(b,) for b in names],
                        "selection score", record=record_in(FOLDER, "score", first_item_only=True),
                        memory=task_bytes + fasttext_bytes(cfg))
@@ -386,8 +406,7 @@ def select_by_model(run_tasks: RunTasks, plan: Plan, blocks: list[tuple[str, int
     edges = np.array(fitted["edges"], np.float64)
     edges[0], edges[-1] = -np.inf, np.inf  # the outer bins take the tails
     items = [(b, i, input_index) for i, (b, input_index) in enumerate(blocks)]
-    apply = BlockTask(str(work), held_out=held_out, out_dir=str(out_dir), method=cfg.method, group_cuts=group_cuts,
-                      threshold=cfg.threshold, edges=tuple(edges.tolist()))
+    apply = ApplyTask(str(work), held_out, str(out_dir), cfg.method, group_cuts, cfg.threshold, tuple(edges.tolist()))
     results = run_tasks(apply_task, apply, items, "selection apply", record=record_in(FOLDER, "apply", first_item_only=True))
     histograms: dict[str, list[np.ndarray]] = {}
     for r in results:

@@ -29,7 +29,6 @@ copies, and neither step sees them.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -54,22 +53,59 @@ COPIES_DIR = "select"  # work/select/<block>.arrow: column `copies`
 
 
 @dataclass(frozen=True)
-class SelectTask:
-    """What selection's tasks share, by name; their records go below `folder`, the run's work folder."""
+class CountTask:
+    """What the count tasks share: the run's work folder and the rows that are not training data (held out: 0
+    copies, never sampled nor counted)."""
 
     folder: str
-    held_out: RowCopies | None = None  # rows that are not training data (0 copies, never sampled nor counted)
-    config: diversity.DiversityConfig | None = None
-    doc_counts: dict[str, int] | None = None  # training documents per domain (what sizes diversity's clusters)
-    sample: Received | None = None  # where the fit tasks read diversity's sample
-    centroids: dict[str, np.ndarray] | None = None
-    out_dir: str = ""
-    cuts: dict[str, Cut] | None = None  # diversity's cut per domain
-    mix_plan: dict[str, dict[str, Any]] | None = None  # the mixture's rate per domain
-    seed: int = 0  # the mixture's
+    held_out: RowCopies | None
 
 
-def count_task(task: SelectTask, block: str) -> dict[str, list[int]]:
+@dataclass(frozen=True)
+class SampleTask:
+    """What diversity's sample tasks share: the work folder, the rows held out, diversity's config and the training
+    documents per domain (what sets each domain's sampling rate)."""
+
+    folder: str
+    held_out: RowCopies | None
+    config: diversity.DiversityConfig
+    doc_counts: dict[str, int]
+
+
+@dataclass(frozen=True)
+class FitTask:
+    """What the fit tasks share: the work folder (their records), diversity's config, the training documents per
+    domain (what sizes its clusters) and where the sample's files were routed."""
+
+    folder: str
+    config: diversity.DiversityConfig
+    doc_counts: dict[str, int]
+    sample: Received
+
+
+@dataclass(frozen=True)
+class AssignTask:
+    """What the assign tasks share: the work folder, diversity's config and each sampled domain's centroids."""
+
+    folder: str
+    config: diversity.DiversityConfig
+    centroids: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class SelectTask:
+    """What the select tasks share: the work folder, the rows held out, the output folder (the dropped documents'
+    records), diversity's cut per domain and the mixture's rate per domain (None: no mixture) and seed."""
+
+    folder: str
+    held_out: RowCopies | None
+    out_dir: str
+    cuts: dict[str, Cut]
+    mix_plan: dict[str, dict[str, Any]] | None
+    seed: int
+
+
+def count_task(task: CountTask, block: str) -> dict[str, list[int]]:
     """Per domain of the block's rows (in order of first appearance, held-out rows included): training
     [documents, tokens]."""
     work, held_out = location(task.folder), task.held_out
@@ -95,7 +131,7 @@ def sample_exchange(work: Location, config: diversity.DiversityConfig) -> Shuffl
                    records=str(work / "diversity" / "records"), sender_record="sample-", map_step="", schema=SAMPLE_SCHEMA)
 
 
-def sample_rows(task: SelectTask, block: str) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
+def sample_rows(task: SampleTask, block: str) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
     """The block's part of the seeded sample that fits the centroids: per sampled domain, the tokens of its training
     rows whose seeded rank falls below `fit_docs` / the domain's documents, by domain."""
     work, config, doc_counts, held_out = location(task.folder), task.config, task.doc_counts, task.held_out
@@ -115,7 +151,7 @@ def sample_rows(task: SelectTask, block: str) -> tuple[pa.Table, np.ndarray, dic
     return pa.table({"tokens": tokens}), np.array(parts, np.int64), {"documents": len(rows)}
 
 
-def fit_task(task: SelectTask, index: int) -> dict[str, Any]:
+def fit_task(task: FitTask, index: int) -> dict[str, Any]:
     """One sampled domain's k-means centroids, fit on its sample (every block's, in block order), as lists (a
     record is JSON: float32 values come back exactly); none without a sample."""
     sample_files, config, doc_counts = task.sample, task.config, task.doc_counts
@@ -136,15 +172,15 @@ def fit_centroids(run_tasks: Callable[..., list[Any]], work: Location, blocks: l
     """Per sampled domain: k-means centroids fit on at most `fit_docs` documents (seeded choice, taken by one task per
     block, `sample_rows`), never on `held_out` rows; the blocks' sample files routed (`sample_exchange`), one task per
     domain fits (`fit_task`)."""
-    task = SelectTask(str(work), held_out, config, doc_counts)
     spec = sample_exchange(work, config)
-    sample = routed(run_tasks, spec, blocks, run_maps(run_tasks, spec, sample_rows, task, [(b,) for b in blocks]))
-    fits = run_tasks(fit_task, dataclasses.replace(task, sample=sample), [(i,) for i in range(len(config.domains))],
+    sent = run_maps(run_tasks, spec, sample_rows, SampleTask(str(work), held_out, config, doc_counts), [(b,) for b in blocks])
+    fit = FitTask(str(work), config, doc_counts, routed(run_tasks, spec, blocks, sent))
+    fits = run_tasks(fit_task, fit, [(i,) for i in range(len(config.domains))],
                      "diversity fit", record=record_in("diversity/records", "fit"))
     return {f["domain"]: np.asarray(f["centroids"], dtype=np.float32) for f in fits if f["centroids"] is not None}
 
 
-def assign_task(task: SelectTask, block: str) -> dict[str, str]:
+def assign_task(task: AssignTask, block: str) -> dict[str, str]:
     """Cluster of every row of a sampled domain in one block -> work/diversity/<block>.arrow."""
     work, config, centroids = location(task.folder), task.config, task.centroids
     out = block_file(work, "diversity", block)
@@ -231,7 +267,7 @@ def select_task(task: SelectTask, block: str, index: int, input_index: int) -> d
 def _totals(run_tasks: Callable[..., list[Any]], work: Location, names: list[str], held_out: RowCopies | None) -> dict[str, list[int]]:
     """Domain -> training [documents, tokens], in order of first appearance."""
     totals: dict[str, list[int]] = {}
-    for part in run_tasks(count_task, SelectTask(str(work), held_out), [(b,) for b in names], "select count"):
+    for part in run_tasks(count_task, CountTask(str(work), held_out), [(b,) for b in names], "select count"):
         for d, (n, k) in part.items():
             entry = totals.setdefault(d, [0, 0])
             entry[0] += n
@@ -261,14 +297,13 @@ def select(run_tasks: Callable[..., list[Any]], plan: Plan, blocks: list[tuple[s
     if div_config.enabled and div_config.domains:
         doc_counts = {d: n for d, (n, _) in totals.items() if n}
         centroids = fit_centroids(run_tasks, work, names, div_config, doc_counts, held_out)
-        run_tasks(assign_task, SelectTask(str(work), config=div_config, centroids=centroids), [(b,) for b in names], "diversity",
+        run_tasks(assign_task, AssignTask(str(work), div_config, centroids), [(b,) for b in names], "diversity",
                   record=record_in("diversity", first_item_only=True))
         cuts, report["diversity"], kept_tokens = _diversity_cuts(run_tasks, work, names, div_config, centroids, held_out)
         natural.update(kept_tokens)
     mix_plan = mixture.plan(natural, mix_config) if mix_config.enabled else None
     items = [(b, i, input_index) for i, (b, input_index) in enumerate(blocks)]
-    results = run_tasks(select_task, SelectTask(str(work), held_out, out_dir=str(out_dir), cuts=cuts, mix_plan=mix_plan,
-                                                seed=mix_config.seed), items, "select",
+    results = run_tasks(select_task, SelectTask(str(work), held_out, str(out_dir), cuts, mix_plan, mix_config.seed), items, "select",
                         record=record_in(COPIES_DIR, first_item_only=True))
     written: dict[str, int] = {}
     for r in results:
