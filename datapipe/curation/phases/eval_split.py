@@ -77,20 +77,89 @@ NEAR = f"{EVAL_DIR}/near.arrow"  # work/eval/near.arrow: each near copy's order 
 
 
 @dataclass(frozen=True)
-class SplitTask:
-    """What the split's tasks share, by name; their records go below `folder`, the run's work folder."""
+class BucketTask:
+    """Near dedup's map half on the last segment's blocks (`segment`), where near dedup did not run."""
+
+    folder: str  # the run's work folder (the tasks' records go below it, as every task's here)
+    minhash: MinHashConfig
+    segment: str
+
+
+@dataclass(frozen=True)
+class SourceBucketTask:
+    """The map half on `eval.source`'s documents, tokenized back to text with the run's `tokenizer`."""
 
     folder: str
-    config: EvalSplitConfig | None = None
-    minhash: MinHashConfig | None = None
-    segment: str = ""  # the last segment's folder: the documents' text and order, row for row with the tokens
-    partitions: int = 0  # the choose tasks' domain partitions
-    source: KeySource | None = None  # the MinHash keys the eval documents are matched against
-    edges: Received | None = None  # where the one near task reads the edges
-    tokenizer: str = ""  # the run's tokenizer.json (`eval.source`'s documents are tokenized with it)
-    out_dir: str = ""
-    near_checked: bool = False
-    keep_text: bool = False
+    config: EvalSplitConfig
+    minhash: MinHashConfig
+    tokenizer: str
+
+
+@dataclass(frozen=True)
+class MatchTask:
+    """One match task per near-dedup group: the keys the eval documents are matched against."""
+
+    folder: str
+    minhash: MinHashConfig
+    source: KeySource
+
+
+@dataclass(frozen=True)
+class NearTask:
+    """The one task naming the near copies: where it reads the edges."""
+
+    folder: str
+    minhash: MinHashConfig
+    edges: Received
+
+
+@dataclass(frozen=True)
+class CandidateTask:
+    """The candidates' map: the last segment's folder (the documents' order, row for row with the tokens) and the
+    domain partitions they are sent by."""
+
+    folder: str
+    config: EvalSplitConfig
+    segment: str
+    partitions: int
+
+
+@dataclass(frozen=True)
+class ChooseTask:
+    """The choose tasks, one per domain partition (`partitions` of them)."""
+
+    folder: str
+    config: EvalSplitConfig
+    partitions: int
+
+
+@dataclass(frozen=True)
+class SourceTask:
+    """`eval.source`'s documents held out as they are."""
+
+    folder: str
+    config: EvalSplitConfig
+
+
+@dataclass(frozen=True)
+class HeldTask:
+    """The one task gathering every choose task's documents."""
+
+    folder: str
+    partitions: int
+
+
+@dataclass(frozen=True)
+class FinishTask:
+    """One block's copies of the eval documents taken out of training: the last segment's folder, the output folder
+    (their drop records, with their text when `keep_text`), and whether the near copies were looked for."""
+
+    folder: str
+    config: EvalSplitConfig
+    segment: str
+    out_dir: str
+    near_checked: bool
+    keep_text: bool
 
 
 @dataclass
@@ -161,7 +230,7 @@ def hash_task(work: str, block: str) -> dict[str, str]:
     return {"path": f"{EVAL_DIR}/hashes/{block}.arrow"}  # in work/: a record names no absolute path
 
 
-def bucket_task(task: SplitTask, block: str) -> dict[str, int]:
+def bucket_task(task: BucketTask, block: str) -> dict[str, int]:
     """Near dedup's map half on a block of the last segment (used when near dedup did not run): its
     keys, laid out as the runner lays out a global stage's, under work/eval/<kind>/<block>.shuffle."""
     work, segment, config = location(task.folder), task.segment, task.minhash
@@ -170,7 +239,7 @@ def bucket_task(task: SplitTask, block: str) -> dict[str, int]:
     return {"rows": table.num_rows}
 
 
-def match_task(task: SplitTask, g: int) -> dict[str, int]:
+def match_task(task: MatchTask, g: int) -> dict[str, int]:
     """The candidate pairs (training document, eval document) of the bucket partitions of group g
     (`source.groups`): every member of a bucket with each of the first `bucket_window` eval documents in
     it (input order), so the work is bounded by members x window however crowded a bucket is. Written (as
@@ -205,7 +274,7 @@ def near_copies(run_tasks: Callable[..., list[Any]], work: Location, config: Min
     """The training documents that are near-duplicates of an eval document (work/eval/held.arrow) by near dedup's
     own rule (the signature estimate, then the exact Jaccard near the threshold): `match_task`'s candidates, decided
     by `near_dedup.verify_pairs`, named by `near_task` in work/eval/near.arrow; how many."""
-    found = run_tasks(match_task, SplitTask(str(work), minhash=config, source=source), source.groups.items(), "eval_split near",
+    found = run_tasks(match_task, MatchTask(str(work), config, source), source.groups.items(), "eval_split near",
                       record=record_in(RECORDS, "match"))
     sizes = found
     if config.verify:  # the candidates exchanged as near dedup's are (combined past a few groups)
@@ -214,11 +283,11 @@ def near_copies(run_tasks: Callable[..., list[Any]], work: Location, config: Min
     # one task reads every group's edges: combined first, so that it reads a few files, not one per group
     edges = near_dedup.exchange_groups(run_tasks, work / EVAL_DIR / "edges", source.groups, sizes, "eval_split near edges",
                                        records=work / RECORDS)
-    return run_tasks(near_task, SplitTask(str(work), minhash=config, edges=edges.files(work / EVAL_DIR / "edges")), [()],
+    return run_tasks(near_task, NearTask(str(work), config, edges.files(work / EVAL_DIR / "edges")), [()],
                      "eval_split near copies", record=record_in(RECORDS, "near"))[0]["copies"]
 
 
-def near_task(task: SplitTask) -> dict[str, int]:
+def near_task(task: NearTask) -> dict[str, int]:
     """work/eval/near.arrow: (order, eval_order, eval_id) of each training document near an eval document, from
     the edges, with the first eval document in input order named."""
     work, partitions, files = location(task.folder), task.minhash.partitions, task.edges
@@ -269,7 +338,7 @@ def check_source_tokenizer(source: str, manifest: dict[str, Any], sha256: str) -
 SOURCE_BLOCK = "source"  # eval.source's documents: work/eval/source.arrow, their keys work/eval/<kind>/source.shuffle
 
 
-def source_bucket_task(task: SplitTask, part: int) -> dict[str, int]:
+def source_bucket_task(task: SourceBucketTask, part: int) -> dict[str, int]:
     """The MinHash keys of `eval.source`'s documents (their text decoded from the tokens), laid out like
     bucket_task's, as block `source` of work/eval/, its documents in work/eval/source.arrow."""
     from tokenizers import Tokenizer  # only this task decodes
@@ -315,7 +384,7 @@ def candidates_exchange(work: Location, partitions: int) -> Shuffle:
                    schema=CANDIDATE_SCHEMA)
 
 
-def candidate_rows(task: SplitTask, block: str) -> tuple[pa.Table, np.ndarray, dict[str, Any]]:
+def candidate_rows(task: CandidateTask, block: str) -> tuple[pa.Table, np.ndarray, dict[str, Any]]:
     """The block's candidates for the split (rows whose seeded hash of the id falls below `fraction`), with their
     order, hash rank, id, domain, token count and token hash (`hash_task`), by domain partition."""
     work, segment, config, partitions = location(task.folder), task.segment, task.config, task.partitions
@@ -330,7 +399,7 @@ def candidate_rows(task: SplitTask, block: str) -> tuple[pa.Table, np.ndarray, d
                               "by_partition": np.bincount(partition, minlength=partitions).tolist()}
 
 
-def choose(task: SplitTask, p: int, table: pa.Table) -> dict[str, int]:
+def choose(task: ChooseTask, p: int, table: pa.Table) -> dict[str, int]:
     """The eval documents of the domains of partition p, from their candidates: chosen by `chosen_mask`, written to
     work/eval/chosen/pNNN.arrow (order, id, domain, num_tokens, hash)."""
     work, config = location(task.folder), task.config
@@ -342,7 +411,7 @@ def choose(task: SplitTask, p: int, table: pa.Table) -> dict[str, int]:
     return {"chosen": chosen.num_rows, "domains": _domains(chosen)}
 
 
-def finish_task(task: SplitTask, block: str, input_index: int) -> dict[str, Any]:
+def finish_task(task: FinishTask, block: str, input_index: int) -> dict[str, Any]:
     """One block's training copies of eval documents: exact (identical tokens; with another run's split,
     also the same id) and near (`near`: order and eval id of every near copy). Writes the dropped
     documents' records (with their text when `keep_text`: output.keep_dropped_text) and
@@ -415,7 +484,7 @@ def split(run_tasks: Callable[..., list[Any]], plan: Plan, blocks: list[tuple[st
     if near_checked:
         source = _near_source(run_tasks, plan, names, near_dedup_groups, tokenizer)
         near_copies(run_tasks, work, minhash, source)
-    finish = SplitTask(str(work), config, segment=segment, out_dir=str(out_dir), near_checked=near_checked, keep_text=keep_text)
+    finish = FinishTask(str(work), config, segment, str(out_dir), near_checked, keep_text)
     removed_counts: dict[str, int] = {"eval_duplicate": 0, "eval_near_duplicate": 0}
     by_block = record_in(f"{EVAL_DIR}/{ROWS_DIR}", first_item_only=True)
     for r in run_tasks(finish_task, finish, list(blocks), "eval_split remove", record=by_block):
@@ -433,11 +502,11 @@ def _from_source(run_tasks: Callable[..., list[Any]], work: Location, config: Ev
     """Another run's split: nothing is chosen here; its documents are held out as they are (`source_held_task`).
     Per domain, its documents and tokens."""
     check_source_tokenizer(config.source, shards.read_manifest(config.source), tokenizer[1])
-    return run_tasks(source_held_task, SplitTask(str(work), config), [()], "eval_split source",
+    return run_tasks(source_held_task, SourceTask(str(work), config), [()], "eval_split source",
                      record=record_in(RECORDS, "source"))[0]["domains"]
 
 
-def source_held_task(task: SplitTask) -> dict[str, Any]:
+def source_held_task(task: SourceTask) -> dict[str, Any]:
     """work/eval/held.arrow from `eval.source`'s documents (orders after every input); per domain, their counts."""
     work, source = location(task.folder), task.config.source
     _, docs = read_source(source)
@@ -457,17 +526,17 @@ def _chosen(run_tasks: Callable[..., list[Any]], work: Location, names: list[str
     gathering the chosen into work/eval/held.arrow (`held_task`). Per domain, the chosen documents and tokens."""
     partitions = max(1, min(CHOOSE_TASKS, len(names)))
     spec = candidates_exchange(work, partitions)
-    found = run_maps(run_tasks, spec, candidate_rows, SplitTask(str(work), config, segment=segment, partitions=partitions),
+    found = run_maps(run_tasks, spec, candidate_rows, CandidateTask(str(work), config, segment, partitions),
                      [(b,) for b in names])
     largest = int(np.sum([f["by_partition"] for f in found], axis=0).max()) if found else 0  # a domain's share
-    chosen = run_reduces(run_tasks, spec, choose, SplitTask(str(work), config, partitions=partitions), names, found,
+    chosen = run_reduces(run_tasks, spec, choose, ChooseTask(str(work), config, partitions), names, found,
                          memory=CHOOSE_BASE_BYTES + 4 * largest * CANDIDATE_BYTES)
-    run_tasks(held_task, SplitTask(str(work), partitions=partitions), [()], "eval_split held", record=record_in(RECORDS, "held"),
+    run_tasks(held_task, HeldTask(str(work), partitions), [()], "eval_split held", record=record_in(RECORDS, "held"),
               memory=CHOOSE_BASE_BYTES + 4 * sum(c["chosen"] for c in chosen) * CANDIDATE_BYTES)
     return dict(sorted((d, c) for r in chosen for d, c in r["domains"].items()))
 
 
-def held_task(task: SplitTask) -> dict[str, int]:
+def held_task(task: HeldTask) -> dict[str, int]:
     """work/eval/held.arrow: every choose task's documents (order, id, hash), in input order."""
     work, partitions = location(task.folder), task.partitions
     held = pa.concat_tables([read_work_table(work / EVAL_DIR / "chosen" / f"p{p:03d}.arrow") for p in range(partitions)])
@@ -497,11 +566,11 @@ def _near_source(run_tasks: Callable[..., list[Any]], plan: Plan, names: list[st
                                                          tuple(f"{near_dedup_segment}/{b}" for b in names), gathered=True,
                                                          groups=near_dedup.Groups(**near_dedup_groups)))
     source = near_dedup.KeySource(str(work / EVAL_DIR), str(work), tuple(f"{segment}/{b}" for b in names))
-    buckets = run_tasks(bucket_task, SplitTask(str(work), minhash=minhash, segment=segment), [(b,) for b in names],
+    buckets = run_tasks(bucket_task, BucketTask(str(work), minhash, segment), [(b,) for b in names],
                         "eval_split minhash", record=record_in(RECORDS, "buckets"))
     documents = sum(r["rows"] for r in buckets)
     if config.source:  # its documents' keys next to this run's, under orders after every input
-        documents += run_tasks(source_bucket_task, SplitTask(str(work), config, minhash, tokenizer=tokenizer[0]), [(0,)],
+        documents += run_tasks(source_bucket_task, SourceBucketTask(str(work), config, minhash, tokenizer[0]), [(0,)],
                                "eval_split source minhash", record=record_in(RECORDS, "buckets-source"))[0]["rows"]
         source = dataclasses.replace(source, senders=(*source.senders, f"{EVAL_DIR}/{SOURCE_BLOCK}"))
     return dataclasses.replace(source, groups=near_dedup.resolve_groups(minhash.partitions, documents))
