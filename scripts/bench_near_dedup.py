@@ -108,7 +108,10 @@ folder = work / "minhash"
 start = 0
 import stages.base as stage_base
 # the map half: this tree's near dedup sends its kinds itself; an older tree's stages.base wrote them
-write_keys = getattr(nd, "send_kinds", None) or getattr(stage_base, "write_keys", None)
+try:
+    from datapipe.curation.map_stages import send_kinds as write_keys
+except ImportError:  # an older checkout (the baseline of a side-by-side run)
+    write_keys = getattr(nd, "send_kinds", None) or getattr(stage_base, "write_keys", None)
 senders, largest = [], {}
 for b, end in enumerate(list(np.unique(np.r_[cuts, len(sizes)]))):
     block = table.slice(start, int(end) - start); start = int(end)

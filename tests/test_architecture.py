@@ -92,3 +92,15 @@ def test_the_run_is_a_list_of_steps_over_a_frozen_state_and_only_the_exchange_wr
             continue
         calls = re.findall(r"(?<![\w.])(write_shuffle|Exchange|route)\(", path.read_text())
         assert not calls, f"{path.relative_to(ROOT)} calls {sorted(set(calls))}: send and route through exchange.Shuffle"
+
+
+def test_the_phases_import_each_other_along_at_most_four_arrows():
+    """What several phases share lives outside phases/ (the cuts, the map stages, the stage list, the folder names):
+    a phase imports another only where it uses that phase's own work (the eval split near dedup's keys, the read
+    and the first segment the renames, selection the model's)."""
+    arrows = set()
+    for path in (ROOT / "datapipe" / "curation" / "phases").glob("*.py"):
+        for line in path.read_text().splitlines():
+            if (m := re.match(r"\s*from datapipe\.curation\.phases(?:\.(\w+))? import (.*)", line)):
+                arrows |= {(path.stem, t) for t in ([m.group(1)] if m.group(1) else [x.strip() for x in m.group(2).split(",")])}
+    assert len(arrows) <= 4, sorted(arrows)

@@ -1,16 +1,18 @@
 """The plan of a curation run: its units, its segments of stages, the blocks' names, and what a task needs.
 
 A segment is the map stages run back to back on a block up to a global stage, whose map half emits keys
-(`stages.base.GlobalStage`); `phases.segment.build_segments` cuts the stage list there. Memory is bounded by blocks and
+(`stages.base.GlobalStage`); `pipeline.build_segments` cuts the stage list there. Memory is bounded by blocks and
 partitions, not by the corpus: `task_memory` is what one task of a phase declares to Ray, from its input.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,6 +26,8 @@ from datapipe.curation.blocks import block_file
 from stages.base import GlobalStage, Stage
 
 
+EVAL_DIR = "eval"  # OUT/eval/ (the split's curated folder) and work/eval/ (its work)
+MODEL_SELECTION_DIR = "model_select"  # work/model_select/: selection by a model's model, scores and kept rows
 WORK_COMPRESSION = "zstd"  # text and token blocks in work/: ~4x smaller text for ~0.3 CPU-s per 100 MB written
 
 
@@ -103,6 +107,21 @@ def token_file(work: str | Location, block: str) -> Location:
 def lengths_file(work: str | Location, block: str) -> Location:
     """A block's row lengths (8 bytes a row): the tokenize task writes them, the shards' plan reads them."""
     return block_file(work, "lengths", block)
+
+
+@contextlib.contextmanager
+def working_dir(path: str) -> Iterator[None]:
+    """In the driver's working folder (`Plan.cwd`): where a recipe's relative paths are read from."""
+    # Safe in a worker: a Ray worker process runs one task at a time. The driver (`EarlyReader`) is there already.
+    before = os.getcwd()
+    if before == path:
+        yield
+        return
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 def block_name(unit: int, block: int) -> str:

@@ -19,7 +19,7 @@ from datapipe.curation.identity import check_output
 from datapipe.curation.phases import eval_split
 from datapipe.curation.phases.model_selection import check_selection_files
 from datapipe.curation.phases.read import EarlyReader, read_record_at, read_task
-from datapipe.curation.phases.segment import build_segments
+from datapipe.curation.pipeline import build_segments
 from datapipe.curation.plan import CurateResult, Plan, resolve_block_bytes
 from datapipe.curation.readers import plan_units
 from datapipe.curation.run_loop import in_this_process

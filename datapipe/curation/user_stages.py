@@ -5,7 +5,7 @@ Each entry's `path` names a class (`module:attr`), called with `args`. What it b
 - a document filter (`stages.base.DocumentFilter`): a `name` and `check(text) -> str | None`, which
   `DomainFilterStage` applies to the entry's `domains` (empty: every document), dropping with reason
   `"<name>:<detail>"`.
-They run after the shipped filters and before near dedup (`datapipe.curation.phases.segment.build_segments`), their
+They run after the shipped filters and before near dedup (`datapipe.curation.pipeline.build_segments`), their
 drops counted under their own `name`. The modules they live in go to Ray's workers with the job (`worker_modules`).
 A stage that raises, or a check that answers something other than None or a string, stops the run with
 `UserStageFailed`: the entry, what went wrong, the document (or batch) and where it lies in its input, what to do.

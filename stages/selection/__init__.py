@@ -12,7 +12,7 @@ One score per document, from a model fit once in the driver and shipped to the w
 - `random`      seeded Gumbel noise alone: a uniform random subset of the same size (the baseline).
 Higher scores are kept first. A `SelectionModel` also carries `knots`, quantiles of the scores of the corpus
 sample it was fit against: `rank` maps scores through them, so that ranks spread evenly over the histogram
-buckets of the exact cut (`datapipe.curation.phases.cuts`) whatever the scores' scale.
+buckets of the exact cut (`datapipe.curation.cuts`) whatever the scores' scale.
 """
 
 from __future__ import annotations

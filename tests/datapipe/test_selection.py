@@ -91,7 +91,8 @@ def test_diversity_cut_by_block_equals_the_choice_over_the_whole_domain(tmp_path
     import numpy as np
 
     from datapipe.core.workfiles import write_work_table as atomic_write_table
-    from datapipe.curation.phases import cuts as cut_module, selection
+    from datapipe.curation import cuts as cut_module
+    from datapipe.curation.phases import selection
     from stages import diversity
 
     monkeypatch.setattr(cut_module, "BUCKET_BITS", 2)  # 4 buckets: big boundary buckets, many rows to resolve
@@ -168,7 +169,7 @@ def test_a_filled_token_budget_keeps_the_long_document_that_crosses_it(tmp_path)
     import numpy as np
 
     from datapipe.core.workfiles import write_work_table
-    from datapipe.curation.phases import cuts as cut_module
+    from datapipe.curation import cuts as cut_module
 
     work = tmp_path / "work"
     tokens, rank = [100, 100, 5000, 100], np.array([1, 2, 3, 4], np.uint64) << np.uint64(40)

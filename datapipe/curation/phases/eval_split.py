@@ -55,16 +55,16 @@ from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.curation.config import EvalSplitConfig
 from datapipe.curation.counters import Counters
 from datapipe.core.exchange import Shuffle, run_maps, run_reduces
+from datapipe.curation.map_stages import send_kinds
 from datapipe.curation.phases import near_dedup
 from datapipe.curation.blocks import block_documents, block_file
 from datapipe.curation.phase import record_in
-from datapipe.curation.plan import Plan, token_file
+from datapipe.curation.plan import EVAL_DIR, Plan, token_file
 from datapipe.curation.phases.near_dedup import KeySource
-from datapipe.curation.phases.cuts import RowCopies
+from datapipe.curation.cuts import RowCopies
 from datapipe.core.storage import Location, location
 from stages.minhash import MinHashConfig, MinHashStage, partition_of, unique_pairs
 
-EVAL_DIR = "eval"  # OUT/eval/: the split's curated folder
 STAGE = "eval_split"  # the stage name of the training documents dropped as copies of eval documents
 PAIR_SCHEMA = pa.schema([("order", pa.int64()), ("eval_order", pa.int64())])
 SOURCE_UNIT = (1 << 23) - 1  # the input unit of `eval.source` documents in the order key: after every real input
@@ -235,7 +235,7 @@ def bucket_task(task: BucketTask, block: str) -> dict[str, int]:
     keys, laid out as the runner lays out a global stage's, under work/eval/<kind>/<block>.shuffle."""
     work, segment, config = location(task.folder), task.segment, task.minhash
     table = block_documents(work, segment, block, locate=True)  # the exact check reads a few texts by range
-    near_dedup.send_kinds(MinHashStage(config), table, work / EVAL_DIR, block)
+    send_kinds(MinHashStage(config), table, work / EVAL_DIR, block)
     return {"rows": table.num_rows}
 
 
@@ -355,7 +355,7 @@ def source_bucket_task(task: SourceBucketTask, part: int) -> dict[str, int]:
         "lang": pa.nulls(docs.num_rows, pa.string()), "lang_score": pa.nulls(docs.num_rows, pa.float32()),
     }, schema=DOC_SCHEMA)
     write_work_table(block_file(work, EVAL_DIR, SOURCE_BLOCK), table)  # the text the exact check reads
-    near_dedup.send_kinds(MinHashStage(config), table, work / EVAL_DIR, SOURCE_BLOCK)
+    send_kinds(MinHashStage(config), table, work / EVAL_DIR, SOURCE_BLOCK)
     return {"rows": docs.num_rows}
 
 

@@ -14,7 +14,7 @@ alone, and the driver holds no document and fits nothing.
 3. publish  one task checks both copies against the fit's record: a damaged work copy is a `DamagedWorkFile`
             (the run's recovery paragraph), a damaged or missing OUT copy is written again from the work copy;
 4. score    one task per block scores its training documents (their text, the last segment's) and writes the
-            assignment file of the exact cut (`phases/cuts.py`: one group, or one per domain; rank from score);
+            assignment file of the exact cut (`cuts.py`: one group, or one per domain; rank from score);
 5. cut      `keep_fraction` / `keep_tokens`: the exact cut to the token budget, filled: the documents in score order
             up to and including the one that crosses it (a long document at the cut does not leave the budget
             short); `threshold`: none needed;
@@ -51,14 +51,13 @@ from datapipe.curation.blocks import block_documents, block_file
 from datapipe.curation.config import ReadConfig, SelectionConfig
 from datapipe.curation.counters import Counters
 from datapipe.curation.phase import RunTasks, record_in
-from datapipe.curation.plan import Plan, task_memory, token_file
-from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, cuts, held_rows
-from datapipe.curation.phases.read import working_dir
+from datapipe.curation.plan import MODEL_SELECTION_DIR, Plan, task_memory, token_file, working_dir
+from datapipe.curation.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, cuts, held_rows
 from datapipe.curation.readers import InputUnit, plan_units, read_unit
 from stages.sampling import seeded_sample
 from stages.selection import STAGE_NAMES, FastTextScorer, SelectionModel, fit
 
-FOLDER = "model_select"
+FOLDER = MODEL_SELECTION_DIR
 ALL = "*"  # the one group of a corpus-wide budget
 HIST_BINS = 20  # score histogram bins per domain, between the corpus sample's 1st and 99th percentiles
 FIT_BYTES_PER_TEXT_BYTE = 8  # the fit task's memory, about, per byte of its texts (the texts, then their n-grams)

@@ -74,7 +74,6 @@ from datapipe.core.storage import Location, location, remove_tree
 from datapipe.curation.blocks import (block_documents, decompress_frames, frame_ranges, read_block_path,
                                       read_blocks_frames, text_frames)
 from datapipe.curation.phase import record_in
-from datapipe.core.schema import DOC_SCHEMA
 from stages.base import LOSER_SCHEMA, ResolvingStage, RunTasks
 from stages.minhash import (
     CLUSTER_SCHEMA,
@@ -768,21 +767,6 @@ class NearDedupStage(MinHashStage, ResolvingStage):
                 documents: int, largest: dict[str, int]) -> dict[str, Any]:
         return resolve(run_tasks, self, out_dir, KeySource(str(folder), str(folder.parent), tuple(senders)), documents,
                        largest)
-
-
-def send_kinds(stage: MinHashStage, table: pa.Table, folder: Location, sender: str) -> dict[str, int]:
-    """The map half of `stage` over `table`: each kind of key rows as one shuffle file `folder/<kind>/<sender>.shuffle`,
-    partitioned by their `partition` column (every kind's file is written, empty or not: the resolve reads the files
-    of known senders, no listing). Their sizes by kind."""
-    emitted = [stage.keys(b) for b in table.to_batches() if b.num_rows]
-    if not emitted:  # the kinds and schemas of an empty block
-        emitted = [stage.keys(pa.RecordBatch.from_pylist([], schema=DOC_SCHEMA))]
-    sizes = {}
-    for kind in emitted[0]:
-        keys = pa.concat_tables([e[kind] for e in emitted])
-        spec = Shuffle(f"{stage.name} {kind}", str(folder / kind), stage.partitions, records=str(folder / "records"))
-        sizes[kind] = spec.send(sender, keys.drop(["partition"]), keys.column("partition").to_numpy())
-    return sizes
 
 
 def first_run_choice_task(choice: Choice) -> dict[str, Any]:

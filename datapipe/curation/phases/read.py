@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import orjson
 import pyarrow as pa
@@ -27,8 +26,8 @@ from datapipe.curation.phases import unique_ids
 from datapipe.curation.blocks import READ, write_read_block
 from datapipe.curation.counters import Counters
 from datapipe.curation.phase import Phase
-from datapipe.curation.phases.segment import run_stages, write_dropped
-from datapipe.curation.plan import WORK_COMPRESSION, Plan, block_name, task_memory
+from datapipe.curation.map_stages import run_stages, write_dropped
+from datapipe.curation.plan import WORK_COMPRESSION, Plan, block_name, task_memory, working_dir
 from datapipe.curation.readers import InputUnit, read_unit
 
 
@@ -49,20 +48,6 @@ def read_task(plan: Plan, unit_index: int) -> dict[str, Any]:
     # A URL input needs no working folder (the driver's may not exist on this node).
     with working_dir(plan.cwd) if not is_url(inp.path) else contextlib.nullcontext():
         return _read(plan, unit_index, unit, inp)
-
-
-@contextlib.contextmanager
-def working_dir(path: str) -> Iterator[None]:
-    # Safe in a worker: a Ray worker process runs one task at a time. The driver (`EarlyReader`) is there already.
-    before = os.getcwd()
-    if before == path:
-        yield
-        return
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(before)
 
 
 class _QuarantineWriter:

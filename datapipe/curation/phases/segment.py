@@ -17,78 +17,17 @@ import pyarrow.compute as pc
 
 from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
 from datapipe.core.exchange import Shuffle, run_reduces
-from datapipe.core.shards import atomic_write_table
 from datapipe.core.workfiles import write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curation.phases import unique_ids
 from datapipe.curation.blocks import LOCATOR_COLUMNS, READ, block_documents, write_view
 from datapipe.curation.counters import Counters
+from datapipe.curation.map_stages import run_stages, send_kinds, write_dropped
 from datapipe.curation.losers import unit_losers
 from datapipe.curation.phase import Phase
-from datapipe.curation.plan import Plan, Segment, block_name, stage_title, task_memory, text_bytes
-from datapipe.curation.config import CurateConfig
-from datapipe.curation.phases.near_dedup import NearDedupStage, send_kinds
-from datapipe.curation.user_stages import UserStageFailed, build_user_stages, check_extra_stages
-from stages.base import GLOBAL_STAGES, FilterStage, GlobalStage, ResolvingStage, RunTasks, Stage
-from stages.exact_dedup import ExactDedupStage
-from stages.langid import LangIdStage
-from stages.quality import build_filters
-
-
-def build_segments(cfg: CurateConfig, extra_stages: list[Stage | GlobalStage | ResolvingStage] = ()) -> list[Segment]:
-    """The stage list in pipeline order, cut after each global stage: the recipe's own `stages` and then
-    `extra_stages` run after the shipped filters, before near dedup."""
-    per_domain, default = build_filters(cfg.filters)
-    pipeline: list[Any] = []  # normalize runs in the read task (`Plan.read_stages`): it rewrites the text
-    if cfg.dedup.exact.enabled:
-        pipeline.append(ExactDedupStage(cfg.dedup.exact))
-    if cfg.langid.enabled:
-        pipeline.append(LangIdStage(cfg.langid, keep_text=cfg.output.keep_dropped_text))
-    pipeline.append(FilterStage(per_domain, default, keep_text=cfg.output.keep_dropped_text))
-    pipeline += build_user_stages(cfg.stages, keep_text=cfg.output.keep_dropped_text)  # the recipe's `stages`
-    pipeline += check_extra_stages(extra_stages, {s.name for s in pipeline}, keep_text=cfg.output.keep_dropped_text)
-    if cfg.dedup.minhash.enabled:
-        pipeline.append(NearDedupStage(cfg.dedup.minhash))
-    segments = [Segment("seg0", [])]
-    for stage in pipeline:
-        if isinstance(stage, GLOBAL_STAGES):  # a global stage closes its segment
-            segments[-1].global_stage = stage
-            segments.append(Segment(f"seg{len(segments)}", []))
-        else:
-            segments[-1].stages.append(stage)
-    for previous, seg in zip([None, *segments], segments):
-        # By the stages' own names, as in stats.json's funnel: "filters+minhash" (its global stage's
-        # keys are computed here), or "minhash drop" for a segment that only drops a global stage's losers.
-        names = [s.name for s in seg.stages] + ([seg.global_stage.name] if seg.global_stage else [])
-        seg.title = "+".join(names) if names else f"{previous.global_stage.name} drop" if previous else "copy"
-        shown = [stage_title(s.name) for s in seg.stages] or [stage_title(names[0])] if names else []
-        seg.stage = " + ".join(shown) if shown else stage_title(previous.global_stage.name) if previous else "copy"
-    return segments
-
-
-def write_dropped(plan: Plan, stage_name: str, block: str, parts: list[pa.RecordBatch]) -> None:
-    parts = [p for p in parts if p.num_rows]
-    if parts:
-        table = pa.Table.from_batches(parts, schema=DROPPED_SCHEMA)
-        atomic_write_table(plan.out / "dropped" / f"{stage_name}-{block}.parquet", table, format="parquet",
-                           published=True)
-
-
-def run_stages(plan: Plan, stages: list[Stage], table: pa.Table, counters: Counters, dropped_parts: list[pa.RecordBatch]) -> pa.Table:
-    """Map stages back to back over `table`'s batches: the documents they keep; their drops are counted
-    and added to `dropped_parts`. A user's stage that fails says where its documents lie in the inputs."""
-    out_batches = []
-    for batch in table.to_batches(max_chunksize=plan.cfg.read.batch_size):
-        for stage in stages:
-            try:
-                result = stage(batch)
-            except UserStageFailed as failed:
-                raise failed.located(plan.units) from None
-            counters.count_stage(stage.name, batch, result.kept)
-            dropped_parts.append(result.dropped)
-            batch = result.kept
-        out_batches.append(batch)
-    return pa.Table.from_batches(out_batches, schema=DOC_SCHEMA)
+from datapipe.curation.plan import Plan, block_name, task_memory, text_bytes
+from datapipe.curation.user_stages import UserStageFailed
+from stages.base import GlobalStage, ResolvingStage, RunTasks
 
 
 def _apply_losers(table: pa.Table, losers: pa.Table, stage: str, keep_text: bool) -> tuple[pa.Table, pa.RecordBatch | None]:

@@ -44,7 +44,7 @@ from datapipe.curation.phase import record_in
 from datapipe.curation.plan import Plan, token_file
 from datapipe.curation.config import SelectionConfig
 from datapipe.curation.phases.model_selection import select_by_model
-from datapipe.curation.phases.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, assigned, cuts, held_rows
+from datapipe.curation.cuts import ASSIGN_SCHEMA, Budget, Cut, RowCopies, assigned, cuts, held_rows
 from datapipe.curation.blocks import block_file
 from stages import diversity, mixture
 from stages.sampling import in_sample, seeded_rank

@@ -17,11 +17,9 @@ import pyarrow as pa
 from datapipe.core.shards import ShardInfo, build_manifest, write_manifest, write_shard
 from datapipe.core.storage import Location
 from datapipe.core.workfiles import read_work_table
-from datapipe.curation.phases import eval_split
 from datapipe.curation.config import auto_shard_bytes, config_hash, result_affecting
-from datapipe.curation.plan import Plan, block_name, lengths_file, token_file
-from datapipe.curation.phases import model_selection
-from datapipe.curation.phases.cuts import RowCopies
+from datapipe.curation.plan import EVAL_DIR, MODEL_SELECTION_DIR, Plan, block_name, lengths_file, token_file
+from datapipe.curation.cuts import RowCopies
 from datapipe.curation.blocks import block_file
 
 
@@ -127,7 +125,7 @@ def _shard_table(plan: Plan, pieces: list[Piece], copies: RowCopies | None, scor
         rows = _piece_rows(copies, name, k, start, stop)
         part = read_work_table(token_file(plan.work, name)).take(pa.array(rows))
         if scores:  # every training row was scored (work/model_select/<block>.arrow: row, score)
-            scored = read_work_table(block_file(plan.work, model_selection.FOLDER, name)).select(["row", "score"])
+            scored = read_work_table(block_file(plan.work, MODEL_SELECTION_DIR, name)).select(["row", "score"])
             by_row = np.full(int(scored.column("row").to_numpy().max(initial=-1)) + 1, np.nan)
             by_row[scored.column("row").to_numpy()] = scored.column("score").to_numpy()
             part = part.append_column(SCORE_COLUMN, pa.array(by_row[rows], pa.float64()))
@@ -147,12 +145,12 @@ def shard_task(plan: Plan, index: int, pieces: list[Piece], copies: RowCopies | 
 
 
 def eval_shard_record_at(plan: Plan, index: int, *_: Any) -> Location:
-    return plan.work / eval_split.EVAL_DIR / "shards" / f"shard-{index:05d}.json"
+    return plan.work / EVAL_DIR / "shards" / f"shard-{index:05d}.json"
 
 
 def eval_shard_task(plan: Plan, index: int, pieces: list[Piece], copies: RowCopies | None = None) -> dict[str, Any]:
     """One shard of the eval split, into OUT/eval/shards/."""
-    return dataclasses.asdict(write_shard(plan.out / eval_split.EVAL_DIR, index, _shard_table(plan, pieces, copies)))
+    return dataclasses.asdict(write_shard(plan.out / EVAL_DIR, index, _shard_table(plan, pieces, copies)))
 
 
 def write_eval_manifest(plan: Plan, shards: list[ShardInfo], info: Any) -> dict[str, Any]:
@@ -162,5 +160,5 @@ def write_eval_manifest(plan: Plan, shards: list[ShardInfo], info: Any) -> dict[
         tokenizer["path"] = "../tokenizer.json"
     manifest = build_manifest(shards, tokenizer=tokenizer, config=result_affecting(plan.cfg), config_hash=config_hash(plan.cfg))
     manifest["split"] = {"name": "eval", "of": ".."}
-    write_manifest(plan.out / eval_split.EVAL_DIR, manifest)
+    write_manifest(plan.out / EVAL_DIR, manifest)
     return manifest
