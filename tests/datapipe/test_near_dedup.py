@@ -343,8 +343,8 @@ def test_a_fetch_reads_a_blocks_spread_frames_in_one_range_for_every_group(tmp_p
     wanted = _wanted(orders, np.zeros(5), at[orders], nbytes[orders]).set_column(4, "group", pa.array(groups))
     write_shuffle(tmp_path / "wanted" / "g000.shuffle", wanted, np.zeros(5, np.int64), 1)
     source = KeySource(str(tmp_path), str(tmp_path / "work"), ("read/b0",), groups=near_dedup.Groups(3, 3))
-    step = near_dedup.Step(str(tmp_path), near_dedup.MinHashConfig(), source, pairs_folder=str(tmp_path),
-                           wanted=SenderFiles(str(tmp_path / "wanted"), ("g000",), 1), fetches=Fetches(1, 1))
+    step = near_dedup.FetchStep(str(tmp_path), near_dedup.MinHashConfig(), source, str(tmp_path),
+                                SenderFiles(str(tmp_path / "wanted"), ("g000",), 1), Fetches(1, 1))
     result = fetch_task(step, 0)
     assert (result["ranges_read"], result["documents_read"], result["rows"]) == (1, 3, 5)
     assert result["bytes_read"] == at[11] + nbytes[11] - at[0]

@@ -271,18 +271,12 @@ GATHERED = "nodes-by-group"  # keys/nodes-by-group/gNNN.arrow: every sender's no
 
 @dataclass(frozen=True)
 class Step:
-    """What the tasks of a resolve step share, by name; their records go to `folder/records/`."""
+    """What the tasks of a resolve step share; their records go to `folder/records/`. The steps that need more say
+    so by their own kind (`PairsStep`, `FetchStep`, `CheckStep`, `ClusterStep`): every field is given."""
 
     folder: str  # the stage's work folder: records/, cc/, members/, clusters/ and the losers files
     config: MinHashConfig
     source: KeySource  # the keys, the documents' text and the grouping (`groups`) the step's readers use
-    pairs_folder: str = ""  # pairs-u/, pairs-v/, decided/, wanted/ and frames/ (the eval split's: its own)
-    edges_folder: str = ""  # where the checked edges go (the components' input)
-    out_dir: str = ""  # the run's output folder: near_duplicates/clusters/
-    wanted: Received | None = None  # where the fetch tasks read the wanted documents
-    fetches: "Fetches | None" = None
-    frames: Received | None = None  # where the check tasks read their frames (None: no group wants any)
-    ranges: "OrderRanges | None" = None  # the clusters' order ranges
 
     @property
     def groups(self) -> Groups:
@@ -290,6 +284,40 @@ class Step:
 
     def with_groups(self, groups: Groups) -> "Step":
         return dataclasses.replace(self, source=dataclasses.replace(self.source, groups=groups))
+
+
+@dataclass(frozen=True)
+class PairsStep(Step):
+    """The exact check's attach and decide steps: where the candidate pairs are (pairs-u/, pairs-v/, decided/,
+    wanted/ and frames/; the eval split's: its own)."""
+
+    pairs_folder: str
+
+
+@dataclass(frozen=True)
+class FetchStep(PairsStep):
+    """The fetch tasks: where they read the wanted documents, and which blocks each reads."""
+
+    wanted: Received
+    fetches: "Fetches"
+
+
+@dataclass(frozen=True)
+class CheckStep(PairsStep):
+    """The check tasks: where the checked edges go (the components' input) and where they read their frames (None:
+    no group wants any)."""
+
+    edges_folder: str
+    frames: Received | None
+
+
+@dataclass(frozen=True)
+class ClusterStep(Step):
+    """The winners and the clusters merge: the clusters' order ranges and the run's output folder
+    (near_duplicates/clusters/)."""
+
+    ranges: "OrderRanges"
+    out_dir: str
 
 
 @dataclass(frozen=True)
@@ -370,7 +398,7 @@ def pairs_task(step: Step, g: int) -> dict[str, Any]:
     return {"edges": 0, "candidates": int(len(u)), "bytes": size}
 
 
-def attach_task(step: Step, g: int) -> dict[str, Any]:
+def attach_task(step: PairsStep, g: int) -> dict[str, Any]:
     """The pairs of `pairs_folder/pairs-u/` whose first document is in group g, joined with that
     document's signature and sender -> `pairs-v/gNNN` by their second document."""
     source, config = step.source, step.config
@@ -420,7 +448,7 @@ FRAME_SCHEMA = pa.schema([("order", pa.int64()), ("sender", pa.int32()), ("frame
 DECIDED, WANTED, FRAMES = "decided", "wanted", "frames"  # the exact check's folders, beside pairs-v/
 
 
-def decide_task(step: Step, g: int) -> dict[str, Any]:
+def decide_task(step: PairsStep, g: int) -> dict[str, Any]:
     """The pairs whose second document is in group g, decided by the signatures: the sure edges and the pairs too
     near the threshold to tell (less those the sure edges already connect) -> `decided/gNNN.arrow`; the documents of
     those pairs -> `wanted/gNNN.shuffle`, partitioned by the block that holds their text (its sender index)."""
@@ -488,7 +516,7 @@ EXACT_READ_BYTES = 64 << 20  # ranges one batched read holds at most: the frames
 # bounded, while a batch still has far more ranges than the connection pool when many are wanted
 
 
-def fetch_frames(run_tasks: RunTasks, step: Step, decided: Sequence[dict[str, Any]],
+def fetch_frames(run_tasks: RunTasks, step: PairsStep, decided: Sequence[dict[str, Any]],
                  desc: str) -> tuple[Received | None, list[dict[str, Any]]]:
     """The wanted documents (`decide_task`) exchanged to fetch tasks by block, each block's frames read once in a few
     ranges (`fetch_task`), and sent on to the groups that want them: where the groups read their frames (None when
@@ -502,7 +530,7 @@ def fetch_frames(run_tasks: RunTasks, step: Step, decided: Sequence[dict[str, An
     fetches = Fetches(blocks, max(1, min(blocks, -(-wanted_bytes // FETCH_BYTES))))
     wanted = routed(run_tasks, step_files(pairs_root / WANTED, blocks, f"{desc} wanted", spans=fetches.starts()),
                     source.groups.names(), decided)
-    fetched = run_tasks(fetch_task, dataclasses.replace(step, wanted=wanted, fetches=fetches),
+    fetched = run_tasks(fetch_task, FetchStep(step.folder, step.config, step.source, step.pairs_folder, wanted, fetches),
                         [(f,) for f in range(fetches.count)], f"{desc} fetch", record=record_in("records", "fetch"))
     remove_tree(pairs_root / WANTED)  # consumed: every fetch task's record is written
     frames = routed(run_tasks, step_files(pairs_root / FRAMES, source.groups.count, f"{desc} frames"), fetches.names(),
@@ -510,7 +538,7 @@ def fetch_frames(run_tasks: RunTasks, step: Step, decided: Sequence[dict[str, An
     return frames, fetched
 
 
-def fetch_task(step: Step, f: int) -> dict[str, Any]:
+def fetch_task(step: FetchStep, f: int) -> dict[str, Any]:
     """The frames wanted from fetch f's blocks, each distinct document's read once (`read_frames`) -> one row per
     group that wants it in `frames/fNNNNN.shuffle`, partitioned by group. Its record holds its wall and its reads'."""
     started = time.perf_counter()
@@ -596,7 +624,7 @@ def _block_name(source: KeySource, s: int) -> str:
     return source.senders[s].rsplit("/", 1)[1]
 
 
-def check_task(step: Step, g: int) -> dict[str, Any]:
+def check_task(step: CheckStep, g: int) -> dict[str, Any]:
     """Group g's decided pairs (`decide_task`): the sure edges, and the near pairs whose exact Jaccard of shingle
     sets, recomputed from the frames the fetch tasks sent (`frames/`), reaches the threshold. Edges ->
     `edges_folder/gNNN`."""
@@ -630,7 +658,7 @@ def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, 
     (their records in `folder/records/`); the edges end in `edges_folder` (one shuffle file per group, partitioned
     by source). Returns the counts and `largest_bytes`, the largest edges file."""
     pairs_root = location(pairs_folder)
-    step = Step(str(folder), config, source, pairs_folder=str(pairs_folder), edges_folder=str(edges_folder))
+    step = PairsStep(str(folder), config, source, str(pairs_folder))
     groups = exchange_groups(run_tasks, pairs_root / "pairs-u", source.groups, sent, f"{desc} pairs")
     parts = source.groups.items()
     attached = run_tasks(attach_task, step.with_groups(groups), parts, f"{desc} attach", record=record_in("records", "attach"))
@@ -639,7 +667,8 @@ def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, 
     decided = run_tasks(decide_task, step.with_groups(groups), parts, f"{desc} decide", record=record_in("records", "decide"))
     remove_tree(pairs_root / "pairs-v")  # consumed (its signatures are the resolve's largest files)
     frames, fetched = fetch_frames(run_tasks, step, decided, desc)
-    checked = run_tasks(check_task, dataclasses.replace(step, frames=frames), parts, f"{desc} check",
+    checked = run_tasks(check_task, CheckStep(step.folder, config, source, step.pairs_folder, str(edges_folder), frames), parts,
+                        f"{desc} check",
                         record=record_in("records", "check"))
     remove_tree(pairs_root / DECIDED)  # consumed, as the frames are
     remove_tree(pairs_root / FRAMES)
@@ -720,7 +749,7 @@ def order_ranges(units: int) -> OrderRanges:
     return OrderRanges(units, max(1, min(MERGE_RANGES, units)))
 
 
-def winners_task(step: Step, g: int) -> dict[str, Any]:
+def winners_task(step: ClusterStep, g: int) -> dict[str, Any]:
     config, groups, ranges, root = step.config, step.groups, step.ranges, location(step.folder)
     members = groups.read(root / "members", g, MEMBER_SCHEMA)
     if members.num_rows == 0:
@@ -740,7 +769,7 @@ def clusters_part(out_dir: str | Location, r: int) -> Location:
     return location(out_dir) / CLUSTERS_DIR / f"part-{r:05d}.parquet"
 
 
-def clusters_task(step: Step, r: int) -> dict[str, Any]:
+def clusters_task(step: ClusterStep, r: int) -> dict[str, Any]:
     """`out_dir/near_duplicates/clusters/part-<r>.parquet`: order range r of every group's clusters merged by
     order (an empty part where the range has none, so the parts are every range's). A task holds one range of every
     group's file (`OrderRanges`): memory is the clusters' bytes over the ranges, and the ranges run in parallel."""
@@ -791,14 +820,14 @@ def resolve(run_tasks: RunTasks, stage: MinHashStage, out_dir: Location, keys: K
     groups = Groups(**first)
     parts = groups.items()
     source = route_keys(run_tasks, dataclasses.replace(keys, groups=groups), stage.name)
-    step = Step(str(folder), config, source, out_dir=str(out_dir))
+    step = Step(str(folder), config, source)
     found = run_tasks(pairs_task, step, parts, f"{stage.name} pairs", record=record_in("records", "pairs"))
     # the nodes, read by three later steps, are gathered once by group; the senders' files then go
     gathered = run_tasks(gather_nodes_task, step, parts, f"{stage.name} gather", record=record_in("records", "gather"))
     units = max((x.get("units", 0) for x in gathered), default=0)
     remove_tree(folder / "nodes")
     source = dataclasses.replace(source, gathered=True)
-    step = dataclasses.replace(step, source=source, ranges=order_ranges(units))
+    step, ranges = Step(str(folder), config, source), order_ranges(units)
     # the verified edges are the components' input, as the pairs step's star edges are without verification
     verified = (verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name, found)
                 if config.verify else _edges_summary(found))
@@ -823,10 +852,12 @@ def resolve(run_tasks: RunTasks, stage: MinHashStage, out_dir: Location, keys: K
     remove_tree(folder / "cc")  # consumed: the members carry the labels on
     largest = [{"bytes": max((x.get("bytes", 0) for x in member_rows), default=0)}]
     groups = exchange_groups(run_tasks, folder / "members", groups, largest, f"{stage.name} members")
-    kept = run_tasks(winners_task, step.with_groups(groups), parts, f"{stage.name} keep", record=record_in("records", "winners"))
+    clustering = ClusterStep(str(folder), config, source, ranges, str(out_dir))
+    kept = run_tasks(winners_task, clustering.with_groups(groups), parts, f"{stage.name} keep",
+                     record=record_in("records", "winners"))
     remove_tree(folder / "members")  # consumed
-    groups = exchange_groups(run_tasks, folder / "clusters", groups, kept, f"{stage.name} keep", step.ranges.count)
-    run_tasks(clusters_task, step.with_groups(groups), [(r,) for r in range(step.ranges.count)],
+    groups = exchange_groups(run_tasks, folder / "clusters", groups, kept, f"{stage.name} keep", ranges.count)
+    run_tasks(clusters_task, clustering.with_groups(groups), [(r,) for r in range(ranges.count)],
               f"{stage.name} clusters", record=record_in("records", "clusters"))
     losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)
     return {
