@@ -278,11 +278,12 @@ def near_copies(run_tasks: Callable[..., list[Any]], work: Location, config: Min
                       record=record_in(RECORDS, "match"))
     sizes = found
     if config.verify:  # the candidates exchanged as near dedup's are (combined past a few groups)
-        sizes = [{"bytes": near_dedup.verify_pairs(run_tasks, work / EVAL_DIR, work / EVAL_DIR, source, config,
-                                                   work / EVAL_DIR / "edges", "eval_split near", found)["largest_bytes"]}]
+        pairs = near_dedup.PairsStep(str(work / EVAL_DIR), config, source, str(work / EVAL_DIR))
+        sizes = [{"bytes": near_dedup.verify_pairs(run_tasks, pairs, work / EVAL_DIR / "edges", "eval_split near",
+                                                   found)["largest_bytes"]}]
     # one task reads every group's edges: combined first, so that it reads a few files, not one per group
-    edges = near_dedup.exchange_groups(run_tasks, work / EVAL_DIR / "edges", source.groups, sizes, "eval_split near edges",
-                                       records=work / RECORDS)
+    spec = near_dedup.group_files(source.groups, work / EVAL_DIR / "edges", "eval_split near edges", records=work / RECORDS)
+    edges = near_dedup.exchange_groups(run_tasks, spec, source.groups, sizes)
     return run_tasks(near_task, NearTask(str(work), config, edges.files(work / EVAL_DIR / "edges")), [()],
                      "eval_split near copies", record=record_in(RECORDS, "near"))[0]["copies"]
 

@@ -207,19 +207,24 @@ def step_files(folder: Location, partitions: int, desc: str = "near dedup", *, s
                    combine_records=None if records is None else str(records))
 
 
-def exchange_groups(run_tasks: RunTasks, folder: Location, groups: Groups, results: Sequence[dict[str, Any]],
-                    desc: str, partitions: int | None = None, *, records: Location | None = None) -> Groups:
-    """The exchange (`exchange.route`) after a step whose G tasks each wrote one shuffle file in `folder` (their
-    results' `bytes`): the groups the next step's readers then use. `partitions`: the files' own, where not the
-    groups' (the clusters' order ranges, read one at a time); `records`: the combine tasks' (`cc/rNNN/`'s go to
-    the resolve's: `cc/` is deleted whole after the members)."""
-    spans = None if partitions else groups.starts()  # a group reads its partitions as one range
-    spec = step_files(folder, partitions or groups.partitions, desc, spans=spans, records=records)
+def group_files(groups: Groups, folder: Location, desc: str, partitions: int | None = None,
+                records: Location | None = None) -> Shuffle:
+    """The exchange of a step whose G tasks (`groups`) each wrote one shuffle file in `folder`, to the next step's
+    readers. `partitions`: the files' own, where not the groups' (the clusters' order ranges, read one at a time;
+    else a group reads its partitions as one range); `records`: the combine tasks' (`cc/rNNN/`'s go to the
+    resolve's: `cc/` is deleted whole after the members)."""
+    spans = None if partitions else groups.starts()
+    return step_files(folder, partitions or groups.partitions, desc, spans=spans, records=records)
+
+
+def exchange_groups(run_tasks: RunTasks, spec: Shuffle, groups: Groups, results: Sequence[dict[str, Any]]) -> Groups:
+    """The exchange `spec` (`group_files`) routed by the group tasks' `results` (their files' `bytes`): the groups
+    the next step's readers then use."""
     files = routed(run_tasks, spec, groups.names(), results)
     if not isinstance(files, Combined):
         return groups
     combined = dict(groups.combined)
-    combined[folder.name] = files
+    combined[location(spec.folder).name] = files
     return dataclasses.replace(groups, combined=tuple(sorted(combined.items())))
 
 
@@ -650,20 +655,19 @@ def _shingle_sets(source: KeySource, frames: pa.Table, config: MinHashConfig) ->
     return dict(zip(frames.column("order").to_pylist(), shingle_sets(pa.array(texts, pa.large_string()), config)))
 
 
-def verify_pairs(run_tasks: RunTasks, folder: Location, pairs_folder: Location, source: KeySource, config: MinHashConfig,
-                 edges_folder: Location, desc: str, sent: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-    """Decide the candidate pairs in `pairs_folder/pairs-u/` (one shuffle file per group of
-    `source.groups`, by first document; `sent`: the results of the tasks that wrote them, with their
+def verify_pairs(run_tasks: RunTasks, step: PairsStep, edges_folder: Location, desc: str,
+                 sent: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Decide the candidate pairs in `step.pairs_folder/pairs-u/` (one shuffle file per group of
+    `step.source.groups`, by first document; `sent`: the results of the tasks that wrote them, with their
     `bytes`, for the exchange): `attach_task`, `decide_task`, the fetch tasks (`fetch_frames`), then `check_task`
-    (their records in `folder/records/`); the edges end in `edges_folder` (one shuffle file per group, partitioned
+    (their records in `step.folder/records/`); the edges end in `edges_folder` (one shuffle file per group, partitioned
     by source). Returns the counts and `largest_bytes`, the largest edges file."""
-    pairs_root = location(pairs_folder)
-    step = PairsStep(str(folder), config, source, str(pairs_folder))
-    groups = exchange_groups(run_tasks, pairs_root / "pairs-u", source.groups, sent, f"{desc} pairs")
+    pairs_root, source, config = location(step.pairs_folder), step.source, step.config
+    groups = exchange_groups(run_tasks, group_files(source.groups, pairs_root / "pairs-u", f"{desc} pairs"), source.groups, sent)
     parts = source.groups.items()
     attached = run_tasks(attach_task, step.with_groups(groups), parts, f"{desc} attach", record=record_in("records", "attach"))
     remove_tree(pairs_root / "pairs-u")  # consumed: every attach task's record is written
-    groups = exchange_groups(run_tasks, pairs_root / "pairs-v", groups, attached, f"{desc} attach")
+    groups = exchange_groups(run_tasks, group_files(groups, pairs_root / "pairs-v", f"{desc} attach"), groups, attached)
     decided = run_tasks(decide_task, step.with_groups(groups), parts, f"{desc} decide", record=record_in("records", "decide"))
     remove_tree(pairs_root / "pairs-v")  # consumed (its signatures are the resolve's largest files)
     frames, fetched = fetch_frames(run_tasks, step, decided, desc)
@@ -829,21 +833,22 @@ def resolve(run_tasks: RunTasks, stage: MinHashStage, out_dir: Location, keys: K
     source = dataclasses.replace(source, gathered=True)
     step, ranges = Step(str(folder), config, source), order_ranges(units)
     # the verified edges are the components' input, as the pairs step's star edges are without verification
-    verified = (verify_pairs(run_tasks, folder, folder, source, config, folder / "cc" / "r000", stage.name, found)
+    verified = (verify_pairs(run_tasks, PairsStep(str(folder), config, source, str(folder)), folder / "cc" / "r000",
+                             stage.name, found)
                 if config.verify else _edges_summary(found))
     edges = verified["edges"]
     # fixed by the first run (the task's record): a resume with another `one_task_edges` keeps the branch whose
     # files it has; every step below is recorded, so a resume after `cc/` is deleted runs none of them again
     branch = run_tasks(first_run_choice_task, Choice(str(folder), {"one_task": edges <= config.one_task_edges}), [()],
                        f"{stage.name} components branch", record=record_in("records", "components-branch"))[0]
-    groups = exchange_groups(run_tasks, folder / "cc" / "r000", groups, [{"bytes": verified["largest_bytes"]}],
-                             f"{stage.name} edges", records=folder / "records")
+    edge_files = group_files(groups, folder / "cc" / "r000", f"{stage.name} edges", records=folder / "records")
+    groups = exchange_groups(run_tasks, edge_files, groups, [{"bytes": verified["largest_bytes"]}])
     if branch["one_task"]:
         one = run_tasks(components_task, step.with_groups(groups), [()], f"{stage.name} components",
                         record=record_in("records", "components"))
         rounds, converged = one[0]["rounds"], "one-task"
-        groups = exchange_groups(run_tasks, folder / "cc" / converged, groups, one, f"{stage.name} components",
-                                 records=folder / "records")
+        components = group_files(groups, folder / "cc" / converged, f"{stage.name} components", records=folder / "records")
+        groups = exchange_groups(run_tasks, components, groups, one)
     else:
         rounds, groups = _component_rounds(run_tasks, step.with_groups(groups))
         converged = f"r{rounds - 1:03d}"  # the input of the last round
@@ -851,12 +856,12 @@ def resolve(run_tasks: RunTasks, stage: MinHashStage, out_dir: Location, keys: K
                             f"{stage.name} members", record=record_in("records", "members"))
     remove_tree(folder / "cc")  # consumed: the members carry the labels on
     largest = [{"bytes": max((x.get("bytes", 0) for x in member_rows), default=0)}]
-    groups = exchange_groups(run_tasks, folder / "members", groups, largest, f"{stage.name} members")
+    groups = exchange_groups(run_tasks, group_files(groups, folder / "members", f"{stage.name} members"), groups, largest)
     clustering = ClusterStep(str(folder), config, source, ranges, str(out_dir))
     kept = run_tasks(winners_task, clustering.with_groups(groups), parts, f"{stage.name} keep",
                      record=record_in("records", "winners"))
     remove_tree(folder / "members")  # consumed
-    groups = exchange_groups(run_tasks, folder / "clusters", groups, kept, f"{stage.name} keep", ranges.count)
+    groups = exchange_groups(run_tasks, group_files(groups, folder / "clusters", f"{stage.name} keep", ranges.count), groups, kept)
     run_tasks(clusters_task, clustering.with_groups(groups), [(r,) for r in range(ranges.count)],
               f"{stage.name} clusters", record=record_in("records", "clusters"))
     losers, n_clusters = sum(x["losers"] for x in kept), sum(x["clusters"] for x in kept)
@@ -888,9 +893,9 @@ def _component_rounds(run_tasks: RunTasks, step: Step) -> tuple[int, Groups]:
         # A large-star round whose input equals the previous large-star round's input: converged.
         if r % 2 == 0 and r >= 2 and checksums[r] == checksums[r - 2]:
             return r + 1, step.groups
-        step = step.with_groups(exchange_groups(run_tasks, cc / f"r{r + 1:03d}", step.groups, results,
-                                                f"minhash components round {r + 1}",
-                                                records=location(step.folder) / "records"))
+        spec = group_files(step.groups, cc / f"r{r + 1:03d}", f"minhash components round {r + 1}",
+                           records=location(step.folder) / "records")
+        step = step.with_groups(exchange_groups(run_tasks, spec, step.groups, results))
         if r >= 2:  # the input of the round before (not r000): no later round reads it, and this one was not the last
             remove_tree(cc / f"r{r - 1:03d}")
         r += 1
