@@ -109,7 +109,8 @@ start = 0
 import stages.base as stage_base
 # the map half: this tree's near dedup sends its kinds itself; an older tree's stages.base wrote them
 try:
-    from datapipe.curation.map_stages import send_kinds as write_keys
+    from datapipe.curation.map_stages import by_kind, send_kinds
+    write_keys = lambda stage, table, folder, sender: send_kinds(stage.keys, by_kind(stage, folder), table, sender)  # noqa: E731
 except ImportError:  # an older checkout (the baseline of a side-by-side run)
     write_keys = getattr(nd, "send_kinds", None) or getattr(stage_base, "write_keys", None)
 senders, largest = [], {}

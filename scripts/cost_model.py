@@ -125,7 +125,6 @@ def _exchange(senders: int, receivers: int, largest_bytes: float, partitions: in
     return {"spread": spread + reads * files * receivers, "plain": plain}
 
 
-
 def _step_bytes(step_bytes: float, senders: int) -> float:
     """A step's largest sender file, taken as 1.5 x the mean (what its exchange is laid out by)."""
     return 1.5 * step_bytes / senders

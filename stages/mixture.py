@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-import xxhash
 
 from datapipe.core.config import ConfigError, check, note
+from stages.sampling import seeded_rank
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +90,7 @@ def copies(ids: list[str], rate: float, seed: int) -> np.ndarray:
     """How many times each document is written at sampling rate `rate` (deterministic per id)."""
     whole = math.floor(rate)
     frac = rate - whole
-    u = np.fromiter((xxhash.xxh64_intdigest(i.encode(), seed=seed) for i in ids), dtype=np.uint64, count=len(ids))
+    u = seeded_rank(ids, seed)
     extra = (u.astype(np.float64) / 2.0**64) < frac
     return (whole + extra).astype(np.int64)
 

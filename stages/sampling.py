@@ -3,7 +3,8 @@
 The rank is xxh64 of the document's id under the seed: the same wherever and whenever it is computed, so a sample
 does not depend on blocks, workers or resumes, and a sample at a lower rate is a subset of one at a higher rate.
 The tokenizer's training sample (seed 0), selection by a model's fitting sample and diversity's centroid sample
-(their configs' seeds) all draw by it.
+(their configs' seeds) all draw by it; the mixture's extra copies and the order inside a diversity cluster use the
+same rank.
 """
 
 from __future__ import annotations

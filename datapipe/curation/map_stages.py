@@ -1,10 +1,12 @@
 """Map stages over a block: run back to back over its batches, their drops counted and written (`OUT/dropped/`); and a
-stage's map half by kind of key (`send_kinds`).
+global stage's map half, by kind of key (`send_kinds`).
 
 Used by the read task (normalize, which rewrites the text before the block is written once) and by every segment
 task (language id, the filters, a user's stages)."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import pyarrow as pa
 
@@ -45,16 +47,20 @@ def run_stages(plan: Plan, stages: list[Stage], table: pa.Table, counters: Count
     return pa.Table.from_batches(out_batches, schema=DOC_SCHEMA)
 
 
-def send_kinds(stage: MinHashStage | ResolvingStage, table: pa.Table, folder: Location, sender: str) -> dict[str, int]:
-    """The map half of `stage` over `table`: each kind of key rows as one shuffle file `folder/<kind>/<sender>.shuffle`,
-    partitioned by their `partition` column (every kind's file is written, empty or not: the resolve reads the files
-    of known senders, no listing). Their sizes by kind."""
-    emitted = [stage.keys(b) for b in table.to_batches() if b.num_rows]
-    if not emitted:  # the kinds and schemas of an empty block
-        emitted = [stage.keys(pa.RecordBatch.from_pylist([], schema=DOC_SCHEMA))]
+def send_kinds(keys_of: Callable[[pa.RecordBatch], dict[str, pa.Table]], spec_of: Callable[[str], Shuffle],
+               table: pa.Table, sender: str) -> dict[str, int]:
+    """A global stage's map half over `table`: the key rows of each kind (`keys_of(batch)`, each with a `partition`
+    column) as the sender's one file of that kind's exchange (`spec_of(kind)`). Every kind's file is written, empty
+    or not: the receivers read the files of known senders, no listing. Their sizes by kind."""
+    batches = [b for b in table.to_batches() if b.num_rows] or [pa.RecordBatch.from_pylist([], schema=DOC_SCHEMA)]
+    emitted = [keys_of(b) for b in batches]  # an empty block still gives each kind's schema
     sizes = {}
     for kind in emitted[0]:
         keys = pa.concat_tables([e[kind] for e in emitted])
-        spec = Shuffle(f"{stage.name} {kind}", str(folder / kind), stage.partitions, records=str(folder / "records"))
-        sizes[kind] = spec.send(sender, keys.drop(["partition"]), keys.column("partition").to_numpy())
+        sizes[kind] = spec_of(kind).send(sender, keys.drop(["partition"]), keys.column("partition").to_numpy())
     return sizes
+
+
+def by_kind(stage: MinHashStage | ResolvingStage, folder: Location) -> Callable[[str], Shuffle]:
+    """The exchange of each kind of a stage's keys: `folder/<kind>/<sender>.shuffle`."""
+    return lambda kind: Shuffle(f"{stage.name} {kind}", str(folder / kind), stage.partitions, records=str(folder / "records"))

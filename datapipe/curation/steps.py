@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from datapipe.core.shards import ShardInfo, atomic_write_json, build_manifest, remove_temporaries, write_manifest
 from datapipe.core.storage import location
@@ -57,8 +57,8 @@ class RunState:
     stats: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     manifest: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
-    def counted(self, results: list[dict[str, Any]]) -> Counters:
-        """The counters with each result's `counters` added (a new object)."""
+    def counted(self, results: Sequence[dict[str, Any]] = ()) -> Counters:
+        """The counters with each result's `counters` added (a new object: without results, a copy)."""
         total = Counters.from_json(self.counters.to_json())
         for r in results:
             total.merge(Counters.from_json(r["counters"]))
@@ -156,7 +156,7 @@ def eval_split_step(run: Run, plan: Plan, state: RunState) -> RunState:
         return state
     near = next((seg for seg in plan.segments if isinstance(seg.global_stage, MinHashStage)), None)
     groups = state.report["global_stages"][near.global_stage.name]["groups"] if near is not None else None
-    total = Counters.from_json(state.counters.to_json())  # the split counts its drops into it
+    total = state.counted()  # a copy the split counts its drops into
     path, info = state.tokenizer
     held = eval_split.split(run.tasks("eval split", task_memory(plan, "block")), plan, block_inputs(plan, state.blocks),
                             total, (str(path), info.sha256), groups)
@@ -169,7 +169,7 @@ def eval_split_step(run: Run, plan: Plan, state: RunState) -> RunState:
 def select(run: Run, plan: Plan, state: RunState) -> RunState:
     """Selection (a model's, diversity sampling, the mixture) over the training rows: the rows' copies, its report."""
     held = state.held
-    total = Counters.from_json(state.counters.to_json())  # selection counts its drops into it
+    total = state.counted()  # a copy selection counts its drops into
     copies, selected = selection.select(run.tasks("selection", task_memory(plan, "block")), plan,
                                         block_inputs(plan, state.blocks), total, held.not_for_training() if held else None)
     return dataclasses.replace(state, counters=total, copies=copies, selected=MappingProxyType(selected),

@@ -65,6 +65,8 @@ class UserStageFailed(ConfigError):
 def where_in_inputs(units: Sequence[Any], orders: Sequence[int]) -> str:
     """'line 18 of corpus.jsonl' (one order), 'lines 3 to 40 of corpus.jsonl' (a first and a last of one unit):
     a document's order is its unit's index and its position in the unit (`datapipe.curation.readers`)."""
+    if not orders:  # a failure on no document (a global stage's keys of an empty block): nowhere to name
+        return ""
     places = [divmod(order, 1 << ROW_BITS) for order in orders]
     unit = units[places[0][0]]
     if any(index != places[0][0] for index, _ in places):  # a batch never spans units; say so rather than guess
@@ -144,6 +146,14 @@ class DomainFilterStage:
                                [batch.column("order")[row].as_py()], 1, todo)
 
 
+def _ends(rows: pa.RecordBatch | pa.Table) -> tuple[list[str], list[int], int]:
+    """A failure's documents: the ids and orders of the first and last of `rows` (none: "?"), and how many."""
+    if rows.num_rows == 0 or "id" not in rows.schema.names or "order" not in rows.schema.names:
+        return ["?"], [], max(rows.num_rows, 1)
+    ids, orders, last = rows.column("id"), rows.column("order"), rows.num_rows - 1
+    return [ids[0].as_py(), ids[last].as_py()], [orders[0].as_py(), orders[last].as_py()], rows.num_rows
+
+
 class CheckedStage:
     """A user's map stage, its result checked: a wrong one stops the run with a message naming the entry
     (a ConfigError, which the CLI prints without a traceback), not a failure somewhere downstream; one that raises
@@ -160,10 +170,7 @@ class CheckedStage:
         try:
             result = self.stage(batch)
         except Exception as exc:  # noqa: BLE001 - the user's code: name it and the batch, not a worker's stack
-            ids, orders = batch.column("id"), batch.column("order")
-            last = batch.num_rows - 1
-            raise UserStageFailed(self.entry, f"it raised {_raised(exc, self.home)}", [ids[0].as_py(), ids[last].as_py()],
-                                  [orders[0].as_py(), orders[last].as_py()], batch.num_rows, _FIX_STAGE) from None
+            raise UserStageFailed(self.entry, f"it raised {_raised(exc, self.home)}", *_ends(batch), _FIX_STAGE) from None
         kept, dropped = getattr(result, "kept", None), getattr(result, "dropped", None)
         if not (isinstance(kept, pa.RecordBatch) and isinstance(dropped, pa.RecordBatch)):
             raise ConfigError(f"{self.key}: stage {self.name!r} returned {type(result).__name__}; a map stage returns "
@@ -193,9 +200,7 @@ class CheckedGlobalStage(GlobalStage):
         try:
             keys = self.stage.keys(batch)
         except Exception as exc:  # noqa: BLE001 - the user's code: name it and the batch
-            ids, orders, last = batch.column("id"), batch.column("order"), batch.num_rows - 1
-            raise UserStageFailed(self.entry, f"keys raised {_raised(exc, self.home)}", [ids[0].as_py(), ids[last].as_py()],
-                                  [orders[0].as_py(), orders[last].as_py()], batch.num_rows, _FIX_STAGE) from None
+            raise UserStageFailed(self.entry, f"keys raised {_raised(exc, self.home)}", *_ends(batch), _FIX_STAGE) from None
         field = keys.schema.field("partition") if isinstance(keys, pa.Table) and "partition" in keys.schema.names else None
         if field is None or field.type != pa.uint32():
             raise ConfigError(f"{self.key}: global stage {self.name!r}: keys returned {type(keys).__name__} without a "
@@ -209,10 +214,7 @@ class CheckedGlobalStage(GlobalStage):
         try:
             losers = self.stage.decide(keys)
         except Exception as exc:  # noqa: BLE001 - the user's code: name it and the documents it had
-            orders = keys.column("order").to_pylist() if "order" in keys.schema.names else []
-            ids = keys.column("id").to_pylist() if "id" in keys.schema.names else []
-            raise UserStageFailed(self.entry, f"decide raised {_raised(exc, self.home)}", ids[:1] + ids[-1:] or ["?"],
-                                  orders[:1] + orders[-1:], max(keys.num_rows, 1), _FIX_STAGE) from None
+            raise UserStageFailed(self.entry, f"decide raised {_raised(exc, self.home)}", *_ends(keys), _FIX_STAGE) from None
         if not isinstance(losers, pa.Table) or not losers.schema.equals(LOSER_SCHEMA):
             got = losers.schema if isinstance(losers, pa.Table) else type(losers).__name__
             raise ConfigError(f"{self.key}: global stage {self.name!r}: decide returned {got}; it returns a pyarrow "

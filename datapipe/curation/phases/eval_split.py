@@ -55,7 +55,7 @@ from datapipe.core.workfiles import read_work_table, write_work_table
 from datapipe.curation.config import EvalSplitConfig
 from datapipe.curation.counters import Counters
 from datapipe.core.exchange import Shuffle, run_maps, run_reduces
-from datapipe.curation.map_stages import send_kinds
+from datapipe.curation.map_stages import by_kind, send_kinds
 from datapipe.curation.phases import near_dedup
 from datapipe.curation.blocks import block_documents, block_file
 from datapipe.curation.phase import record_in
@@ -235,7 +235,8 @@ def bucket_task(task: BucketTask, block: str) -> dict[str, int]:
     keys, laid out as the runner lays out a global stage's, under work/eval/<kind>/<block>.shuffle."""
     work, segment, config = location(task.folder), task.segment, task.minhash
     table = block_documents(work, segment, block, locate=True)  # the exact check reads a few texts by range
-    send_kinds(MinHashStage(config), table, work / EVAL_DIR, block)
+    stage = MinHashStage(config)
+    send_kinds(stage.keys, by_kind(stage, work / EVAL_DIR), table, block)
     return {"rows": table.num_rows}
 
 
@@ -356,7 +357,8 @@ def source_bucket_task(task: SourceBucketTask, part: int) -> dict[str, int]:
         "lang": pa.nulls(docs.num_rows, pa.string()), "lang_score": pa.nulls(docs.num_rows, pa.float32()),
     }, schema=DOC_SCHEMA)
     write_work_table(block_file(work, EVAL_DIR, SOURCE_BLOCK), table)  # the text the exact check reads
-    send_kinds(MinHashStage(config), table, work / EVAL_DIR, SOURCE_BLOCK)
+    stage = MinHashStage(config)
+    send_kinds(stage.keys, by_kind(stage, work / EVAL_DIR), table, SOURCE_BLOCK)
     return {"rows": docs.num_rows}
 
 

@@ -15,14 +15,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datapipe.core.schema import DOC_SCHEMA, DROPPED_SCHEMA
+from datapipe.core.schema import DROPPED_SCHEMA
 from datapipe.core.exchange import Shuffle, run_reduces
 from datapipe.core.workfiles import write_work_table
 from datapipe.core.storage import Location, location
 from datapipe.curation.phases import unique_ids
 from datapipe.curation.blocks import LOCATOR_COLUMNS, READ, block_documents, write_view
 from datapipe.curation.counters import Counters
-from datapipe.curation.map_stages import run_stages, send_kinds, write_dropped
+from datapipe.curation.map_stages import by_kind, run_stages, send_kinds, write_dropped
 from datapipe.curation.losers import unit_losers
 from datapipe.curation.phase import Phase
 from datapipe.curation.plan import Plan, block_name, task_memory, text_bytes
@@ -126,10 +126,8 @@ def send_keys(stage: GlobalStage | ResolvingStage | None, table: pa.Table, work:
     if stage is None:
         return {}
     if isinstance(stage, ResolvingStage):  # tables by kind, one exchange each
-        return send_kinds(stage, table, work / stage.name, block)
-    batches = [b for b in table.to_batches() if b.num_rows] or [pa.RecordBatch.from_pylist([], schema=DOC_SCHEMA)]
-    keys = pa.concat_tables([stage.keys(b) for b in batches])
-    return {"keys": keys_exchange(work, stage).send(block, keys.drop(["partition"]), keys.column("partition").to_numpy())}
+        return send_kinds(stage.keys, by_kind(stage, work / stage.name), table, block)
+    return send_kinds(lambda batch: {"keys": stage.keys(batch)}, lambda _: keys_exchange(work, stage), table, block)
 
 
 def largest_keys(results: list[dict[str, Any]]) -> dict[str, int]:
